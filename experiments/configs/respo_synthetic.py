@@ -1,0 +1,28 @@
+"""Default main job: ReSPO on the synthetic arithmetic task with a tiny Qwen3, on CPU, in minutes.
+
+Shape of paper §4.1 at CPU scale: M prompts per mini-batch, G responses per prompt, a rollout batch
+reused for N mini-batch updates (off-policy drift grows with N), strict-box reward, token-mean loss.
+"""
+
+from respo_jax.training.config import (
+    ExperimentConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    OptimConfig,
+    RolloutConfig,
+    RunConfig,
+    TaskConfig,
+    WarmupConfig,
+)
+
+
+def get_config() -> ExperimentConfig:
+    return ExperimentConfig(
+        model=ModelConfig(preset="tiny"),
+        task=TaskConfig(name="synthetic", difficulty="easy", seed=0),
+        rollout=RolloutConfig(prompts_per_minibatch=8, group_size=8, reuse=4, max_new_tokens=6),
+        objective=ObjectiveConfig(name="respo"),
+        optim=OptimConfig(learning_rate=2e-4, max_grad_norm=1.0),
+        warmup=WarmupConfig(steps=80, batch_size=64, learning_rate=3e-3),
+        run=RunConfig(iterations=200, seed=0, out_dir="runs/respo_synthetic"),
+    )

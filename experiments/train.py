@@ -1,0 +1,108 @@
+"""Main job: train a policy with an RL objective and write metrics (JSONL), curves (PNG) and a checkpoint.
+
+    python -m experiments.train                                    # the default ReSPO CPU experiment
+    python -m experiments.train objective.name=grpo rollout.reuse=8 run.out_dir=runs/grpo_n8
+    python -m experiments.train --config experiments/configs/respo_synthetic.py run.iterations=10
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+from tqdm import tqdm
+
+from respo_jax.training.checkpoint import save_checkpoint
+from respo_jax.training.config import ExperimentConfig, apply_overrides
+from respo_jax.training.loop import RLTrainer
+from respo_jax.training.plots import plot_training_curves
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
+
+
+def load_config(path: str) -> ExperimentConfig:
+    """Imports a config file and calls its `get_config()`."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location("experiment_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise AttributeError(f"config file {path!r} has no get_config()")
+    config = module.get_config()
+    if not isinstance(config, ExperimentConfig):
+        raise TypeError(f"{path}: get_config() returned {type(config).__name__}, expected ExperimentConfig")
+    return config
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
+    parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
+    args = parser.parse_args(argv)
+    config = apply_overrides(load_config(args.config), args.overrides)
+    out_dir = config.run.out_dir
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config.to_dict(), f, indent=2)
+
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    records: list[dict] = []
+    trainer = RLTrainer(config)
+    show = config.run.progress
+    with open(metrics_path, "w") as log:
+
+        def emit(record: dict) -> None:
+            records.append(record)
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
+        for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):
+            emit(record)
+        emit({"phase": "eval", "policy_updates": 0, "greedy_accuracy": trainer.evaluate()})
+        bar = tqdm(range(config.run.iterations), desc=f"{config.objective.name} N={config.rollout.reuse}",
+                   disable=not show)
+        for _ in bar:
+            record = trainer.iteration()
+            emit(record)
+            bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",
+                            len=f"{record['response_length']:.1f}")
+            every = config.run.checkpoint_every
+            if every and trainer.state.iteration % every == 0:
+                _checkpoint(trainer, out_dir)
+        emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, "greedy_accuracy": trainer.evaluate()})
+    _checkpoint(trainer, out_dir)
+    plot_path = plot_training_curves(records, os.path.join(out_dir, "training_curves.png"),
+                                     title=f"{config.objective.name}, N={config.rollout.reuse}")
+    summary = summarize(records)
+    print(json.dumps(summary, indent=2))
+    print(f"metrics: {metrics_path}\ncurves:  {plot_path}")
+    return summary
+
+
+def _checkpoint(trainer: RLTrainer, out_dir: str) -> None:
+    s = trainer.state
+    meta = {"iteration": s.iteration, "policy_updates": s.policy_updates, "next_prompt_index": s.next_prompt_index}
+    save_checkpoint(os.path.join(out_dir, "checkpoints"), s.iteration, s.params, s.opt_state, meta)
+
+
+def summarize(records: list[dict]) -> dict:
+    """First/last training accuracy (means over the first and last quarter of iterations) and greedy evals."""
+    rl = [r for r in records if r["phase"] == "rl"]
+    evals = [r["greedy_accuracy"] for r in records if r["phase"] == "eval"]
+    quarter = max(1, len(rl) // 4)
+    return {
+        "iterations": len(rl),
+        "policy_updates": rl[-1]["policy_updates"] if rl else 0,
+        "train_accuracy_first_quarter": sum(r["train_accuracy"] for r in rl[:quarter]) / quarter if rl else None,
+        "train_accuracy_last_quarter": sum(r["train_accuracy"] for r in rl[-quarter:]) / quarter if rl else None,
+        "greedy_accuracy_before": evals[0] if evals else None,
+        "greedy_accuracy_after": evals[-1] if evals else None,
+    }
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

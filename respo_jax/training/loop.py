@@ -1,0 +1,204 @@
+"""The RL loop of paper §4.1 at any scale: sample a rollout batch, score it, reuse it for N updates.
+
+One iteration = `reuse * prompts_per_minibatch` prompts × `group_size` responses from the jitted
+sampler, strict-box rewards, group-normalized advantages, log π_old recomputed by a forward pass of the
+rollout-time parameters, then `reuse` (N) consecutive mini-batch updates of the chosen objective. This
+module is the thin shell around the pure parts: it owns the loop, progress and the metric records;
+writing files is the caller's (`experiments/train.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from respo_jax.data.prompts import encode_prompt
+from respo_jax.data.synthetic import CharTokenizer, get_task
+from respo_jax.models import qwen3
+from respo_jax.objectives import get_objective, group_advantages
+from respo_jax.rewards import strict_box_score
+from respo_jax.sampling import SamplingParams, generate
+from respo_jax.training.batch import PolicyBatch, build_sequences
+from respo_jax.training.config import ExperimentConfig
+from respo_jax.training.step import make_logprob_fn, make_optimizer, make_policy_step, make_sft_step
+
+
+@dataclasses.dataclass
+class TrainState:
+    """What a checkpoint holds: parameters, optimizer state, and the position in the prompt stream."""
+
+    graphdef: nnx.GraphDef
+    params: nnx.State
+    opt_state: object
+    iteration: int = 0
+    policy_updates: int = 0
+    next_prompt_index: int = 0
+
+
+def build_model(config: ExperimentConfig, vocab_size: int) -> nnx.Module:
+    """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint."""
+    dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
+    if config.model.checkpoint_dir:
+        return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=dtype)
+    model_cfg = qwen3.Qwen3Config.preset(config.model.preset)
+    overrides = dict(config.model.overrides)
+    overrides.setdefault("vocab_size", vocab_size)
+    if config.model.remat:
+        overrides["remat"] = True
+    model_cfg = dataclasses.replace(model_cfg, **overrides)
+    if model_cfg.vocab_size < vocab_size:
+        raise ValueError(f"model vocab_size {model_cfg.vocab_size} < tokenizer vocab {vocab_size}")
+    return qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(config.run.seed))
+
+
+class RLTrainer:
+    """Runs warm-up and RL iterations for an `ExperimentConfig`; yields one metrics record per step."""
+
+    def __init__(self, config: ExperimentConfig):
+        self.config = config.validate()
+        self.task = get_task(config.task.difficulty)
+        self.tokenizer = CharTokenizer()
+        self.prompt_format = self.task.prompt_format
+        self.objective = get_objective(config.objective.name, **config.objective.hparams)
+        model = build_model(config, self.tokenizer.vocab_size)
+        graphdef, params = nnx.split(model)
+        opt = config.optim
+        self.tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm, opt.warmup_steps)
+        self.state = TrainState(graphdef, params, self.tx.init(params))
+        self._policy_step = make_policy_step(graphdef, self.objective, self.tx)
+        self._logprobs = make_logprob_fn(graphdef)
+        needed = self.task.max_response_tokens() + 1
+        if config.rollout.max_new_tokens < needed:
+            raise ValueError(
+                f"rollout.max_new_tokens={config.rollout.max_new_tokens} cannot hold a correct answer of the "
+                f"{config.task.difficulty!r} task ({needed} tokens with EOS)"
+            )
+
+    # -- data ------------------------------------------------------------------------------------------
+    def _records(self, count: int) -> list[dict]:
+        start = self.state.next_prompt_index
+        self.state.next_prompt_index += count
+        return [self.task.record(self.config.task.seed, start + i) for i in range(count)]
+
+    def _encode(self, record: dict) -> list[int]:
+        return encode_prompt(record["problem"], self.tokenizer, self.prompt_format)
+
+    def model(self) -> nnx.Module:
+        return nnx.merge(self.state.graphdef, self.state.params)
+
+    # -- supervised warm-up ----------------------------------------------------------------------------
+    def warmup(self) -> Iterator[dict]:
+        """Supervised steps on reference responses, with their own AdamW (a weak 'base model')."""
+        cfg = self.config.warmup
+        if cfg.steps == 0:
+            return
+        tx = make_optimizer(cfg.learning_rate, 0.0, 0.9, 0.999, 1.0, 0)
+        opt_state = tx.init(self.state.params)
+        step = make_sft_step(self.state.graphdef, tx)
+        rng = np.random.default_rng(self.config.run.seed + 1)
+        for index in range(cfg.steps):
+            records = [self.task.record(self.config.task.seed + 1_000_003, int(i))
+                       for i in rng.integers(0, 2**31, size=cfg.batch_size)]
+            prompts = [self._encode(r) for r in records]
+            responses = [self.tokenizer.encode(self.task.reference_response(r["answer"])) + [self.tokenizer.eos_id]
+                         for r in records]
+            width = max(len(r) for r in responses)
+            padded = np.array([r + [self.tokenizer.pad_id] * (width - len(r)) for r in responses], np.int32)
+            lengths = np.array([len(r) for r in responses], np.int32)
+            ids, positions, attention, response_mask, prompt_len = build_sequences(
+                prompts, padded, lengths, self.tokenizer.pad_id)
+            loss_mask = np.zeros(ids.shape, np.float32)
+            loss_mask[:, prompt_len:] = response_mask
+            self.state.params, opt_state, loss = step(self.state.params, opt_state, ids, positions, attention, loss_mask)
+            yield {"phase": "warmup", "step": index + 1, "sft_loss": float(loss)}
+
+    # -- RL --------------------------------------------------------------------------------------------
+    def rollout(self, records: list[dict], seed: int):
+        """Samples `group_size` responses per record; returns prompts, sampler output and ±1 scores."""
+        r = self.config.rollout
+        prompts = [self._encode(rec) for rec in records]
+        params = SamplingParams(
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
+        )
+        out = generate(self.model(), prompts, params)
+        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        scores = np.empty(len(tokens), np.float32)
+        for row in range(len(tokens)):
+            text = self.tokenizer.decode(tokens[row, : lengths[row]])
+            answer = records[row // r.group_size]["answer"]
+            scores[row] = strict_box_score(self.prompt_format.solution_text(text), answer)
+        expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
+        return expanded_prompts, out, scores
+
+    def iteration(self) -> dict:
+        """One rollout batch and its N policy updates; returns the iteration's metrics record."""
+        cfg = self.config
+        r = cfg.rollout
+        started = time.perf_counter()
+        num_prompts = r.reuse * r.prompts_per_minibatch
+        records = self._records(num_prompts)
+        prompts, out, scores = self.rollout(records, seed=cfg.run.seed * 1_000_003 + self.state.iteration)
+        rollout_seconds = time.perf_counter() - started
+        advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(num_prompts, r.group_size)))).reshape(-1)
+        ids, positions, attention, response_mask, prompt_len = build_sequences(
+            prompts, np.asarray(out.tokens), np.asarray(out.lengths), self.tokenizer.pad_id)
+        batch = PolicyBatch(
+            input_ids=jnp.asarray(ids), positions=jnp.asarray(positions), attention_mask=jnp.asarray(attention),
+            response_mask=jnp.asarray(response_mask), old_logp=jnp.zeros(response_mask.shape, jnp.float32),
+            advantages=jnp.asarray(advantages, jnp.float32), prompt_len=prompt_len,
+        )
+        old_logp = self._logprobs(self.state.params, batch)
+        batch = batch.replace(old_logp=old_logp)
+        sampler_logp = np.asarray(out.logprobs) * response_mask
+        gap = np.abs(sampler_logp - np.asarray(old_logp)).sum() / max(response_mask.sum(), 1.0)
+
+        rows_per_minibatch = r.prompts_per_minibatch * r.group_size
+        step_metrics = []
+        for index in range(r.reuse):  # N consecutive mini-batches of M prompts × G responses (paper §4.1)
+            rows = np.arange(index * rows_per_minibatch, (index + 1) * rows_per_minibatch)
+            self.state.params, self.state.opt_state, metrics = self._policy_step(
+                self.state.params, self.state.opt_state, batch.take(rows))
+            step_metrics.append(metrics)
+        self.state.policy_updates += r.reuse
+        self.state.iteration += 1
+        step_metrics = jax.device_get(step_metrics)
+        record = {
+            "phase": "rl",
+            "iteration": self.state.iteration,
+            "policy_updates": self.state.policy_updates,
+            "score": float(scores.mean()),
+            "train_accuracy": float((scores.mean() + 1.0) / 2.0),
+            "response_length": float(np.asarray(out.lengths).mean()),
+            "sampler_trainer_logp_gap": float(gap),
+            "rollout_seconds": rollout_seconds,
+            "iteration_seconds": time.perf_counter() - started,
+        }
+        for key in step_metrics[0]:
+            values = np.array([float(m[key]) for m in step_metrics])
+            record[key] = float(values.mean())
+            if key == "log_w_mean":
+                record["log_w_mean_last_minibatch"] = float(values[-1])
+        return record
+
+    def evaluate(self, num_problems: int = 128, seed: int = 12345) -> float:
+        """Greedy accuracy on held-out problems (a stream seed disjoint from training)."""
+        records = [self.task.record(seed, i) for i in range(num_problems)]
+        prompts = [self._encode(rec) for rec in records]
+        params = SamplingParams(max_new_tokens=self.config.rollout.max_new_tokens, temperature=0.0,
+                                eos_token_ids=self.tokenizer.eos_ids)
+        out = generate(self.model(), prompts, params)
+        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        correct = [
+            strict_box_score(self.prompt_format.solution_text(self.tokenizer.decode(tokens[i, : lengths[i]])),
+                             rec["answer"]) > 0
+            for i, rec in enumerate(records)
+        ]
+        return float(np.mean(correct))
+

@@ -1,0 +1,31 @@
+"""Training curves as PNG: researchers read curves, not logs."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_training_curves(records: list[dict], path: str, title: str = "") -> str:
+    """Training accuracy ((score+1)/2, paper §4.1), mean log W and response length vs policy updates."""
+    rl = [r for r in records if r.get("phase") == "rl"]
+    if not rl:
+        raise ValueError("no RL records to plot")
+    x = [r["policy_updates"] for r in rl]
+    panels = [("train_accuracy", "training accuracy"), ("log_w_mean", "mean log W"),
+              ("response_length", "response length (tokens)")]
+    panels = [(key, label) for key, label in panels if key in rl[0]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    for ax, (key, label) in zip(list(axes) if len(panels) > 1 else [axes], panels):
+        ax.plot(x, [r[key] for r in rl], lw=1.6)
+        ax.set_xlabel("policy updates")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,131 @@
+"""The RL trainer: config overrides, sequence layout, log-prob alignment, updates and checkpoints."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.train import DEFAULT_CONFIG, load_config, main, summarize
+from respo_jax.training.batch import PolicyBatch, build_sequences, response_logprobs
+from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
+from respo_jax.training.config import ExperimentConfig, apply_overrides
+from respo_jax.training.loop import RLTrainer
+
+TINY = [
+    "warmup.steps=3",
+    "warmup.batch_size=8",
+    "rollout.prompts_per_minibatch=2",
+    "rollout.group_size=4",
+    "rollout.reuse=2",
+    "run.iterations=2",
+    "run.progress=false",
+]
+
+
+def test_default_config_is_valid_and_overridable():
+    config = load_config(DEFAULT_CONFIG)
+    assert isinstance(config, ExperimentConfig)
+    assert config.objective.name == "respo"
+    changed = apply_overrides(
+        config, ["objective.name=grpo", "objective.hparams.eps_high=0.28", "rollout.reuse=8", "run.progress=false"]
+    )
+    assert changed.objective.name == "grpo" and changed.objective.hparams == {"eps_high": 0.28}
+    assert changed.rollout.reuse == 8 and changed.run.progress is False
+    assert config.rollout.reuse != 8  # the original is frozen and untouched
+
+
+@pytest.mark.parametrize(
+    "override, error, match",
+    [
+        ("rollout.reus=3", KeyError, "rollout has"),
+        ("nosuch.x=1", KeyError, "sections are"),
+        ("rollout.reuse=abc", ValueError, "cannot parse as int"),
+        ("rollout.reuse=0", ValueError, "rollout.reuse must be >= 1"),
+        ("run.progress=maybe", ValueError, "cannot parse as bool"),
+        ("rollout.reuse", ValueError, "section.field=value"),
+        ("optim.learning_rate.x=1", KeyError, "not a dict field"),
+    ],
+)
+def test_bad_overrides_fail_with_a_clear_error(override, error, match):
+    with pytest.raises(error, match=match):
+        apply_overrides(load_config(DEFAULT_CONFIG), [override])
+
+
+def test_build_sequences_layout():
+    prompts = [[5, 6, 7], [8]]
+    responses = np.array([[1, 2, 9, 9], [3, 4, 5, 9]])
+    ids, positions, attention, response_mask, prompt_len = build_sequences(prompts, responses, np.array([2, 3]), 0)
+    assert prompt_len == 3
+    np.testing.assert_array_equal(ids, [[5, 6, 7, 1, 2, 0, 0], [0, 0, 8, 3, 4, 5, 0]])
+    np.testing.assert_array_equal(attention, [[1, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 0]])
+    np.testing.assert_array_equal(positions[:, :6], [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]])
+    np.testing.assert_array_equal(response_mask, [[1, 1, 0, 0], [1, 1, 1, 0]])
+    with pytest.raises(ValueError, match="lengths must lie"):
+        build_sequences(prompts, responses, np.array([2, 5]), 0)
+    with pytest.raises(ValueError, match="at least one token"):
+        build_sequences([[1], []], responses, np.array([2, 3]), 0)
+
+
+def test_response_logprobs_match_a_teacher_forced_forward_per_sequence():
+    """Left padding and batching must not change log π(o_t | q, o_<t) of any response token."""
+    trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), TINY))
+    model = trainer.model()
+    prompts = [[1, 5, 13, 4], [1, 7, 13]]
+    responses = np.array([[6, 24, 2], [9, 9, 24]])
+    ids, positions, attention, _, prompt_len = build_sequences(prompts, responses, np.array([3, 2]), 0)
+    batched = np.asarray(response_logprobs(model, jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention),
+                                           prompt_len))
+    for row, (prompt, length) in enumerate(zip(prompts, [3, 2])):
+        seq = jnp.asarray([prompt + responses[row, :length].tolist()], jnp.int32)
+        logits = model(seq)
+        reference = jax.nn.log_softmax(logits[0, len(prompt) - 1 : -1], axis=-1)
+        expected = np.take_along_axis(np.asarray(reference), responses[row, :length, None], axis=-1)[:, 0]
+        np.testing.assert_allclose(batched[row, :length], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_policy_update_raises_logp_of_positive_and_lowers_negative_responses():
+    trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["optim.learning_rate=3e-3"]))
+    prompts = [[1, 5, 13, 4, 16]] * 4
+    responses = np.array([[6, 24, 2], [7, 24, 2], [8, 24, 2], [9, 24, 2]])
+    ids, positions, attention, response_mask, prompt_len = build_sequences(prompts, responses, np.full(4, 3), 0)
+    batch = PolicyBatch(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention), jnp.asarray(response_mask),
+                        jnp.zeros(response_mask.shape), jnp.asarray([1.5, -0.5, -0.5, -0.5]), prompt_len)
+    old = trainer._logprobs(trainer.state.params, batch)
+    batch = batch.replace(old_logp=old)
+    for _ in range(3):
+        trainer.state.params, trainer.state.opt_state, metrics = trainer._policy_step(
+            trainer.state.params, trainer.state.opt_state, batch)
+    change = np.asarray((trainer._logprobs(trainer.state.params, batch) - old).sum(-1))
+    assert change[0] > 0 and np.all(change[1:] < 0), change
+    assert np.isfinite(float(metrics["loss"])) and float(metrics["approx_kl"]) > 0
+
+
+def test_checkpoint_round_trip(tmp_path):
+    trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), TINY))
+    s = trainer.state
+    save_checkpoint(str(tmp_path), 7, s.params, s.opt_state, {"next_prompt_index": 42})
+    zeros = jax.tree.map(jnp.zeros_like, s.params)
+    params, opt_state, meta = restore_checkpoint(str(tmp_path), zeros, s.opt_state)
+    assert meta == {"next_prompt_index": 42}
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(s.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(FileNotFoundError):
+        restore_checkpoint(str(tmp_path / "missing"), zeros, s.opt_state)
+
+
+def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
+    summary = main(TINY + [f"run.out_dir={tmp_path}", "objective.name=grpo"])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in records if r["phase"] == "rl"]
+    assert len(rl) == 2 and rl[-1]["policy_updates"] == 4
+    for key in ("train_accuracy", "score", "log_w_mean", "clip_fraction", "sampler_trainer_logp_gap", "approx_kl"):
+        assert key in rl[0], key
+    # the sampler's log-probs are those the trainer recomputes for the rollout-time parameters
+    assert rl[0]["sampler_trainer_logp_gap"] < 1e-4
+    assert (tmp_path / "training_curves.png").stat().st_size > 1000
+    assert (tmp_path / "checkpoints").is_dir()
+    assert summary == summarize(records)
+    assert json.loads((tmp_path / "config.json").read_text())["objective"]["name"] == "grpo"
