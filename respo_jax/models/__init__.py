@@ -1,0 +1,1 @@
+"""Model implementations (Flax NNX). ``from respo_jax.models import qwen3``."""

@@ -1,0 +1,47 @@
+"""Qwen3 and Qwen3-MoE in Flax NNX, numerically faithful to transformers (paper §4.1 models).
+
+Public API::
+
+    from respo_jax.models import qwen3
+    cfg = qwen3.Qwen3Config.preset("qwen3-1.7b")          # "0.6b" … "235b-a22b", "tiny", "tiny-moe"
+    model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))   # random init (N(0, initializer_range²))
+    model = qwen3.from_pretrained(path, dtype=jnp.float32)  # HF dir: config.json + safetensors
+    qwen3.save_pretrained(model, out_dir)                   # transformers loads it back
+
+    logits = model(input_ids, positions=None, attention_mask=None)     # [b, s] -> [b, s, vocab] f32
+    out = model.forward(input_ids, positions, attention_mask, cache=None, routing=None,
+                        return_routing=False)                          # -> Qwen3Output
+    cache = qwen3.init_cache(cfg, batch, max_len, dtype=jnp.float32)   # -> KVCache
+    logp = model.token_logprobs(input_ids, targets, positions, attention_mask, routing,
+                                chunk_size=512)                        # [b, s] f32, chunked vocab
+    logp, aux = model.token_logprobs(..., return_aux=True)             # + load-balancing loss (MoE)
+
+Conventions:
+- ``attention_mask`` [b, s]: 1 real token, 0 pad. Without a cache: causal + padding mask.
+- ``positions`` [b, s] int32 default to ``cache.index + arange(s)`` (0.. without cache), as in
+  transformers; left-padded batches must pass them (e.g. ``cumsum(mask) - 1`` clipped at 0).
+- ``forward(..., cache=c)`` writes the s new tokens at slots [c.index, c.index+s), marks them valid
+  from ``attention_mask``, attends causally over valid slots, returns the cache with index += s.
+  Jit the step with the cache as an argument: one compilation serves every decode position.
+- ``Qwen3Output``: logits [b, s, vocab] f32; cache; routing [num_moe_layers, b, s, top_k] int32 (when
+  ``return_routing``); aux_loss = transformers' load-balancing loss over real tokens (MoE only,
+  unscaled: multiply by ``cfg.router_aux_loss_coef``).
+- Routing Replay: pass ``routing=`` (from ``return_routing``) to reuse the expert choice; gate
+  weights still come from the current router probabilities, so the router is trained.
+- Decoding: jit a step of ``nnx.merge(graphdef, state).forward(tok, pos, mask, cache=c)`` with
+  ``donate_argnums`` on the cache; the cache is updated in place inside the layer scan.
+- Options live in the config: ``dtype`` (compute), ``param_dtype``, ``remat``, ``scan_layers``.
+- Every parameter carries logical axis names as NNX ``out_sharding`` metadata
+  (``nnx.get_partition_spec(nnx.state(model))``); with no mesh the model is single-device JAX.
+"""
+
+from respo_jax.models.qwen3.cache import KVCache, init_cache
+from respo_jax.models.qwen3.checkpoint import from_pretrained, hf_state_dict, load_config, save_pretrained
+from respo_jax.models.qwen3.config import PRESETS, Qwen3Config
+from respo_jax.models.qwen3.model import Qwen3ForCausalLM, Qwen3Output
+from respo_jax.models.qwen3.moe import load_balancing_loss
+
+__all__ = [
+    "PRESETS", "KVCache", "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "from_pretrained",
+    "hf_state_dict", "init_cache", "load_balancing_loss", "load_config", "save_pretrained",
+]

@@ -1,0 +1,80 @@
+"""Grouped-query self-attention of Qwen3: q/k/v projections, per-head RMSNorm on q and k, rotary
+embeddings, and one masked score/value matmul pair over either the new tokens or the KV cache.
+
+The mask is built once per forward from *slots* (sequence indices, or cache slots when decoding) and a
+per-slot validity flag, so the same kernel serves training (causal + padding) and cached decoding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from respo_jax.models.qwen3.config import Qwen3Config
+from respo_jax.models.qwen3.layers import BATCH, SEQ, RMSNorm, apply_rope, constrain, make_param
+
+
+def attention_mask_from_slots(query_slots: jax.Array, key_valid: jax.Array) -> jax.Array:
+    """Causal + validity mask.
+
+    query_slots: [seq] int (slot of each query token); key_valid: [batch, keys] bool (slot holds a real
+    token) -> [batch, seq, keys] bool: key slot t is visible to query i iff valid and t <= slot(i).
+    """
+    key_slots = jnp.arange(key_valid.shape[1], dtype=jnp.int32)
+    causal = key_slots[None, :] <= query_slots[:, None]
+    return causal[None, :, :] & key_valid[:, None, :]
+
+
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                          scale: float) -> jax.Array:
+    """Grouped-query attention without repeating k/v.
+
+    q: [batch, seq, heads, head_dim]; k, v: [batch, keys, kv_heads, head_dim]; mask: [batch, seq, keys]
+    bool -> [batch, seq, heads, head_dim]. Scores and softmax are float32; a fully masked row (a pad
+    query) gets uniform weights instead of NaN, as with transformers' finite mask value.
+    """
+    b, s, h, d = q.shape
+    kv_heads = k.shape[2]
+    qg = q.reshape(b, s, kv_heads, h // kv_heads, d)
+    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+    return out.reshape(b, s, h, d)
+
+
+class Attention(nnx.Module):
+    """Qwen3 attention weights: q_proj [embed, heads, head_dim], k_proj/v_proj [embed, kv_heads,
+    head_dim], o_proj [heads, head_dim, embed], q_norm/k_norm [head_dim]."""
+
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+        e, h, kvh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        pd, std = cfg.param_dtype, cfg.initializer_range
+        self.q_proj = make_param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
+        self.k_proj = make_param(rngs, (e, kvh, d), ("embed", "kv_heads", "head_dim"), pd, std)
+        self.v_proj = make_param(rngs, (e, kvh, d), ("embed", "kv_heads", "head_dim"), pd, std)
+        self.o_proj = make_param(rngs, (h, d, e), ("heads", "head_dim", "embed"), pd, std)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", param_dtype=pd, dtype=cfg.dtype)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", param_dtype=pd, dtype=cfg.dtype)
+        self.dtype = cfg.dtype
+        self.scale = float(d) ** -0.5
+
+    def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
+        """x: [batch, seq, embed] -> q [batch, seq, heads, head_dim], k, v [batch, seq, kv_heads,
+        head_dim]; q and k normalised per head and rotated."""
+        dt = self.dtype
+        q = jnp.einsum("bse,ehd->bshd", x, self.q_proj[...].astype(dt))
+        k = jnp.einsum("bse,ehd->bshd", x, self.k_proj[...].astype(dt))
+        v = jnp.einsum("bse,ehd->bshd", x, self.v_proj[...].astype(dt))
+        q = apply_rope(self.q_norm(q), cos, sin)
+        k = apply_rope(self.k_norm(k), cos, sin)
+        q = constrain(q, (BATCH, SEQ, "heads", "head_dim"))
+        k = constrain(k, (BATCH, SEQ, "kv_heads", "head_dim"))
+        v = constrain(v, (BATCH, SEQ, "kv_heads", "head_dim"))
+        return q, k, v
+
+    def output(self, attn: jax.Array) -> jax.Array:
+        """attn: [batch, seq, heads, head_dim] -> [batch, seq, embed]."""
+        out = jnp.einsum("bshd,hde->bse", attn.astype(self.dtype), self.o_proj[...].astype(self.dtype))
+        return constrain(out, (BATCH, SEQ, "embed"))

@@ -1,0 +1,340 @@
+"""The Qwen3 / Qwen3-MoE causal language model in Flax NNX (the policy of paper §4.1).
+
+Layers are stored stacked (one leading ``layers`` axis per run of same-kind layers, see
+``Qwen3Config.layer_groups``) and executed with ``lax.scan`` over ``nnx.split`` state, optionally
+under ``jax.checkpoint``; the KV cache rides in the scan carry and is updated in place with
+``dynamic_update_slice``. The forward can return each MoE layer's expert indices and accept indices
+to replay (Routing Replay, §4.3 / App. E.4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from respo_jax.models.qwen3.attention import Attention, attention_mask_from_slots, dot_product_attention
+from respo_jax.models.qwen3.cache import KVCache
+from respo_jax.models.qwen3.config import Qwen3Config
+from respo_jax.models.qwen3.layers import BATCH, SEQ, RMSNorm, constrain, make_param, rope_cos_sin
+from respo_jax.models.qwen3.mlp import MLP
+from respo_jax.models.qwen3.moe import MoE, load_balancing_loss_from_terms
+
+
+@flax.struct.dataclass
+class Qwen3Output:
+    """logits: [batch, seq, vocab] float32; cache: the updated KVCache (None without a cache);
+    routing: [num_moe_layers, batch, seq, top_k] int32 (when requested, MoE only); aux_loss: scalar
+    load-balancing loss over real tokens (MoE only; not yet scaled by ``router_aux_loss_coef``)."""
+
+    logits: jax.Array
+    cache: KVCache | None = None
+    routing: jax.Array | None = None
+    aux_loss: jax.Array | None = None
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(·)) with a dense or sparse MLP."""
+
+    def __init__(self, cfg: Qwen3Config, is_moe: bool, *, rngs: nnx.Rngs):
+        e, pd, dt = cfg.hidden_size, cfg.param_dtype, cfg.dtype
+        self.input_layernorm = RMSNorm(e, cfg.rms_norm_eps, "embed", param_dtype=pd, dtype=dt)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(e, cfg.rms_norm_eps, "embed", param_dtype=pd, dtype=dt)
+        if is_moe:
+            self.mlp = MoE(cfg, rngs=rngs)
+        else:
+            self.mlp = MLP(e, cfg.intermediate_size, param_dtype=pd, dtype=dt, std=cfg.initializer_range,
+                           rngs=rngs)
+        self.is_moe = is_moe
+
+
+class LayerStack(nnx.Module):
+    """``count`` consecutive decoder layers of one kind starting at ``first``; every parameter has a
+    leading ``layers`` axis of length ``count``."""
+
+    def __init__(self, cfg: Qwen3Config, first: int, count: int, is_moe: bool, *, rngs: nnx.Rngs):
+        self.first, self.count, self.is_moe = first, count, is_moe
+
+        @nnx.split_rngs(splits=count)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make(rngs: nnx.Rngs) -> DecoderLayer:
+            return DecoderLayer(cfg, is_moe, rngs=rngs)
+
+        self.layers = make(rngs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """Per-forward constants shared by all layers."""
+
+    cos: jax.Array          # [batch, seq, head_dim]
+    sin: jax.Array          # [batch, seq, head_dim]
+    mask: jax.Array         # [batch, seq, keys] bool
+    token_mask: jax.Array   # [batch, seq] bool
+    index: Any              # int32 scalar: first cache slot written (0 without cache)
+
+
+def _layer_forward(layer: DecoderLayer, x: jax.Array, ctx: _Context, kv, layer_idx, routing):
+    """One decoder layer. x: [batch, seq, embed]; kv: None or the full (k, v) cache arrays
+    [num_layers, batch, max_len, kv_heads, head_dim]; routing: None or [batch, seq, top_k]."""
+    q, k, v = layer.attn.project(layer.input_layernorm(x), ctx.cos, ctx.sin)
+    if kv is None:
+        keys, values = k, v
+    else:
+        cache_k, cache_v = kv
+        start = (layer_idx, 0, ctx.index, 0, 0)
+        cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
+        keys = jax.lax.dynamic_index_in_dim(cache_k, layer_idx, 0, keepdims=False).astype(q.dtype)
+        values = jax.lax.dynamic_index_in_dim(cache_v, layer_idx, 0, keepdims=False).astype(q.dtype)
+        kv = (cache_k, cache_v)
+    x = x + layer.attn.output(dot_product_attention(q, keys, values, ctx.mask, layer.attn.scale))
+    h = layer.post_attention_layernorm(x)
+    if layer.is_moe:
+        y, indices, terms = layer.mlp(h, ctx.token_mask, routing)
+    else:
+        y, indices, terms = layer.mlp(h), None, None
+    return constrain(x + y, (BATCH, SEQ, "embed")), kv, indices, terms
+
+
+def _run_stack(stack: LayerStack, cfg: Qwen3Config, x, ctx: _Context, kv, routing):
+    """Run a LayerStack (scanned or unrolled, optionally rematerialised).
+    Returns (x, kv, indices [count, batch, seq, top_k] | None, terms ([count, E], [count, E]) | None)."""
+    graphdef, state = nnx.split(stack.layers)
+
+    def step(carry, xs):
+        x, kv = carry
+        layer_state, layer_idx, layer_routing = xs
+        layer = nnx.merge(graphdef, layer_state)
+        x, kv, indices, terms = _layer_forward(layer, x, ctx, kv, layer_idx, layer_routing)
+        return (x, kv), (indices, terms)
+
+    if cfg.remat:
+        step = jax.checkpoint(step, prevent_cse=not cfg.scan_layers)
+    layer_ids = stack.first + jnp.arange(stack.count, dtype=jnp.int32)
+    xs = (state, layer_ids, routing)
+    if cfg.scan_layers:
+        (x, kv), ys = jax.lax.scan(step, (x, kv), xs)
+    else:
+        outs = []
+        for i in range(stack.count):
+            (x, kv), y = step((x, kv), jax.tree.map(lambda a: a[i], xs))
+            outs.append(y)
+        ys = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+    indices, terms = ys
+    return x, kv, indices, terms
+
+
+class Qwen3ForCausalLM(nnx.Module):
+    """Qwen3 / Qwen3-MoE causal LM. Parameters: ``embed_tokens`` [vocab, embed], ``stacks`` (one
+    LayerStack per ``cfg.layer_groups`` entry), ``norm``, ``lm_head`` [embed, vocab] (None if tied).
+
+    ``forward`` and ``token_logprobs`` validate their inputs eagerly, then run one ``jax.jit``-compiled
+    function of (graphdef, state) — cached across calls, and simply inlined when the caller is itself
+    being traced (``nnx.jit``, ``nnx.grad``, ``jax.jit`` of a merged model).
+    """
+
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+        self.config = cfg
+        pd, std = cfg.param_dtype, cfg.initializer_range
+        self.embed_tokens = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd, std)
+        self.stacks = nnx.List([LayerStack(cfg, first, count, is_moe, rngs=rngs)
+                                for first, count, is_moe in cfg.layer_groups])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "embed", param_dtype=pd, dtype=cfg.dtype)
+        self.lm_head = (None if cfg.tie_word_embeddings else
+                        make_param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd, std))
+
+    # ----------------------------------------------------------------------------------------------
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None) -> jax.Array:
+        """input_ids: [batch, seq] int -> logits [batch, seq, vocab] float32."""
+        return self.forward(input_ids, positions, attention_mask).logits
+
+    def forward(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                routing: jax.Array | None = None, return_routing: bool = False) -> Qwen3Output:
+        """Full forward.
+
+        input_ids: [batch, seq] int; positions: [batch, seq] int (default ``cache.index + arange(seq)``,
+        pass them explicitly for left-padded rows); attention_mask: [batch, seq] (1 real, 0 pad);
+        cache: KVCache to extend; routing: [num_moe_layers, batch, seq, top_k] expert indices to replay;
+        return_routing: also return the expert indices used.
+        """
+        args = _check_inputs(self.config, input_ids, positions, attention_mask, cache, routing)
+        graphdef, state = nnx.split(self)
+        return _forward_jit(graphdef, state, *args, return_routing=bool(return_routing))
+
+    def token_logprobs(self, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
+                       attention_mask: jax.Array | None = None, routing: jax.Array | None = None,
+                       chunk_size: int = 512, return_aux: bool = False):
+        """log π(targets[b, t] | input_ids[b, :t+1]): [batch, seq] float32.
+
+        The vocabulary projection and log-softmax run over ``chunk_size`` positions at a time under
+        ``jax.checkpoint``, so neither the forward nor the backward pass holds float32 logits for the
+        whole [batch, seq, vocab] at once (the vocabulary is 151,936). ``return_aux=True`` returns
+        ``(logp, aux_loss)`` from the same forward (MoE trainers add ``router_aux_loss_coef · aux``;
+        ``aux_loss`` is None for dense models).
+        """
+        input_ids, positions, attention_mask, _, routing = _check_inputs(
+            self.config, input_ids, positions, attention_mask, None, routing)
+        targets = jnp.asarray(targets)
+        if targets.shape != input_ids.shape:
+            raise ValueError(f"targets has shape {targets.shape}; input_ids has {input_ids.shape}")
+        if int(chunk_size) <= 0:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        graphdef, state = nnx.split(self)
+        logp, aux = _token_logprobs_jit(graphdef, state, input_ids, targets, positions, attention_mask,
+                                        routing, chunk_size=int(chunk_size))
+        return (logp, aux) if return_aux else logp
+
+    # ----------------------------------------------------------------------------------------------
+
+    def _forward_impl(self, input_ids, positions, attention_mask, cache, routing, return_routing):
+        hidden, cache, indices, aux = self._backbone(input_ids, positions, attention_mask, cache, routing)
+        logits = constrain(self._project(hidden), (BATCH, SEQ, "vocab"))
+        return Qwen3Output(logits=logits, cache=cache, routing=indices if return_routing else None,
+                           aux_loss=aux)
+
+    def _token_logprobs_impl(self, input_ids, targets, positions, attention_mask, routing, chunk_size):
+        hidden, _, _, aux = self._backbone(input_ids, positions, attention_mask, None, routing)
+        b, s, e = hidden.shape
+        chunk = min(chunk_size, s)
+        n = math.ceil(s / chunk)
+        pad = n * chunk - s
+        h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e).swapaxes(0, 1)
+        t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+        weight, tied = self._output_weight()
+
+        @jax.checkpoint
+        def chunk_logprobs(args):
+            h_c, t_c = args
+            logits = _project_with(h_c, weight, tied)                       # [b, chunk, vocab] f32
+            picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
+            return picked - jax.nn.logsumexp(logits, axis=-1)
+
+        out = jax.lax.map(chunk_logprobs, (h, t))                           # [n, b, chunk]
+        return out.swapaxes(0, 1).reshape(b, n * chunk)[:, :s], aux
+
+    def _output_weight(self):
+        dt = self.config.dtype
+        if self.lm_head is None:
+            return self.embed_tokens[...].astype(dt), True
+        return self.lm_head[...].astype(dt), False
+
+    def _project(self, hidden: jax.Array) -> jax.Array:
+        weight, tied = self._output_weight()
+        return _project_with(hidden, weight, tied)
+
+    def _backbone(self, input_ids, positions, attention_mask, cache, routing):
+        """Embeddings → decoder stacks → final norm on validated inputs. Returns (hidden [batch, seq,
+        embed], cache, indices [num_moe_layers, batch, seq, top_k] | None, aux_loss | None)."""
+        cfg = self.config
+        b, s = input_ids.shape
+        index = jnp.zeros((), jnp.int32) if cache is None else cache.index
+        if positions is None:
+            positions = jnp.broadcast_to(index + jnp.arange(s, dtype=jnp.int32), (b, s))
+        token_mask = (jnp.ones((b, s), jnp.bool_) if attention_mask is None
+                      else attention_mask.astype(jnp.bool_))
+        query_slots = index + jnp.arange(s, dtype=jnp.int32)
+        kv = None
+        if cache is None:
+            key_valid = token_mask
+        else:
+            key_valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, index))
+            kv = (cache.k, cache.v)
+        cos, sin = rope_cos_sin(positions.astype(jnp.int32), cfg.head_dim, cfg.rope_theta)
+        ctx = _Context(cos=cos, sin=sin, mask=attention_mask_from_slots(query_slots, key_valid),
+                       token_mask=token_mask, index=index)
+
+        x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(cfg.dtype)
+        x = constrain(x, (BATCH, SEQ, "embed"))
+        all_indices, counts, prob_sums = [], 0.0, 0.0
+        moe_offset = 0
+        for stack in self.stacks:
+            stack_routing = None
+            if stack.is_moe and routing is not None:
+                stack_routing = routing[moe_offset:moe_offset + stack.count]
+            x, kv, indices, terms = _run_stack(stack, cfg, x, ctx, kv, stack_routing)
+            if stack.is_moe:
+                moe_offset += stack.count
+                all_indices.append(indices)
+                counts = counts + jnp.sum(terms[0], axis=0)
+                prob_sums = prob_sums + jnp.sum(terms[1], axis=0)
+        hidden = self.norm(x)
+
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(k=kv[0], v=kv[1], valid=key_valid, index=cache.index + s)
+        indices = aux = None
+        if cfg.is_moe:
+            indices = jnp.concatenate(all_indices, axis=0)
+            rows = cfg.num_moe_layers * jnp.sum(token_mask.astype(jnp.float32))
+            aux = load_balancing_loss_from_terms(counts, prob_sums, rows)
+        return hidden, new_cache, indices, aux
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "return_routing"))
+def _forward_jit(graphdef, state, input_ids, positions, attention_mask, cache, routing, *, return_routing):
+    model = nnx.merge(graphdef, state)
+    return model._forward_impl(input_ids, positions, attention_mask, cache, routing, return_routing)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk_size"))
+def _token_logprobs_jit(graphdef, state, input_ids, targets, positions, attention_mask, routing, *,
+                        chunk_size):
+    model = nnx.merge(graphdef, state)
+    return model._token_logprobs_impl(input_ids, targets, positions, attention_mask, routing, chunk_size)
+
+
+def _project_with(hidden: jax.Array, weight: jax.Array, tied: bool) -> jax.Array:
+    """hidden [..., embed] -> float32 logits [..., vocab] (weight: [vocab, embed] if tied else
+    [embed, vocab])."""
+    spec = "...e,ve->...v" if tied else "...e,ev->...v"
+    return jnp.einsum(spec, hidden, weight, preferred_element_type=jnp.float32)
+
+
+def _check_inputs(cfg: Qwen3Config, input_ids, positions, attention_mask, cache, routing):
+    """Shape checks (eager, so errors name the argument); returns the arguments as arrays."""
+    input_ids = jnp.asarray(input_ids)
+    if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise ValueError(f"input_ids must be an integer [batch, seq] array, got {input_ids.dtype} "
+                         f"{input_ids.shape}")
+    b, s = input_ids.shape
+    out = [input_ids]
+    for name, value in (("positions", positions), ("attention_mask", attention_mask)):
+        if value is not None:
+            value = jnp.asarray(value)
+            if value.shape != (b, s):
+                raise ValueError(f"{name} has shape {value.shape}; input_ids has {(b, s)}")
+        out.append(value)
+    if cache is not None:
+        _check_cache(cache, cfg, b, s)
+    out.append(cache)
+    if routing is not None:
+        routing = jnp.asarray(routing)
+        expected = (cfg.num_moe_layers, b, s, cfg.num_experts_per_tok)
+        if not cfg.is_moe or routing.shape != expected:
+            raise ValueError(f"routing has shape {routing.shape}; expected {expected} "
+                             "([num_moe_layers, batch, seq, top_k])")
+    out.append(routing)
+    return tuple(out)
+
+
+def _check_cache(cache: KVCache, cfg: Qwen3Config, batch: int, seq: int) -> None:
+    expected = (cfg.num_hidden_layers, batch, cache.max_len, cfg.num_key_value_heads, cfg.head_dim)
+    if cache.k.shape != expected or cache.v.shape != expected:
+        raise ValueError(f"cache k/v have shape {cache.k.shape}/{cache.v.shape}; expected {expected} "
+                         "([num_layers, batch, max_len, kv_heads, head_dim])")
+    if seq > cache.max_len:
+        raise ValueError(f"{seq} new tokens do not fit a cache of max_len {cache.max_len}")
+    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + seq > cache.max_len:
+        raise ValueError(f"cache overflow: index {int(cache.index)} + {seq} new tokens > max_len "
+                         f"{cache.max_len}")
