@@ -29,6 +29,8 @@ import os
 import re
 from typing import Any, Callable, Iterator
 
+from respo_jax.rewards.strict_box import brace_balanced_content
+
 logger = logging.getLogger(__name__)
 
 Record = dict[str, str]
@@ -87,19 +89,8 @@ def last_boxed_content(text: str) -> str | None:
     Every `{` and `}` after the opening brace counts (no escape handling), which is how the MATH
     solutions are written; `\\boxed {x}` (space before the brace) is accepted too.
     """
-    for match in reversed(list(re.finditer(r"\\boxed\s*\{", text))):
-        depth = 1
-        start = match.end()
-        for pos in range(start, len(text)):
-            char = text[pos]
-            if char == "{":
-                depth += 1
-            elif char == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:pos]
-        return None  # the last box never closes
-    return None
+    matches = list(re.finditer(r"\\boxed\s*\{", text))
+    return brace_balanced_content(text, matches[-1].end()) if matches else None  # None: the last box never closes
 
 
 def normalize_aime_answer(value: Any) -> str:

@@ -21,6 +21,23 @@ def _check_str(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a str; got {type(value).__name__}: {value!r:.80}")
 
 
+def brace_balanced_content(text: str, content_start: int) -> str | None:
+    """The text from `content_start` (just after an opening `{`) up to the `}` that closes it, or None.
+
+    Every `{` is +1 and every `}` is −1, escaped or not; None when the count never returns to zero.
+    """
+    depth = 1  # the opener's own `{`
+    for position in range(content_start, len(text)):
+        char = text[position]
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[content_start:position]
+    return None
+
+
 def last_strict_box(solution: str) -> str | None:
     """The content of the last `\\boxed{...}` that lies entirely in the last 100 characters, or None.
 
@@ -41,17 +58,7 @@ def last_strict_box(solution: str) -> str | None:
     start = window.rfind(BOX_OPENER)
     if start < 0:
         return None
-    content_start = start + len(BOX_OPENER)
-    depth = 1  # the opener's own `{`
-    for position in range(content_start, len(window)):
-        char = window[position]
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return window[content_start:position]
-    return None
+    return brace_balanced_content(window, start + len(BOX_OPENER))
 
 
 def strict_box_score(solution: str, ground_truth: str) -> float:
