@@ -15,7 +15,7 @@ import sys
 
 from tqdm import tqdm
 
-from respo_jax.training.checkpoint import save_checkpoint
+from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.config import ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
@@ -50,21 +50,36 @@ def main(argv: list[str] | None = None) -> dict:
         json.dump(config.to_dict(), f, indent=2)
 
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    records: list[dict] = []
     trainer = RLTrainer(config)
+    checkpoint_dir = os.path.join(out_dir, "checkpoints")
+    resumed = config.run.resume and os.path.isdir(checkpoint_dir)
+    if resumed:
+        s = trainer.state
+        s.params, s.opt_state, meta = restore_checkpoint(checkpoint_dir, s.params, s.opt_state)
+        trainer.restore_meta(meta)
+    records: list[dict] = []
+    if resumed and os.path.isfile(metrics_path):
+        with open(metrics_path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
     show = config.run.progress
-    with open(metrics_path, "w") as log:
+    with open(metrics_path, "a" if resumed else "w") as log:
 
         def emit(record: dict) -> None:
             records.append(record)
             log.write(json.dumps(record) + "\n")
             log.flush()
 
-        for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):
-            emit(record)
-        emit({"phase": "eval", "policy_updates": 0, "greedy_accuracy": trainer.evaluate()})
-        bar = tqdm(range(config.run.iterations), desc=f"{config.objective.name} N={config.rollout.reuse}",
-                   disable=not show)
+        def evaluate() -> None:
+            accuracy = trainer.evaluate()
+            if accuracy is not None:
+                emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, "greedy_accuracy": accuracy})
+
+        if not resumed:
+            for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):
+                emit(record)
+            evaluate()
+        remaining = config.run.iterations - trainer.state.iteration
+        bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
         for _ in bar:
             record = trainer.iteration()
             emit(record)
@@ -72,9 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
                             len=f"{record['response_length']:.1f}")
             every = config.run.checkpoint_every
             if every and trainer.state.iteration % every == 0:
-                _checkpoint(trainer, out_dir)
-        emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, "greedy_accuracy": trainer.evaluate()})
-    _checkpoint(trainer, out_dir)
+                _checkpoint(trainer, checkpoint_dir)
+        evaluate()
+    _checkpoint(trainer, checkpoint_dir)
     plot_path = plot_training_curves(records, os.path.join(out_dir, "training_curves.png"),
                                      title=f"{config.objective.name}, N={config.rollout.reuse}")
     summary = summarize(records)
@@ -83,10 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-def _checkpoint(trainer: RLTrainer, out_dir: str) -> None:
+def _checkpoint(trainer: RLTrainer, checkpoint_dir: str) -> None:
     s = trainer.state
-    meta = {"iteration": s.iteration, "policy_updates": s.policy_updates, "next_prompt_index": s.next_prompt_index}
-    save_checkpoint(os.path.join(out_dir, "checkpoints"), s.iteration, s.params, s.opt_state, meta)
+    save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, trainer.checkpoint_meta())
 
 
 def summarize(records: list[dict]) -> dict:

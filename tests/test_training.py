@@ -129,3 +129,38 @@ def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
     assert (tmp_path / "checkpoints").is_dir()
     assert summary == summarize(records)
     assert json.loads((tmp_path / "config.json").read_text())["objective"]["name"] == "grpo"
+
+
+def test_resume_continues_the_run_exactly(tmp_path):
+    """Params, optimizer state and the batches' position come back: 2 + 1 iterations == 3 iterations."""
+    straight = main(TINY + ["run.iterations=3", "run.eval_problems=0", f"run.out_dir={tmp_path / 'a'}"])
+    main(TINY + ["run.iterations=2", "run.eval_problems=0", f"run.out_dir={tmp_path / 'b'}"])
+    resumed = main(TINY + ["run.iterations=3", "run.eval_problems=0", "run.resume=true", f"run.out_dir={tmp_path / 'b'}"])
+    assert resumed == straight
+    last = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()][-1]
+    last_resumed = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()][-1]
+    for key in ("score", "loss", "log_w_mean", "grad_norm"):
+        assert last_resumed[key] == pytest.approx(last[key], rel=1e-6, abs=1e-7), key
+
+
+SHARED = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared"
+
+
+def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
+    """The paper's training data path: DAPO-Math prompts, the Qwen3 tokenizer, strict box + overlong penalty."""
+    config = apply_overrides(load_config(DEFAULT_CONFIG), [
+        "task.name=dapo_math", f"task.data_dir={SHARED / 'data'}", f"task.tokenizer_dir={SHARED / 'tokenizers' / 'qwen3'}",
+        "task.max_prompt_tokens=160", "task.overlong_buffer_length=2", "warmup.steps=0", "run.eval_problems=4",
+        "rollout.prompts_per_minibatch=1", "rollout.group_size=2", "rollout.reuse=1", "rollout.max_new_tokens=4",
+        'model.overrides={"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64}',
+    ])
+    trainer = RLTrainer(config)
+    assert trainer.tokenizer.vocab_size > 150_000 and len(trainer.held_out) == 4
+    record = trainer.iteration()
+    # a random policy never writes the right box in 4 tokens; responses at the limit get the full penalty -1
+    assert -2.0 <= record["score"] <= -1.0
+    assert trainer.evaluate() == 0.0
+    tokens = np.array([trainer.tokenizer.encode("\\boxed{12}")])
+    np.testing.assert_allclose(trainer.score(tokens, np.array([tokens.shape[1]]), ["12"]), [1.0 - 1.0])
+    with pytest.raises(ValueError, match="only task.name='synthetic'"):
+        apply_overrides(config, ["warmup.steps=3"])

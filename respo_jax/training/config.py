@@ -30,15 +30,34 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-    """The verifiable task: the synthetic arithmetic task (CPU scale) with its difficulty knobs."""
+    """The verifiable task and its reward.
+
+    name: "synthetic" (arithmetic in `\\boxed{}`, in-process tokenizer: the CPU experiment) or "dapo_math"
+      (the paper's training set, from `data_dir`, tokenized with the HF tokenizer in `tokenizer_dir`).
+    The reward is the strict-box score (±1, App. D.1) plus, when `overlong_buffer_length` > 0, DAPO's
+    overlong penalty (0 up to max_new_tokens − buffer, linear to −`overlong_penalty_factor` at the limit).
+    """
 
     name: str = "synthetic"
-    difficulty: str = "easy"
+    difficulty: str = "easy"  # synthetic only
+    num_records: int = 100_000  # synthetic only: size of the prompt pool the batches shuffle
+    data_dir: str = ""  # dapo_math: data root, its dapo_math_17k/ folder or the parquet file
+    tokenizer_dir: str = ""  # dapo_math: a directory with tokenizer.json
+    chat_template: bool = False  # render prompts with the tokenizer's chat template (chat models)
+    max_prompt_tokens: int = 1024  # prompts above this are dropped once, before batching (paper §4.1)
+    overlong_buffer_length: int = 0
+    overlong_penalty_factor: float = 1.0
     seed: int = 0
 
     def validate(self) -> None:
-        if self.name != "synthetic":
-            raise ValueError(f"task.name must be 'synthetic' for the CPU experiment; got {self.name!r}")
+        if self.name not in ("synthetic", "dapo_math"):
+            raise ValueError(f"task.name must be 'synthetic' or 'dapo_math'; got {self.name!r}")
+        if self.name == "dapo_math" and not (self.data_dir and self.tokenizer_dir):
+            raise ValueError("task.name='dapo_math' needs task.data_dir and task.tokenizer_dir")
+        if self.num_records < 1 or self.max_prompt_tokens < 1:
+            raise ValueError(f"task.num_records and task.max_prompt_tokens must be >= 1; got {self}")
+        if self.overlong_buffer_length < 0 or self.overlong_penalty_factor < 0:
+            raise ValueError("task.overlong_buffer_length and task.overlong_penalty_factor must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +116,7 @@ class WarmupConfig:
     """Supervised warm-up that turns a random init into a weak "base model" with non-zero reward,
     so that RL has a signal (the paper starts from a pretrained base model)."""
 
-    steps: int = 150
+    steps: int = 0
     batch_size: int = 64
     learning_rate: float = 3e-3
 
@@ -114,6 +133,8 @@ class RunConfig:
     seed: int = 0
     out_dir: str = "runs/respo_synthetic"
     checkpoint_every: int = 0  # 0: only at the end
+    resume: bool = False  # continue from the latest checkpoint under out_dir/checkpoints
+    eval_problems: int = 128  # held-out problems for the greedy accuracy before and after (0: none)
     progress: bool = True
 
     def validate(self) -> None:
@@ -134,6 +155,13 @@ class ExperimentConfig:
     def validate(self) -> "ExperimentConfig":
         for field in dataclasses.fields(self):
             getattr(self, field.name).validate()
+        if self.warmup.steps and self.task.name != "synthetic":
+            raise ValueError("warmup.steps > 0 needs reference responses: only task.name='synthetic' has them")
+        if self.task.overlong_buffer_length > self.rollout.max_new_tokens:
+            raise ValueError(
+                f"task.overlong_buffer_length={self.task.overlong_buffer_length} exceeds "
+                f"rollout.max_new_tokens={self.rollout.max_new_tokens}"
+            )
         return self
 
     def to_dict(self) -> dict:

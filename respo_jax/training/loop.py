@@ -18,11 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from respo_jax.data.prompts import encode_prompt
+from respo_jax.data.batches import PromptBatches
+from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
+from respo_jax.data.records import load_dapo_math
 from respo_jax.data.synthetic import CharTokenizer, get_task
+from respo_jax.data.tokenizer import load_tokenizer
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
-from respo_jax.rewards import strict_box_score
+from respo_jax.rewards import overlong_penalty, strict_box_score
 from respo_jax.sampling import SamplingParams, generate
 from respo_jax.training.batch import PolicyBatch, build_sequences
 from respo_jax.training.config import ExperimentConfig
@@ -31,14 +34,30 @@ from respo_jax.training.step import make_logprob_fn, make_optimizer, make_policy
 
 @dataclasses.dataclass
 class TrainState:
-    """What a checkpoint holds: parameters, optimizer state, and the position in the prompt stream."""
+    """What a checkpoint holds: parameters, optimizer state, counters (and the batches' position)."""
 
     graphdef: nnx.GraphDef
     params: nnx.State
     opt_state: object
     iteration: int = 0
     policy_updates: int = 0
-    next_prompt_index: int = 0
+
+
+def load_task(config: ExperimentConfig):
+    """(tokenizer, prompt format, training records, held-out records, synthetic task or None)."""
+    task_cfg, num_eval = config.task, config.run.eval_problems
+    if task_cfg.name == "synthetic":
+        task = get_task(task_cfg.difficulty)
+        train = task.make_records(task_cfg.num_records, task_cfg.seed)
+        held_out = task.make_records(num_eval, task_cfg.seed + 7919) if num_eval else []
+        return CharTokenizer(), task.prompt_format, train, held_out, task
+    tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
+    prompt_format = PromptFormat(chat=task_cfg.chat_template)
+    records = load_dapo_math(task_cfg.data_dir)
+    records, _ = filter_overlong(records, lambda p: encode_prompt(p, tokenizer, prompt_format), task_cfg.max_prompt_tokens)
+    order = np.random.default_rng(task_cfg.seed).permutation(len(records))
+    records = [records[i] for i in order]
+    return tokenizer, prompt_format, records[num_eval:], records[:num_eval], None
 
 
 def build_model(config: ExperimentConfig, vocab_size: int) -> nnx.Module:
@@ -62,9 +81,9 @@ class RLTrainer:
 
     def __init__(self, config: ExperimentConfig):
         self.config = config.validate()
-        self.task = get_task(config.task.difficulty)
-        self.tokenizer = CharTokenizer()
-        self.prompt_format = self.task.prompt_format
+        self.tokenizer, self.prompt_format, train_records, self.held_out, self.task = load_task(config)
+        r = config.rollout
+        self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.objective = get_objective(config.objective.name, **config.objective.hparams)
         model = build_model(config, self.tokenizer.vocab_size)
         graphdef, params = nnx.split(model)
@@ -73,7 +92,7 @@ class RLTrainer:
         self.state = TrainState(graphdef, params, self.tx.init(params))
         self._policy_step = make_policy_step(graphdef, self.objective, self.tx)
         self._logprobs = make_logprob_fn(graphdef)
-        needed = self.task.max_response_tokens() + 1
+        needed = self.task.max_response_tokens() + 1 if self.task else 1
         if config.rollout.max_new_tokens < needed:
             raise ValueError(
                 f"rollout.max_new_tokens={config.rollout.max_new_tokens} cannot hold a correct answer of the "
@@ -81,10 +100,26 @@ class RLTrainer:
             )
 
     # -- data ------------------------------------------------------------------------------------------
-    def _records(self, count: int) -> list[dict]:
-        start = self.state.next_prompt_index
-        self.state.next_prompt_index += count
-        return [self.task.record(self.config.task.seed, start + i) for i in range(count)]
+    def checkpoint_meta(self) -> dict:
+        """The JSON part of a checkpoint: counters and the prompt batches' resumable position."""
+        return {"iteration": self.state.iteration, "policy_updates": self.state.policy_updates,
+                "batches": self.batches.get_state()}
+
+    def restore_meta(self, meta: dict) -> None:
+        self.state.iteration, self.state.policy_updates = int(meta["iteration"]), int(meta["policy_updates"])
+        self.batches.set_state(meta["batches"])
+
+    def score(self, tokens: np.ndarray, lengths: np.ndarray, answers: list[str]) -> np.ndarray:
+        """Strict-box score (±1) of each response + the overlong penalty when configured: [batch] float32."""
+        task_cfg = self.config.task
+        scores = np.array([
+            strict_box_score(self.prompt_format.solution_text(self.tokenizer.decode(tokens[i, : lengths[i]])), answer)
+            for i, answer in enumerate(answers)
+        ], np.float32)
+        if task_cfg.overlong_buffer_length > 0:
+            scores += overlong_penalty(lengths, self.config.rollout.max_new_tokens, task_cfg.overlong_buffer_length,
+                                       task_cfg.overlong_penalty_factor)
+        return scores
 
     def _encode(self, record: dict) -> list[int]:
         return encode_prompt(record["problem"], self.tokenizer, self.prompt_format)
@@ -98,6 +133,8 @@ class RLTrainer:
         cfg = self.config.warmup
         if cfg.steps == 0:
             return
+        if self.task is None:
+            raise ValueError("warmup needs reference responses: only the synthetic task has them")
         tx = make_optimizer(cfg.learning_rate, 0.0, 0.9, 0.999, 1.0, 0)
         opt_state = tx.init(self.state.params)
         step = make_sft_step(self.state.graphdef, tx)
@@ -128,12 +165,8 @@ class RLTrainer:
             seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
         )
         out = generate(self.model(), prompts, params)
-        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        scores = np.empty(len(tokens), np.float32)
-        for row in range(len(tokens)):
-            text = self.tokenizer.decode(tokens[row, : lengths[row]])
-            answer = records[row // r.group_size]["answer"]
-            scores[row] = strict_box_score(self.prompt_format.solution_text(text), answer)
+        answers = [rec["answer"] for rec in records for _ in range(r.group_size)]
+        scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), answers)
         expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
         return expanded_prompts, out, scores
 
@@ -143,7 +176,7 @@ class RLTrainer:
         r = cfg.rollout
         started = time.perf_counter()
         num_prompts = r.reuse * r.prompts_per_minibatch
-        records = self._records(num_prompts)
+        records = next(self.batches)
         prompts, out, scores = self.rollout(records, seed=cfg.run.seed * 1_000_003 + self.state.iteration)
         rollout_seconds = time.perf_counter() - started
         advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(num_prompts, r.group_size)))).reshape(-1)
@@ -187,18 +220,13 @@ class RLTrainer:
                 record["log_w_mean_last_minibatch"] = float(values[-1])
         return record
 
-    def evaluate(self, num_problems: int = 128, seed: int = 12345) -> float:
-        """Greedy accuracy on held-out problems (a stream seed disjoint from training)."""
-        records = [self.task.record(seed, i) for i in range(num_problems)]
-        prompts = [self._encode(rec) for rec in records]
+    def evaluate(self) -> float | None:
+        """Greedy accuracy (strict box) on the held-out records; None when there are none."""
+        if not self.held_out:
+            return None
+        prompts = [self._encode(rec) for rec in self.held_out]
         params = SamplingParams(max_new_tokens=self.config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_ids=self.tokenizer.eos_ids)
         out = generate(self.model(), prompts, params)
-        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        correct = [
-            strict_box_score(self.prompt_format.solution_text(self.tokenizer.decode(tokens[i, : lengths[i]])),
-                             rec["answer"]) > 0
-            for i, rec in enumerate(records)
-        ]
-        return float(np.mean(correct))
-
+        scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), [rec["answer"] for rec in self.held_out])
+        return float(np.mean(scores > 0))
