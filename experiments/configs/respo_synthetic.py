@@ -24,5 +24,5 @@ def get_config() -> ExperimentConfig:
         objective=ObjectiveConfig(name="respo"),
         optim=OptimConfig(learning_rate=2e-4, max_grad_norm=1.0),
         warmup=WarmupConfig(steps=80, batch_size=64, learning_rate=3e-3),
-        run=RunConfig(iterations=200, seed=0, out_dir="runs/respo_synthetic"),
+        run=RunConfig(iterations=300, seed=0, out_dir="runs/respo_synthetic"),
     )
