@@ -1,0 +1,432 @@
+"""Rollout generation: prefill ragged prompts into a preallocated KV cache, then decode in one jitted loop.
+
+The rollouts feed the off-policy update of the paper (Sec. 4.1: G samples per prompt, reused for N
+mini-batches), so besides tokens the sampler returns pi_old(o_t | q, o_<t): the log-prob of each
+sampled token under the distribution it was drawn from (see `logits_processing`), and, for MoE
+models, the routed experts of every generated token (for Routing Replay).
+
+Layout. Prompts are left-padded to a bucketed length P (pads are masked and never attended; a real
+token's position is its index within its own prompt), so a row's result does not depend on the other
+rows. The cache holds P + max_new_tokens slots rounded up to a bucket. The prefill writes the prompt
+(in `EngineConfig.prefill_chunk_size` pieces if set) and then its last token alone, so logits are
+computed for that token only. Decode is a `lax.while_loop` that stops once every row has emitted an
+EOS or the length limit is reached; nothing syncs with the host per token. With
+`EngineConfig.decode_chunk_size` the loop runs in segments whose cache grows with the responses, so
+attention reads the slots generated so far (rounded up to a segment) instead of the whole limit.
+
+Randomness. Row r (of the prompt-major, sample-expanded batch) at step t uses the key
+`fold_in(fold_in(seed_key, r), t)` with `seed_key = fold_in(key(seed % 2**32), seed // 2**32)`: a
+row's draws depend only on the seed, its row index and its own context, not on the batch size or on
+the other prompts. The seed is a traced argument, so a new seed does not recompile.
+
+Output conventions. `tokens[r, t]` for t >= lengths[r] holds `SamplingParams.pad_token_id` (the first
+EOS id, or 0 without EOS ids) and `logprobs[r, t]` holds 0 there; `lengths` counts the EOS token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from respo_jax.models import qwen3
+from respo_jax.sampling.logits_processing import sample
+from respo_jax.sampling.params import EngineConfig, SamplingParams
+
+
+@struct.dataclass
+class GenerateOutput:
+    """Result of `generate` (prompt-major: row i * num_samples + j is sample j of prompt i).
+
+    Attributes:
+      tokens: `[batch, max_new_tokens]` int32 generated tokens; pad id after EOS.
+      lengths: `[batch]` int32 number of generated tokens, EOS included.
+      logprobs: `[batch, max_new_tokens]` float32 log-prob of each token under the sampling
+        distribution (0 after EOS, and 0 everywhere for greedy decoding).
+      routing: `[num_moe_layers, batch, max_new_tokens, top_k]` int32 routed experts of each generated
+        token when it was fed to the model (0 after EOS), or None.
+      prompt_routing: `[num_moe_layers, batch, prompt_len, top_k]` int32 routed experts of the
+        left-padded prompt (pads hold whatever the router chose for the pad token; mask them with
+        `prompt_mask`), or None.
+      prompt_mask: `[batch, prompt_len]` int32, 1 on real prompt tokens of the left-padded layout.
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    logprobs: jax.Array
+    routing: jax.Array | None = None
+    prompt_routing: jax.Array | None = None
+    prompt_mask: jax.Array | None = None
+
+
+@struct.dataclass
+class _DecodeState:
+    """Loop carry. `step` = number of tokens generated so far (the next one to sample)."""
+
+    step: jax.Array  # int32 scalar
+    cache: Any  # qwen3.KVCache
+    last_tokens: jax.Array  # [batch] int32, the token sampled at step - 1
+    tokens: jax.Array  # [batch, max_new_tokens] int32
+    logprobs: jax.Array  # [batch, max_new_tokens] float32
+    lengths: jax.Array  # [batch] int32
+    done: jax.Array  # [batch] bool
+    prompt_lengths: jax.Array  # [batch] int32, real (unpadded) prompt lengths
+    row_keys: jax.Array  # [batch] typed PRNG keys
+    routing: jax.Array | None  # [num_moe_layers, batch, max_new_tokens, top_k] int32
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _model_config(model):
+    for name in ("config", "cfg"):
+        if hasattr(model, name):
+            return getattr(model, name)
+    raise ValueError(
+        f"{type(model).__name__} has no `config`; generate needs a qwen3.Qwen3ForCausalLM"
+    )
+
+
+def _validate_prompts(prompts, vocab_size: int | None) -> list[list[int]]:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; expected at least one prompt (a list of token ids)")
+    out = []
+    for i, prompt in enumerate(prompts):
+        ids = np.asarray(prompt)
+        if ids.ndim != 1:
+            raise ValueError(f"prompt {i} must be a flat list of token ids, got shape {ids.shape}")
+        if ids.size == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"prompt {i} must hold integer token ids, got dtype {ids.dtype}")
+        if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+            raise ValueError(
+                f"prompt {i} has token ids in [{ids.min()}, {ids.max()}]; expected [0, {vocab_size})"
+            )
+        out.append(ids.astype(np.int32).tolist())
+    return out
+
+
+def _batch_axes(mesh: jax.sharding.Mesh | None) -> tuple[str, ...]:
+    if mesh is None:
+        return ()
+    if any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
+        # The model's gathers/einsums carry no out_sharding annotations, which Explicit axes require.
+        raise ValueError(
+            f"generate needs a mesh with Auto axis types (sharding propagated by the compiler), got "
+            f"{mesh.axis_types}; build it with jax.make_mesh(..., axis_types=(AxisType.Auto,) * n)"
+        )
+    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+    if not axes:
+        raise ValueError(
+            f"mesh axes {mesh.axis_names} contain neither 'data' nor 'fsdp' to shard the batch over"
+        )
+    return axes
+
+
+def left_pad(prompts: list[list[int]], length: int, num_rows: int) -> tuple[np.ndarray, ...]:
+    """Left-pad prompts into `[num_rows, length]` arrays (rows past `len(prompts)` are filler).
+
+    Returns input_ids (pad id 0), positions (index within the real prompt; 0 on pads) and
+    attention_mask (1 real, 0 pad), all int32, plus `active: [num_rows] bool`. A filler row holds a
+    single real token 0 so that its attention is never empty; it is marked inactive.
+    """
+    ids = np.zeros((num_rows, length), np.int32)
+    mask = np.zeros((num_rows, length), np.int32)
+    for row, prompt in enumerate(prompts):
+        ids[row, length - len(prompt) :] = prompt
+        mask[row, length - len(prompt) :] = 1
+    mask[len(prompts) :, -1] = 1
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    active = np.arange(num_rows) < len(prompts)
+    return ids, positions, mask, active
+
+
+def _record(state: _DecodeState, tokens, token_logprobs, params: SamplingParams) -> _DecodeState:
+    """Write the tokens sampled at `state.step` (pad/0 for rows already done) and advance."""
+    was_done = state.done
+    tokens = jnp.where(was_done, params.pad_token_id, tokens).astype(jnp.int32)
+    token_logprobs = jnp.where(was_done, 0.0, token_logprobs).astype(jnp.float32)
+    is_eos = jnp.zeros_like(was_done)
+    for eos in params.eos_token_ids:
+        is_eos = is_eos | (tokens == eos)
+    return state.replace(
+        step=state.step + 1,
+        last_tokens=tokens,
+        tokens=jax.lax.dynamic_update_slice_in_dim(state.tokens, tokens[:, None], state.step, axis=1),
+        logprobs=jax.lax.dynamic_update_slice_in_dim(
+            state.logprobs, token_logprobs[:, None], state.step, axis=1
+        ),
+        lengths=state.lengths + (~was_done).astype(jnp.int32),
+        done=was_done | is_eos,
+    )
+
+
+def _sample_step(state: _DecodeState, logits, params: SamplingParams):
+    """Sample `[batch, vocab]` logits with each row's key for the current step."""
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)
+    return sample(keys, logits, params.temperature, params.top_k, params.top_p)
+
+
+def _feed_last_tokens(model, state: _DecodeState, return_routing: bool):
+    """Run the model on the last sampled token of every row; store its routing (token step-1)."""
+    positions = state.prompt_lengths + state.step - 1
+    out = model.forward(
+        state.last_tokens[:, None],
+        positions=positions[:, None],
+        attention_mask=jnp.ones_like(state.last_tokens)[:, None],
+        cache=state.cache,
+        return_routing=return_routing,
+    )
+    state = state.replace(cache=out.cache)
+    if return_routing:
+        was_real = (state.lengths > state.step - 1)[None, :, None]  # token step-1 was not a pad
+        routed = jnp.where(was_real, out.routing[:, :, 0, :], 0).astype(jnp.int32)
+        state = state.replace(
+            routing=jax.lax.dynamic_update_slice_in_dim(
+                state.routing, routed[:, :, None, :], state.step - 1, axis=2
+            )
+        )
+    return out.logits[:, -1, :], state
+
+
+def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, return_routing: bool):
+    """`lax.while_loop`: feed the last token, sample the next, until step == stop or all rows done."""
+
+    def cond(state):
+        return (state.step < stop) & ~jnp.all(state.done)
+
+    def body(state):
+        logits, state = _feed_last_tokens(model, state, return_routing)
+        tokens, token_logprobs = _sample_step(state, logits, params)
+        return _record(state, tokens, token_logprobs, params)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def _shard_batch_axis(x, mesh, batch_axes, axis: int):
+    """Constrain axis `axis` of `x` to the mesh's batch axes, other axes left to the partitioner."""
+    if mesh is None:
+        return x
+    spec = [jax.sharding.PartitionSpec.UNCONSTRAINED] * x.ndim
+    spec[axis] = batch_axes
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdef", "params", "cache_len", "stop", "prefill_chunk", "cache_dtype", "return_routing",
+        "capture_last", "mesh", "batch_axes",
+    ),
+)
+def _prefill_and_decode(
+    graphdef, model_state, input_ids, positions, attention_mask, active, seed,
+    *, params, cache_len, stop, prefill_chunk, cache_dtype, return_routing, capture_last, mesh, batch_axes,
+):
+    """Prefill `[batch, P]` prompts, sample the first token and decode until `stop` (jitted once per
+    shape/params). Returns the loop state and the prompt routing (or None)."""
+    model = nnx.merge(graphdef, model_state)
+    batch, prompt_len = input_ids.shape
+    cache = qwen3.init_cache(_model_config(model), batch, cache_len, dtype=jnp.dtype(cache_dtype))
+    if mesh is not None:
+        cache = cache.replace(
+            k=_shard_batch_axis(cache.k, mesh, batch_axes, 1),
+            v=_shard_batch_axis(cache.v, mesh, batch_axes, 1),
+            valid=_shard_batch_axis(cache.valid, mesh, batch_axes, 0),
+        )
+
+    # Prefill as pieces of at most `prefill_chunk` tokens, the last token on its own: only the last
+    # position's logits are used, so XLA drops the vocabulary projection of every other piece and
+    # never materialises [batch, prompt_len, vocab] logits. (Static unroll: few pieces.)
+    chunk = prefill_chunk or prompt_len
+    bounds = [(start, min(start + chunk, prompt_len - 1)) for start in range(0, prompt_len - 1, chunk)]
+    bounds.append((prompt_len - 1, prompt_len))
+    chunk_routings = []
+    for start, end in bounds:
+        out = model.forward(
+            input_ids[:, start:end],
+            positions=positions[:, start:end],
+            attention_mask=attention_mask[:, start:end],
+            cache=cache,
+            return_routing=return_routing,
+        )
+        cache = out.cache
+        if return_routing:
+            chunk_routings.append(out.routing.astype(jnp.int32))
+    last_logits = out.logits[:, -1, :]
+    prompt_routing = jnp.concatenate(chunk_routings, axis=2) if return_routing else None
+
+    base_key = jax.random.fold_in(jax.random.key(seed[0]), seed[1])  # seed: [2] uint32 (low, high word)
+    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base_key, jnp.arange(batch, dtype=jnp.uint32))
+    routing = None
+    if return_routing:
+        num_layers, _, _, top_k = prompt_routing.shape
+        routing = jnp.zeros((num_layers, batch, params.max_new_tokens, top_k), jnp.int32)
+    state = _DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        last_tokens=jnp.zeros((batch,), jnp.int32),
+        tokens=jnp.full((batch, params.max_new_tokens), params.pad_token_id, jnp.int32),
+        logprobs=jnp.zeros((batch, params.max_new_tokens), jnp.float32),
+        lengths=jnp.zeros((batch,), jnp.int32),
+        done=~active,
+        prompt_lengths=jnp.sum(attention_mask, axis=1).astype(jnp.int32),
+        row_keys=row_keys,
+        routing=routing,
+    )
+    tokens, token_logprobs = _sample_step(state, last_logits, params)
+    state = _record(state, tokens, token_logprobs, params)
+    state = _decode_until(model, state, stop, params, return_routing)
+    if capture_last:
+        _, state = _feed_last_tokens(model, state, return_routing)
+    return state, prompt_routing
+
+
+@functools.partial(jax.jit, static_argnames=("cache_len",))
+def _grow_cache(cache, *, cache_len):
+    """Pad the cache's slot axis to `cache_len` (new slots empty and invalid)."""
+    grow = cache_len - cache.k.shape[2]
+    pad_kv = [(0, 0)] * cache.k.ndim
+    pad_kv[2] = (0, grow)
+    return cache.replace(
+        k=jnp.pad(cache.k, pad_kv),
+        v=jnp.pad(cache.v, pad_kv),
+        valid=jnp.pad(cache.valid, ((0, 0), (0, grow))),
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "params", "return_routing", "capture_last"),
+    donate_argnames=("state",),
+)
+def _resume(graphdef, model_state, state, stop, *, params, return_routing, capture_last):
+    """Decode until step `stop` (one segment of chunked decode; `stop` is traced, so segments of one
+    cache length share a compilation), then optionally feed the last tokens to record their routing.
+    The state's buffers are donated: the loop updates them in place."""
+    model = nnx.merge(graphdef, model_state)
+    state = _decode_until(model, state, stop, params, return_routing)
+    if capture_last:
+        _, state = _feed_last_tokens(model, state, return_routing)
+    return state
+
+
+def generate(
+    model,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    return_routing: bool = False,
+    engine: EngineConfig = EngineConfig(),
+    mesh: jax.sharding.Mesh | None = None,
+) -> GenerateOutput:
+    """Sample `params.num_samples` continuations of every prompt.
+
+    Args:
+      model: a `qwen3.Qwen3ForCausalLM` (any module with `forward(..., cache=, return_routing=)` and
+        a `config` accepted by `qwen3.init_cache`).
+      prompts: token-id lists of any (non-zero) lengths.
+      params: sampling distribution and limits (static: a new value compiles once).
+      return_routing: also return the routed experts of prompt and generated tokens (MoE only).
+      engine: buckets, prefill/decode chunking and cache dtype.
+      mesh: optional mesh; the batch is split over its ('data', 'fsdp') axes (padded with inactive
+        filler rows to a multiple of their size); the model's own shardings are left as they are.
+    Returns:
+      GenerateOutput with rows in prompt-major order (`len(prompts) * num_samples` rows).
+    """
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+    cfg = _model_config(model)
+    vocab_size = getattr(cfg, "vocab_size", None)
+    prompts = _validate_prompts(prompts, vocab_size)
+    if return_routing and not getattr(cfg, "num_experts", 0):
+        raise ValueError("return_routing=True needs an MoE model (config.num_experts > 0)")
+
+    longest = max(len(p) for p in prompts)
+    max_positions = getattr(cfg, "max_position_embeddings", None)
+    if max_positions is not None and longest + params.max_new_tokens > max_positions:
+        raise ValueError(
+            f"longest prompt ({longest} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
+            f"model's max_position_embeddings ({max_positions})"
+        )
+    prompt_len = _round_up(longest, engine.prompt_bucket)
+    needed = prompt_len + params.max_new_tokens
+    if engine.max_cache_len is not None and needed > engine.max_cache_len:
+        raise ValueError(
+            f"longest prompt ({longest} tokens, padded to {prompt_len}) + max_new_tokens "
+            f"({params.max_new_tokens}) = {needed} exceeds EngineConfig.max_cache_len "
+            f"({engine.max_cache_len})"
+        )
+
+    def cache_slots(stop: int) -> int:
+        """Slots for the prompt, `stop` generated tokens and the routing-capture feed of the last one."""
+        slots = _round_up(prompt_len + stop, engine.cache_bucket)
+        return slots if engine.max_cache_len is None else min(slots, engine.max_cache_len)
+
+    rows = [p for p in prompts for _ in range(params.num_samples)]
+    batch_axes = _batch_axes(mesh)
+    shards = math.prod(mesh.shape[a] for a in batch_axes) if mesh is not None else 1
+    num_rows = _round_up(len(rows), shards)
+    host_arrays = left_pad(rows, prompt_len, num_rows)
+    if mesh is not None:
+        shard = lambda a: jax.sharding.NamedSharding(  # noqa: E731 - batch axis over the data axes
+            mesh, jax.sharding.PartitionSpec(batch_axes, *([None] * (a.ndim - 1)))
+        )
+        device_arrays = [jax.device_put(a, shard(a)) for a in host_arrays]
+    else:
+        device_arrays = [jnp.asarray(a) for a in host_arrays]
+    input_ids, positions, attention_mask, active = device_arrays
+
+    graphdef, model_state = nnx.split(model)
+    cache_dtype = engine.cache_dtype or getattr(cfg, "dtype", "float32")
+    total = params.max_new_tokens
+    chunk = engine.decode_chunk_size or total
+    stop = min(chunk, total)
+    static_params = dataclasses.replace(params, seed=0)  # the seed is traced: no recompile per seed
+    state, prompt_routing = _prefill_and_decode(
+        graphdef, model_state, input_ids, positions, attention_mask, active,
+        np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32),
+        params=static_params, cache_len=cache_slots(stop), stop=stop,
+        prefill_chunk=engine.prefill_chunk_size, cache_dtype=cache_dtype, return_routing=return_routing,
+        capture_last=return_routing and stop == total, mesh=mesh, batch_axes=batch_axes,
+    )
+    while stop < total:
+        if bool(jax.device_get(jnp.all(state.done))):  # one host sync per decode segment
+            if return_routing:
+                state = _resume(
+                    graphdef, model_state, state, np.int32(stop), params=static_params, return_routing=True,
+                    capture_last=True,
+                )
+            break
+        next_stop = min(stop + chunk, total)
+        if cache_slots(next_stop) > state.cache.max_len:
+            state = state.replace(cache=_grow_cache(state.cache, cache_len=cache_slots(next_stop)))
+        state = _resume(
+            graphdef, model_state, state, np.int32(next_stop), params=static_params,
+            return_routing=return_routing, capture_last=return_routing and next_stop == total,
+        )
+        stop = next_stop
+
+    n = len(rows)
+
+    def keep(a, axis=0):  # drop filler rows (no copy when there are none)
+        return a if n == num_rows else jax.lax.slice_in_dim(a, 0, n, axis=axis)
+
+    return GenerateOutput(
+        tokens=keep(state.tokens),
+        lengths=keep(state.lengths),
+        logprobs=keep(state.logprobs),
+        routing=keep(state.routing, 1) if return_routing else None,
+        prompt_routing=keep(prompt_routing, 1) if return_routing else None,
+        prompt_mask=keep(attention_mask) if return_routing else None,
+    )

@@ -1,0 +1,169 @@
+"""Turn next-token logits into the distribution actually sampled from, and sample it.
+
+The importance ratio W = pi_theta / pi_old of the paper (Sec. 1, 3.1) needs pi_old(o_t | ...), the
+probability under which o_t was *generated*. With temperature, top-k or top-p that is the truncated,
+renormalized, temperature-scaled distribution, not the model's full softmax; returning the latter
+while sampling from the former is a known trap. Here one function builds the processed log-probs,
+the sampler draws from exactly those and returns the drawn token's log-prob from the same array.
+
+Order of composition (as in HF `transformers` and vLLM): temperature, then top-k, then top-p, where
+top-p is the nucleus of the temperature-scaled, top-k-renormalized distribution. All functions work
+on `[..., vocab]` float arrays; truncation writes -inf, so `log_softmax` renormalizes over the kept
+set. Ties at a truncation threshold are all kept (the kept set is `logits >= threshold`). Drawing
+is an exact two-stage Gumbel-max (`sample_from_logprobs`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -jnp.inf
+
+
+def scale_by_temperature(logits: jax.Array, temperature: float) -> jax.Array:
+    """Divide `logits: [..., vocab]` by a positive temperature (static Python float)."""
+    if not temperature > 0.0:
+        raise ValueError(f"scale_by_temperature needs temperature > 0, got {temperature}")
+    logits = logits.astype(jnp.float32)
+    return logits if temperature == 1.0 else logits / jnp.float32(temperature)
+
+
+def top_p_threshold(sorted_desc: jax.Array, top_p: float) -> jax.Array:
+    """Smallest kept logit of the nucleus, from logits sorted descending `[..., n]` -> `[..., 1]`.
+
+    A token is kept when the probability mass strictly before it (in descending order) is < top_p,
+    i.e. the smallest prefix whose mass reaches top_p; the top token is always kept. `sorted_desc`
+    may hold -inf (already-truncated tokens); they carry no mass.
+    """
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    num_kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)
+    num_kept = jnp.maximum(num_kept, 1)
+    return jnp.take_along_axis(sorted_desc, num_kept - 1, axis=-1)
+
+
+def nucleus_min_prob(probs: jax.Array, top_p: float) -> jax.Array:
+    """Smallest kept probability of the nucleus, without sorting: `probs: [..., n]` -> `[..., 1]`.
+
+    The nucleus (smallest set of most likely tokens whose mass reaches top_p, as in `top_p_threshold`)
+    is `{p >= t}` for the largest t with `sum(p[p >= t]) >= top_p`. Non-negative float32 values order
+    like their int32 bit patterns, so bisection over the bits of t in [0, max p] finds that t exactly
+    in 31 masked sums over the vocabulary - on CPU ~30x cheaper than sorting 32k-151k entries per row.
+    """
+    target = jnp.float32(top_p)
+    lo = jnp.zeros(probs.shape[:-1] + (1,), jnp.int32)  # bits of 0.0: keeps everything
+    hi = jax.lax.bitcast_convert_type(jnp.max(probs, axis=-1, keepdims=True), jnp.int32)
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo + 1) // 2
+        threshold = jax.lax.bitcast_convert_type(mid, jnp.float32)
+        enough = jnp.sum(jnp.where(probs >= threshold, probs, 0.0), axis=-1, keepdims=True) >= target
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid - 1)
+
+    lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi))
+    return jax.lax.bitcast_convert_type(lo, jnp.float32)
+
+
+def truncate(logits: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """Apply top-k then top-p to (temperature-scaled) `logits: [..., vocab]`; dropped -> -inf.
+
+    `top_k` (0 = off) and `top_p` (1 = off) are static switches. With top-k the nucleus is found on
+    the k values `lax.top_k` returns sorted; without it, by bisection (`nucleus_min_prob`), so the
+    vocabulary is never sorted.
+    """
+    if top_k < 0 or not (0.0 < top_p <= 1.0):
+        raise ValueError(f"need top_k >= 0 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
+    use_top_k = 0 < top_k < logits.shape[-1]
+    if not use_top_k and top_p >= 1.0:
+        return logits
+    if use_top_k:
+        top_values = jax.lax.top_k(logits, top_k)[0]  # [..., k], sorted descending
+        # The nucleus threshold is one of the k values, hence never below the k-th one.
+        threshold = top_p_threshold(top_values, top_p) if top_p < 1.0 else top_values[..., -1:]
+        return jnp.where(logits >= threshold, logits, NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1)
+    return jnp.where(probs >= nucleus_min_prob(probs, top_p), logits, NEG_INF)
+
+
+def sampling_logprobs(
+    logits: jax.Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> jax.Array:
+    """Log-probs of the distribution sampled from: `logits: [..., vocab]` -> `[..., vocab]` float32.
+
+    Kept tokens hold log-probs that sum (in probability) to one; dropped tokens hold -inf.
+    `temperature == 0` is greedy: a point mass on the argmax (log-prob 0 there, -inf elsewhere), so
+    top-k/top-p do not matter. All three parameters are static Python numbers.
+    """
+    if temperature < 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    logits = logits.astype(jnp.float32)
+    if temperature == 0.0:
+        best = first_argmax(logits)
+        hot = jax.nn.one_hot(best, logits.shape[-1], dtype=jnp.bool_)
+        return jnp.where(hot, 0.0, NEG_INF).astype(jnp.float32)
+    scaled = scale_by_temperature(logits, temperature)
+    return jax.nn.log_softmax(truncate(scaled, top_k, top_p), axis=-1)
+
+
+def first_argmax(x: jax.Array) -> jax.Array:
+    """`jnp.argmax(x, -1)` (first maximal index) as two plain reductions: `[..., n]` -> `[...]` int32.
+
+    XLA:CPU lowers `argmax` to a variadic (value, index) reduce that is not vectorized, ~6x slower
+    than a max followed by a min over the matching indices (measured on a [32, 32000] batch).
+    """
+    n = x.shape[-1]
+    best = jnp.max(x, axis=-1, keepdims=True)
+    index = jnp.min(jnp.where(x == best, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+    return jnp.minimum(index, n - 1)  # NaN rows (no match) stay in range
+
+
+SAMPLING_BLOCK = 256
+
+
+def sample_from_logprobs(
+    keys: jax.Array, logprobs: jax.Array, block: int = SAMPLING_BLOCK
+) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row and return it with its log-prob under the same distribution.
+
+    Exact two-stage Gumbel-max: the vocabulary is cut into blocks of `block` tokens; a block is drawn
+    with probability equal to its mass (Gumbel-max over per-block logsumexp), then a token within it
+    with probability proportional to its own (Gumbel-max over the block). P(block) * P(token | block)
+    is the token's probability, so this samples `exp(logprobs)` exactly, with vocab/block + block
+    random numbers per row instead of vocab (151,936 for Qwen3): on CPU the per-token threefry bits
+    of a `jax.random.categorical` draw were most of the sampling time.
+
+    Args:
+      keys: `[batch]` typed PRNG keys, one per row, so a row's draw does not depend on the others.
+      logprobs: `[batch, vocab]` processed log-probs (from `sampling_logprobs`; -inf = dropped).
+      block: static block size.
+    Returns:
+      tokens `[batch]` int32, token_logprobs `[batch]` float32.
+    """
+    batch, vocab = logprobs.shape
+    padded = -(-vocab // block) * block
+    blocks = jnp.pad(logprobs, ((0, 0), (0, padded - vocab)), constant_values=NEG_INF)
+    blocks = blocks.reshape(batch, padded // block, block)
+    block_logmass = jax.nn.logsumexp(blocks, axis=-1)  # [batch, num_blocks]; -inf if all dropped
+    pick_block, pick_token = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, (padded // block,), logprobs.dtype))(pick_block)
+    chosen = first_argmax(block_logmass + noise)  # [batch]
+    within = jnp.take_along_axis(blocks, chosen[:, None, None], axis=1)[:, 0]  # [batch, block]
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, (block,), logprobs.dtype))(pick_token)
+    tokens = chosen * block + first_argmax(within + noise)
+    token_logprobs = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    return tokens.astype(jnp.int32), token_logprobs
+
+
+def sample(
+    keys: jax.Array, logits: jax.Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """Process `logits: [batch, vocab]` and sample: -> tokens `[batch]` int32, log-probs `[batch]`.
+
+    Greedy (temperature 0) takes the argmax without touching the keys; its log-prob is 0.
+    """
+    if temperature == 0.0:
+        tokens = first_argmax(logits)
+        return tokens, jnp.zeros(tokens.shape, jnp.float32)
+    return sample_from_logprobs(keys, sampling_logprobs(logits, temperature, top_k, top_p))

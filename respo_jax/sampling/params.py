@@ -1,0 +1,127 @@
+"""What to sample and how much: the frozen, validated parameters of one `generate` call.
+
+`SamplingParams` describes the sampling *distribution* (temperature, top-k, top-p) and the rollout
+shape (max new tokens, EOS ids, samples per prompt, seed).  `EngineConfig` describes how the sampler
+lays out memory (cache/prompt buckets, prefill chunking, cache dtype); it changes speed and memory,
+never the result.  Both are hashable, so they serve as static arguments of the jitted sampler: one
+compilation per distinct value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Parameters of the sampling distribution and of the rollout.
+
+    Attributes:
+      max_new_tokens: number of tokens to generate per sequence at most (> 0).
+      temperature: logits are divided by it; 0 means greedy (argmax, log-prob 0 since the sampled
+        distribution is a point mass). Must be finite and >= 0.
+      top_p: nucleus mass in (0, 1]; 1 disables nucleus truncation.
+      top_k: keep the k largest logits; 0 disables top-k truncation.
+      seed: PRNG seed; the same seed, prompts and params give the same samples.
+      eos_token_ids: generation of a sequence stops after it samples any of these ids.
+      num_samples: samples per prompt (the GRPO group size G); the output is prompt-major.
+
+    Truncations compose in the order temperature -> top-k -> top-p (as in HF `transformers` and
+    vLLM): top-p is computed on the temperature-scaled, top-k-renormalized distribution.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    num_samples: int = 1
+
+    def __post_init__(self):
+        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        _check_int("top_k", self.top_k, 0)
+        _check_int("num_samples", self.num_samples, 1)
+        _check_int("seed", self.seed, 0)
+        if self.seed >= 2**64:
+            raise ValueError(f"seed must be < 2**64 (two uint32 words seed the PRNG key), got {self.seed}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a float, got {type(value).__name__} ({value!r})")
+            object.__setattr__(self, name, float(value))
+        if not math.isfinite(self.temperature) or self.temperature < 0.0:
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        eos = self.eos_token_ids
+        if isinstance(eos, int) and not isinstance(eos, bool):
+            eos = (eos,)
+        try:
+            eos = tuple(eos)
+        except TypeError:
+            raise ValueError(
+                f"eos_token_ids must be a sequence of ints, got {self.eos_token_ids!r}"
+            ) from None
+        for token in eos:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"eos_token_ids must hold non-negative ints, got {self.eos_token_ids!r}")
+        object.__setattr__(self, "eos_token_ids", eos)
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling is argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+    @property
+    def pad_token_id(self) -> int:
+        """Id written after a sequence's EOS: the first EOS id, or 0 when there is no EOS id."""
+        return self.eos_token_ids[0] if self.eos_token_ids else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Memory layout of the sampler (buckets limit recompilation; none of this changes the samples).
+
+    Attributes:
+      prompt_bucket: the padded prompt length is the longest prompt rounded up to a multiple of this.
+      cache_bucket: the KV-cache length (padded prompt + max_new_tokens) is rounded up to a multiple of
+        this. Keep it small: every decode step attends over every slot (with max_new_tokens fixed, the
+        distinct cache lengths follow the prompt buckets anyway).
+      max_cache_len: refuse prompts whose padded length + max_new_tokens exceed this (None: no limit).
+      prefill_chunk_size: prefill the padded prompt in pieces of at most this many tokens (bounds the
+        activation memory of long prompts); None prefills in one pass. Either way the vocabulary
+        projection runs for the last prompt token only.
+      decode_chunk_size: decode in segments of this many steps, growing the cache by as much between
+        segments (one host sync and one compilation per segment length), so attention reads only the
+        slots a segment can reach; None decodes in one loop over a cache sized for max_new_tokens.
+      cache_dtype: dtype name of the KV cache ("float32", "bfloat16"); None uses the model's
+        compute dtype (`config.dtype`).
+    """
+
+    prompt_bucket: int = 16
+    cache_bucket: int = 16
+    max_cache_len: int | None = None
+    prefill_chunk_size: int | None = None
+    decode_chunk_size: int | None = None
+    cache_dtype: str | None = None
+
+    def __post_init__(self):
+        _check_int("prompt_bucket", self.prompt_bucket, 1)
+        _check_int("cache_bucket", self.cache_bucket, 1)
+        if self.max_cache_len is not None:
+            _check_int("max_cache_len", self.max_cache_len, 2)
+        if self.prefill_chunk_size is not None:
+            _check_int("prefill_chunk_size", self.prefill_chunk_size, 1)
+        if self.decode_chunk_size is not None:
+            _check_int("decode_chunk_size", self.decode_chunk_size, 1)
+        if self.cache_dtype is not None and self.cache_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"cache_dtype must be float32, bfloat16 or float16, got {self.cache_dtype!r}")

@@ -1,0 +1,315 @@
+"""The sampler against real references: transformers' greedy generate (dense and MoE, ragged prompts,
+batched and one by one), teacher-forced forwards of the same model for log-probs and routing, and a
+float64 NumPy implementation of temperature / top-k / top-p for truncated log-probs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from respo_jax.models import qwen3
+from respo_jax.sampling import EngineConfig, SamplingParams, generate
+
+PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [100], [7, 7, 8, 9, 10, 11]]
+NEW = 10
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _hf_model(moe: bool):
+    # A larger initializer_range than the default makes logits well separated, so greedy choices
+    # are not decided by float32 rounding differences between the two implementations.
+    fields = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                  initializer_range=0.3, tie_word_embeddings=False, rope_theta=10000.0)
+    torch.manual_seed(1 if moe else 0)
+    if moe:
+        fields.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+        return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**fields)).eval()
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**fields)).eval()
+
+
+def _checkpoint(moe: bool, tmp_path_factory):
+    """(transformers model, our model loaded from its saved checkpoint)."""
+    hf = _hf_model(moe)
+    path = tmp_path_factory.mktemp("moe" if moe else "dense")
+    hf.save_pretrained(path)
+    return hf, qwen3.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return _checkpoint(False, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return _checkpoint(True, tmp_path_factory)
+
+
+def _right_padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded `[rows, width]` ids and mask: causal attention never sees the trailing pads, so
+    default positions (0, 1, ...) are the right ones for every real token."""
+    width = max(map(len, rows))
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def _hf_greedy(hf, prompts, eos: int | None) -> list[list[int]]:
+    """transformers' greedy continuations (left-padded batch), cut after the first EOS."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
+                          pad_token_id=0 if eos is None else eos)[:, width:].tolist()
+    cut = []
+    for row in out:
+        cut.append(row[: row.index(eos) + 1] if eos in row else row)
+    return cut
+
+
+def _eos_hit_mid_sequence(hf) -> int:
+    """A token that prompt 1's greedy continuation emits at step 3, so that row stops early."""
+    return _hf_greedy(hf, [PROMPTS[1]], eos=None)[0][3]
+
+
+def _check_row(out, row: int, want: list[int], pad: int):
+    n = len(want)
+    assert int(out.lengths[row]) == n
+    np.testing.assert_array_equal(np.asarray(out.tokens[row, :n]), want)
+    np.testing.assert_array_equal(np.asarray(out.tokens[row, n:]), pad)
+    np.testing.assert_array_equal(np.asarray(out.logprobs[row]), 0.0)  # greedy: point mass
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_greedy_ragged_batch_equals_transformers_batched_and_alone(kind, request):
+    hf, model = request.getfixturevalue(kind)
+    eos = _eos_hit_mid_sequence(hf)
+    want = _hf_greedy(hf, PROMPTS, eos)
+    assert len(want[1]) <= 4 and any(len(w) == NEW for w in want)  # one row stops early, one runs out
+    params = SamplingParams(max_new_tokens=NEW, temperature=0.0, eos_token_ids=(eos,))
+    out = generate(model, PROMPTS, params)
+    assert out.tokens.shape == (len(PROMPTS), NEW) and out.tokens.dtype == np.int32
+    for row, continuation in enumerate(want):
+        _check_row(out, row, continuation, pad=eos)
+        # Batch independence: the prompt alone, in transformers and here, gives the same tokens.
+        assert _hf_greedy(hf, [PROMPTS[row]], eos)[0] == continuation
+        _check_row(generate(model, [PROMPTS[row]], params), 0, continuation, pad=eos)
+    if kind == "dense":
+        # num_samples=G repeats every prompt G times, prompt-major.
+        grouped = generate(model, PROMPTS, dataclasses.replace(params, num_samples=2))
+        for row, continuation in enumerate(want):
+            _check_row(grouped, 2 * row, continuation, pad=eos)
+            _check_row(grouped, 2 * row + 1, continuation, pad=eos)
+
+
+def _reference_logprobs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """float64: temperature, top-k, then top-p on the top-k-renormalized distribution; [vocab] -> [vocab]."""
+    scaled = logits.astype(np.float64) / temperature
+    order = np.argsort(-scaled, kind="stable")[: top_k or None]
+    probs = np.exp(scaled[order] - scaled[order].max())
+    probs /= probs.sum()
+    kept = order[(np.cumsum(probs) - probs) < top_p]
+    out = np.full(scaled.shape, -np.inf)
+    z = scaled[kept].max()
+    out[kept] = scaled[kept] - z - np.log(np.exp(scaled[kept] - z).sum())
+    return out
+
+
+@pytest.mark.parametrize(
+    "kind,temperature,top_k,top_p", [("dense", 1.0, 0, 1.0), ("dense", 0.7, 20, 0.8), ("moe", 1.3, 0, 0.6)]
+)
+def test_sampled_logprobs_equal_teacher_forced_forward(kind, temperature, top_k, top_p, request):
+    _, model = request.getfixturevalue(kind)
+    params = SamplingParams(max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p, seed=3,
+                            eos_token_ids=(2,), num_samples=2)
+    out = generate(model, PROMPTS, params)
+    tokens, logprobs, lengths = (np.asarray(a) for a in (out.tokens, out.logprobs, out.lengths))
+    assert any((tokens[2 * i] != tokens[2 * i + 1]).any() for i in range(len(PROMPTS)))  # samples differ
+    prompts = [PROMPTS[row // 2] for row in range(len(tokens))]
+    rows = [p + tokens[row, : lengths[row]].tolist() for row, p in enumerate(prompts)]
+    ids, mask = _right_padded(rows)
+    if (temperature, top_k, top_p) == (1.0, 0, 1.0):
+        # No processing: the model's own teacher-forced log-softmax (model.token_logprobs).
+        teacher = np.asarray(model.token_logprobs(ids[:, :-1], ids[:, 1:], attention_mask=mask[:, :-1]))
+    else:
+        logits = np.asarray(model(ids, attention_mask=mask))
+    for row, prompt in enumerate(prompts):
+        n = int(lengths[row])
+        steps = range(len(prompt) - 1, len(prompt) - 1 + n)  # logits position predicting each new token
+        if (temperature, top_k, top_p) == (1.0, 0, 1.0):
+            want = teacher[row, len(prompt) - 1 : len(prompt) - 1 + n]
+        else:
+            ref = [_reference_logprobs(logits[row, t], temperature, top_k, top_p) for t in steps]
+            want = np.array([r[tok] for r, tok in zip(ref, tokens[row, :n])])
+            assert np.all(np.isfinite(want))  # every sampled token is inside the kept set
+        np.testing.assert_allclose(logprobs[row, :n], want, atol=1e-3, rtol=0)
+        np.testing.assert_array_equal(logprobs[row, n:], 0.0)
+        np.testing.assert_array_equal(tokens[row, n:], 2)
+        assert n == params.max_new_tokens or tokens[row, n - 1] == 2
+
+
+MOE_PARAMS = SamplingParams(max_new_tokens=9, temperature=1.0, top_p=0.9, seed=11, eos_token_ids=(2,))
+
+
+@pytest.fixture(scope="module")
+def moe_sampled(moe):
+    return generate(moe[1], PROMPTS, MOE_PARAMS, return_routing=True)
+
+
+def _teacher_forced_routing(model, rows: list[list[int]]) -> np.ndarray:
+    ids, mask = _right_padded(rows)
+    return np.asarray(model.forward(ids, attention_mask=mask, return_routing=True).routing)
+
+
+def test_same_seed_same_samples_other_seed_other_samples_chunking_changes_nothing(moe, moe_sampled):
+    model, first = moe[1], moe_sampled
+    again = generate(model, PROMPTS, MOE_PARAMS, return_routing=True)
+    other = generate(model, PROMPTS, dataclasses.replace(MOE_PARAMS, seed=12), return_routing=True)
+    high = generate(model, PROMPTS, dataclasses.replace(MOE_PARAMS, seed=11 + 2**32), return_routing=True)
+    chunked = generate(model, PROMPTS, MOE_PARAMS, return_routing=True,
+                       engine=EngineConfig(prompt_bucket=8, prefill_chunk_size=5, decode_chunk_size=4,
+                                           cache_bucket=4))
+    for field in ("tokens", "lengths", "logprobs", "routing"):
+        np.testing.assert_array_equal(np.asarray(getattr(first, field)), np.asarray(getattr(again, field)))
+    for field in ("tokens", "lengths", "routing"):
+        np.testing.assert_array_equal(np.asarray(getattr(first, field)), np.asarray(getattr(chunked, field)))
+    np.testing.assert_allclose(np.asarray(first.logprobs), np.asarray(chunked.logprobs), atol=1e-5)
+    assert not np.array_equal(np.asarray(first.tokens), np.asarray(other.tokens))
+    assert not np.array_equal(np.asarray(first.tokens), np.asarray(high.tokens))  # all 64 seed bits count
+
+
+def test_routing_equals_teacher_forced_routing(moe, moe_sampled):
+    model, out = moe[1], moe_sampled
+    cfg = model.config
+    assert out.routing.shape == (cfg.num_moe_layers, len(PROMPTS), 9, cfg.num_experts_per_tok)
+    lengths = np.asarray(out.lengths)
+    rows = [p + np.asarray(out.tokens[r, : lengths[r]]).tolist() for r, p in enumerate(PROMPTS)]
+    routing = _teacher_forced_routing(model, rows)
+    width = out.prompt_mask.shape[1]
+    for row, prompt in enumerate(PROMPTS):
+        n, m = int(lengths[row]), len(prompt)
+        np.testing.assert_array_equal(np.asarray(out.routing[:, row, :n]), routing[:, row, m : m + n])
+        np.testing.assert_array_equal(np.asarray(out.routing[:, row, n:]), 0)
+        np.testing.assert_array_equal(np.asarray(out.prompt_mask[row]), [0] * (width - m) + [1] * m)
+        np.testing.assert_array_equal(np.asarray(out.prompt_routing[:, row, width - m :]),
+                                      routing[:, row, :m])
+
+
+def test_routing_when_every_row_stops_in_an_early_decode_segment(moe):
+    # The EOS token's routing needs one forward after the loop; here it happens after the first of
+    # several decode segments (the host sees every row done), and must equal teacher forcing.
+    hf, model = moe
+    eos = _hf_greedy(hf, [PROMPTS[0]], eos=None)[0][2]
+    params = SamplingParams(max_new_tokens=NEW, temperature=0.0, eos_token_ids=(eos,))
+    out = generate(model, [PROMPTS[0]], params, return_routing=True, engine=EngineConfig(decode_chunk_size=4))
+    n = int(out.lengths[0])
+    assert n <= 3
+    routing = _teacher_forced_routing(model, [PROMPTS[0] + np.asarray(out.tokens[0, :n]).tolist()])
+    np.testing.assert_array_equal(np.asarray(out.routing[:, 0, :n]), routing[:, 0, len(PROMPTS[0]) :])
+
+
+@pytest.mark.parametrize(
+    "prompts,params,engine,match",
+    [
+        ([], dict(max_new_tokens=4), {}, "prompts is empty"),
+        ([[1, 2], []], dict(max_new_tokens=4), {}, "prompt 1 is empty"),
+        ([[1, 500]], dict(max_new_tokens=4), {}, r"expected \[0, 128\)"),
+        ([[1] * 20], dict(max_new_tokens=20), dict(max_cache_len=32), "exceeds EngineConfig.max_cache_len"),
+        ([[1] * 200], dict(max_new_tokens=100), {}, "max_position_embeddings"),
+    ],
+)
+def test_bad_generate_inputs_raise(dense, prompts, params, engine, match):
+    with pytest.raises(ValueError, match=match):
+        generate(dense[1], prompts, SamplingParams(**params), engine=EngineConfig(**engine))
+
+
+def test_return_routing_on_a_dense_model_raises(dense):
+    with pytest.raises(ValueError, match="MoE"):
+        generate(dense[1], [[1]], SamplingParams(max_new_tokens=2), return_routing=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=4, top_p=0.0), "top_p"),
+        (dict(max_new_tokens=4, top_p=1.01), "top_p"),
+        (dict(max_new_tokens=4, temperature=-0.5), "temperature"),
+        (dict(max_new_tokens=4, temperature=float("nan")), "temperature"),
+        (dict(max_new_tokens=4, top_k=-1), "top_k"),
+        (dict(max_new_tokens=4, num_samples=0), "num_samples"),
+        (dict(max_new_tokens=4, eos_token_ids=(1, -2)), "eos_token_ids"),
+        (dict(max_new_tokens=2.5), "max_new_tokens"),
+        (dict(max_new_tokens=4, seed=-1), "seed"),
+        (dict(max_new_tokens=4, seed=2**64), "seed"),
+    ],
+)
+def test_bad_sampling_params_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_bad_engine_config_raises():
+    with pytest.raises(ValueError, match="prefill_chunk_size"):
+        EngineConfig(prefill_chunk_size=0)
+    with pytest.raises(ValueError, match="decode_chunk_size"):
+        EngineConfig(decode_chunk_size=-1)
+    with pytest.raises(ValueError, match="cache_dtype"):
+        EngineConfig(cache_dtype="int8")
+
+
+def test_sharded_batch_on_a_simulated_8_device_mesh(tmp_path):
+    # The batch is split over ('data', 'fsdp') of a 2x2x2 mesh; results equal the unsharded run.
+    script = textwrap.dedent(
+        """
+        import jax, numpy as np
+        from flax import nnx
+        from respo_jax.models import qwen3
+        from respo_jax.sampling import SamplingParams, generate
+        assert jax.device_count() == 8
+        # initializer_range 0.3: well-separated logits, so top-k sets are not decided by float rounding
+        cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3)
+        model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
+        prompts = [[5, 9, 17], [3, 1, 4, 1, 5, 9], [100], [8, 8]]
+        params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=1)
+        auto = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 3)
+        plain = generate(model, prompts, params, return_routing=True)
+        sharded = generate(model, prompts, params, return_routing=True, mesh=auto)
+        assert sharded.tokens.sharding.spec[0] == ("data", "fsdp"), sharded.tokens.sharding
+        assert sharded.routing.sharding.spec[1] == ("data", "fsdp"), sharded.routing.sharding
+        # 3 rows are padded to 4 (a multiple of data x fsdp) with filler rows; a row's samples depend
+        # only on its own prompt, index and the seed, so they equal the first 3 unsharded rows.
+        padded = generate(model, prompts[:3], params, return_routing=True, mesh=auto)
+        for name in ("tokens", "routing", "logprobs"):
+            want = np.asarray(getattr(plain, name))
+            np.testing.assert_allclose(np.asarray(getattr(sharded, name)), want, atol=1e-5)
+            first3 = want[:, :3] if name == "routing" else want[:3]
+            np.testing.assert_allclose(np.asarray(getattr(padded, name)), first3, atol=1e-5)
+        explicit = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+        try:
+            generate(model, prompts, params, mesh=explicit)
+            raise AssertionError("an Explicit mesh was accepted")
+        except ValueError as error:
+            assert "Auto axis types" in str(error)
+        print("OK", sharded.tokens.sharding)
+        """
+    )
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
