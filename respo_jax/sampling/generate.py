@@ -177,15 +177,38 @@ def _sample_step(state: _DecodeState, logits, params: SamplingParams):
     return sample(keys, logits, params.temperature, params.top_k, params.top_p)
 
 
-def _feed_last_tokens(model, state: _DecodeState, return_routing: bool):
-    """Run the model on the last sampled token of every row; store its routing (token step-1)."""
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _unstack(graphdef, model_state):
+    return nnx.merge(graphdef, model_state).unstacked_layers()
+
+
+def _decode_layers(model, graphdef, model_state):
+    """Per-layer weights for the decode loop (`Qwen3ForCausalLM.unstacked_layers`), or None for a
+    model without them.
+
+    Why: on XLA:CPU a layer scan over stacked weights re-slices every layer's weights at every decode
+    step (about half of a batch-1 step of an 8-layer model). The slices are made here, once per
+    `generate` call, and enter the jitted loops as arguments: slicing inside the same jit, even
+    outside the loop, was measurably slower (XLA may sink loop-invariant slices back into the loop).
+    Cost: a second copy of the decoder weights lives for the duration of the call.
+    """
+    if not hasattr(model, "unstacked_layers"):
+        return None
+    return _unstack(graphdef, model_state)
+
+
+def _feed_last_tokens(model, state: _DecodeState, return_routing: bool, layers=None):
+    """Run the model on the last sampled token of every row; store its routing (token step-1).
+    `layers`: the model's `unstacked_layers()` (None: the model's default layer loop)."""
     positions = state.prompt_lengths + state.step - 1
+    extra = {} if layers is None else {"layers": layers}
     out = model.forward(
         state.last_tokens[:, None],
         positions=positions[:, None],
         attention_mask=jnp.ones_like(state.last_tokens)[:, None],
         cache=state.cache,
         return_routing=return_routing,
+        **extra,
     )
     state = state.replace(cache=out.cache)
     if return_routing:
@@ -199,14 +222,16 @@ def _feed_last_tokens(model, state: _DecodeState, return_routing: bool):
     return out.logits[:, -1, :], state
 
 
-def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, return_routing: bool):
-    """`lax.while_loop`: feed the last token, sample the next, until step == stop or all rows done."""
+def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, return_routing: bool,
+                  layers=None):
+    """`lax.while_loop`: feed the last token, sample the next, until step == stop or all rows done.
+    `layers` (per-layer weights, loop-invariant) are computed by the caller outside the loop."""
 
     def cond(state):
         return (state.step < stop) & ~jnp.all(state.done)
 
     def body(state):
-        logits, state = _feed_last_tokens(model, state, return_routing)
+        logits, state = _feed_last_tokens(model, state, return_routing, layers)
         tokens, token_logprobs = _sample_step(state, logits, params)
         return _record(state, tokens, token_logprobs, params)
 
@@ -231,11 +256,12 @@ def _shard_batch_axis(x, mesh, batch_axes, axis: int):
     ),
 )
 def _prefill_and_decode(
-    graphdef, model_state, input_ids, positions, attention_mask, active, seed,
+    graphdef, model_state, layers, input_ids, positions, attention_mask, active, seed,
     *, params, cache_len, stop, prefill_chunk, cache_dtype, return_routing, capture_last, mesh, batch_axes,
 ):
     """Prefill `[batch, P]` prompts, sample the first token and decode until `stop` (jitted once per
-    shape/params). Returns the loop state and the prompt routing (or None)."""
+    shape/params). `layers`: per-layer weights for the decode loop (`_decode_layers`) or None; the
+    prefill keeps the model's layer scan. Returns the loop state and the prompt routing (or None)."""
     model = nnx.merge(graphdef, model_state)
     batch, prompt_len = input_ids.shape
     cache = qwen3.init_cache(_model_config(model), batch, cache_len, dtype=jnp.dtype(cache_dtype))
@@ -287,9 +313,9 @@ def _prefill_and_decode(
     )
     tokens, token_logprobs = _sample_step(state, last_logits, params)
     state = _record(state, tokens, token_logprobs, params)
-    state = _decode_until(model, state, stop, params, return_routing)
+    state = _decode_until(model, state, stop, params, return_routing, layers)
     if capture_last:
-        _, state = _feed_last_tokens(model, state, return_routing)
+        _, state = _feed_last_tokens(model, state, return_routing, layers)
     return state, prompt_routing
 
 
@@ -310,14 +336,14 @@ def _grow_cache(cache, *, cache_len):
     jax.jit, static_argnames=("graphdef", "params", "return_routing", "capture_last"),
     donate_argnames=("state",),
 )
-def _resume(graphdef, model_state, state, stop, *, params, return_routing, capture_last):
+def _resume(graphdef, model_state, layers, state, stop, *, params, return_routing, capture_last):
     """Decode until step `stop` (one segment of chunked decode; `stop` is traced, so segments of one
     cache length share a compilation), then optionally feed the last tokens to record their routing.
     The state's buffers are donated: the loop updates them in place."""
     model = nnx.merge(graphdef, model_state)
-    state = _decode_until(model, state, stop, params, return_routing)
+    state = _decode_until(model, state, stop, params, return_routing, layers)
     if capture_last:
-        _, state = _feed_last_tokens(model, state, return_routing)
+        _, state = _feed_last_tokens(model, state, return_routing, layers)
     return state
 
 
@@ -388,13 +414,14 @@ def generate(
     input_ids, positions, attention_mask, active = device_arrays
 
     graphdef, model_state = nnx.split(model)
+    layers = _decode_layers(model, graphdef, model_state)
     cache_dtype = engine.cache_dtype or getattr(cfg, "dtype", "float32")
     total = params.max_new_tokens
     chunk = engine.decode_chunk_size or total
     stop = min(chunk, total)
     static_params = dataclasses.replace(params, seed=0)  # the seed is traced: no recompile per seed
     state, prompt_routing = _prefill_and_decode(
-        graphdef, model_state, input_ids, positions, attention_mask, active,
+        graphdef, model_state, layers, input_ids, positions, attention_mask, active,
         np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32),
         params=static_params, cache_len=cache_slots(stop), stop=stop,
         prefill_chunk=engine.prefill_chunk_size, cache_dtype=cache_dtype, return_routing=return_routing,
@@ -404,15 +431,15 @@ def generate(
         if bool(jax.device_get(jnp.all(state.done))):  # one host sync per decode segment
             if return_routing:
                 state = _resume(
-                    graphdef, model_state, state, np.int32(stop), params=static_params, return_routing=True,
-                    capture_last=True,
+                    graphdef, model_state, layers, state, np.int32(stop), params=static_params,
+                    return_routing=True, capture_last=True,
                 )
             break
         next_stop = min(stop + chunk, total)
         if cache_slots(next_stop) > state.cache.max_len:
             state = state.replace(cache=_grow_cache(state.cache, cache_len=cache_slots(next_stop)))
         state = _resume(
-            graphdef, model_state, state, np.int32(next_stop), params=static_params,
+            graphdef, model_state, layers, state, np.int32(next_stop), params=static_params,
             return_routing=return_routing, capture_last=return_routing and next_stop == total,
         )
         stop = next_stop

@@ -15,6 +15,8 @@ Public API::
     logp = model.token_logprobs(input_ids, targets, positions, attention_mask, routing,
                                 chunk_size=512)                        # [b, s] f32, chunked vocab
     logp, aux = model.token_logprobs(..., return_aux=True)             # + load-balancing loss (MoE)
+    layers = model.unstacked_layers()       # per-layer weights, once; then forward(..., layers=layers)
+                                            # runs the layers unrolled (faster CPU decode, same logits)
 
 Conventions:
 - ``attention_mask`` [b, s]: 1 real token, 0 pad. Without a cache: causal + padding mask.

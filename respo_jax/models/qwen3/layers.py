@@ -54,6 +54,19 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
+def token_rows(x: jax.Array) -> jax.Array | None:
+    """x [..., features] as [tokens, features] when no mesh is active, else None (keep the batch axes).
+
+    Dense layers run their matmuls on these 2-D token rows: from 3-D operands XLA:CPU builds the
+    weight-gradient dots with explicit transposes of the [batch, seq, features] activations, which
+    cost ~25% of a layer's forward + backward on CPU (experiments/benchmarks/README.md). Under a mesh
+    the batch axes stay visible to the partitioner (a sharded axis cannot be merged and split freely).
+    """
+    if not jax.sharding.get_abstract_mesh().empty:
+        return None
+    return x.reshape(-1, x.shape[-1])
+
+
 def logical_to_mesh_spec(axes: Sequence[str | None], rules) -> PartitionSpec:
     """Map logical names to mesh axes with the first applicable rule; a mesh axis is used at most
     once per array (a later logical axis that would reuse it stays unsharded)."""

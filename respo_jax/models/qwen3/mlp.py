@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from respo_jax.models.qwen3.layers import BATCH, SEQ, constrain, make_param
+from respo_jax.models.qwen3.layers import BATCH, SEQ, constrain, make_param, token_rows
 
 
 class MLP(nnx.Module):
@@ -23,8 +23,13 @@ class MLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [batch, seq, embed] -> [batch, seq, embed]."""
         dt = self.dtype
-        gate = jnp.einsum("bse,em->bsm", x, self.gate_proj[...].astype(dt))
-        up = jnp.einsum("bse,em->bsm", x, self.up_proj[...].astype(dt))
+        gate_w, up_w, down_w = (w[...].astype(dt) for w in (self.gate_proj, self.up_proj, self.down_proj))
+        tokens = token_rows(x)
+        if tokens is not None:  # no mesh: 2-D matmuls over [batch·seq] token rows (see token_rows)
+            hidden = jax.nn.silu(tokens @ gate_w) * (tokens @ up_w)
+            return (hidden @ down_w).reshape(x.shape)
+        gate = jnp.einsum("bse,em->bsm", x, gate_w)
+        up = jnp.einsum("bse,em->bsm", x, up_w)
         hidden = constrain(jax.nn.silu(gate) * up, (BATCH, SEQ, "mlp"))
-        out = jnp.einsum("bsm,me->bse", hidden, self.down_proj[...].astype(dt))
+        out = jnp.einsum("bsm,me->bse", hidden, down_w)
         return constrain(out, (BATCH, SEQ, "embed"))
