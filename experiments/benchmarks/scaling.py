@@ -1,0 +1,163 @@
+"""How the train step scales, and what dropless MoE costs against the dense alternative.
+
+- Sequence length 256…4096 at a fixed 4096 positions per step (batch = 4096 / seq): the weight matmuls
+  stay constant, so the growth is attention's S² term (and its S×S score memory).
+- Batch size at sequence 512: where a step becomes large enough to reach the matmul roofline.
+- MoE expert block forward + backward: the model's dropless `jax.lax.ragged_dot` path
+  (`respo_jax.models.qwen3.moe.expert_ffn`) against computing every expert densely for every token and
+  zero-weighting the unrouted ones (the simplest alternative; costs num_experts / top_k × the FLOPs).
+
+Each point alternates respo-jax and PyTorch eager (MoE: ragged vs dense) in one process.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.benchmarks import train_step
+from experiments.benchmarks.common import alternate, markdown_table, speedup, summarize
+from respo_jax.models import qwen3
+from respo_jax.models.qwen3.moe import expert_ffn, route
+
+SEQ_LENGTHS = (256, 512, 1024, 2048, 4096)
+POSITIONS_PER_STEP = 4096
+BATCH_SIZES = (1, 2, 4, 8, 16)
+MOE_TOKENS = (512, 2048, 8192)
+MOE_SHAPES = {"8 experts, top-2": dict(num_experts=8, top_k=2, embed=512, expert_mlp=768),
+              "32 experts, top-4": dict(num_experts=32, top_k=4, embed=512, expert_mlp=384)}
+
+
+def dense_expert_ffn(x, indices, weights, gate_proj, up_proj, down_proj):
+    """Every expert on every token, unrouted ones weighted 0: the same result as `expert_ffn`.
+
+    x: [tokens, embed]; indices, weights: [tokens, top_k]; gate_proj, up_proj: [experts, embed,
+    expert_mlp]; down_proj: [experts, expert_mlp, embed] -> [tokens, embed].
+    """
+    tokens = x.shape[0]
+    combine = jnp.zeros((tokens, gate_proj.shape[0]), x.dtype)
+    combine = combine.at[jnp.arange(tokens)[:, None], indices].add(weights.astype(x.dtype))  # [tokens, experts]
+    gate = jnp.einsum("te,nem->tnm", x, gate_proj)
+    up = jnp.einsum("te,nem->tnm", x, up_proj)
+    y = jnp.einsum("tnm,nme->tne", jax.nn.silu(gate) * up, down_proj)
+    return jnp.einsum("tne,tn->te", y, combine)
+
+
+def _moe_grad_fn(ffn):
+    """jit of the expert block's forward + backward w.r.t. its input and all expert weights."""
+
+    def loss(x, gate_proj, up_proj, down_proj, indices, weights, cotangent):
+        return jnp.sum(ffn(x, indices, weights, gate_proj, up_proj, down_proj) * cotangent)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+
+
+def moe_point(tokens: int, num_experts: int, top_k: int, embed: int, expert_mlp: int, rounds: int = 3) -> dict:
+    """Ragged vs dense expert block at one shape: timings, speedup of ragged, and their max |Δ|."""
+    rng = np.random.default_rng(tokens + num_experts)
+    std = 0.02
+    x = jnp.asarray(rng.standard_normal((tokens, embed)), jnp.float32)
+    gate = jnp.asarray(std * rng.standard_normal((num_experts, embed, expert_mlp)), jnp.float32)
+    up = jnp.asarray(std * rng.standard_normal((num_experts, embed, expert_mlp)), jnp.float32)
+    down = jnp.asarray(std * rng.standard_normal((num_experts, expert_mlp, embed)), jnp.float32)
+    router_logits = jnp.asarray(rng.standard_normal((tokens, num_experts)), jnp.float32)
+    weights, indices, _ = route(router_logits, top_k, norm_topk_prob=True)
+    cotangent = jnp.asarray(rng.standard_normal((tokens, embed)), jnp.float32)
+    args = (x, gate, up, down, indices, weights, cotangent)
+    ragged, dense = _moe_grad_fn(expert_ffn), _moe_grad_fn(dense_expert_ffn)
+    (value_r, _), (value_d, _) = ragged(*args), dense(*args)
+    out_r = expert_ffn(x, indices, weights, gate, up, down)
+    out_d = dense_expert_ffn(x, indices, weights, gate, up, down)
+    times = alternate({"ragged_dot": lambda: jax.block_until_ready(ragged(*args)),
+                       "dense": lambda: jax.block_until_ready(dense(*args))}, rounds=rounds, warmup=1)
+    active_flops = 3 * 2.0 * tokens * top_k * 3 * embed * expert_mlp  # fwd + bwd, 3 matmuls
+    return {"tokens": tokens, "num_experts": num_experts, "top_k": top_k, "embed": embed,
+            "expert_mlp": expert_mlp, "ragged_dot": summarize(times["ragged_dot"]),
+            "dense": summarize(times["dense"]),
+            "ragged_speedup_vs_dense": speedup(times["dense"], times["ragged_dot"]),
+            "ragged_active_gflops": active_flops / summarize(times["ragged_dot"])["median_s"] / 1e9,
+            "max_abs_diff": float(jnp.max(jnp.abs(out_r - out_d))),
+            "loss_abs_diff": float(abs(value_r - value_d))}
+
+
+def run(case: str = "small", rounds: int = 2, seq_lengths=SEQ_LENGTHS, batch_sizes=BATCH_SIZES,
+        positions_per_step: int = POSITIONS_PER_STEP, moe_tokens=MOE_TOKENS, moe_shapes=None,
+        seed: int = 0) -> dict:
+    """Runs the three sweeps; returns {"case", "seq": [...], "batch": [...], "moe": [...]} where each
+    train point is a `train_step.compare` record."""
+    base = train_step.CASES[case]
+    model = qwen3.Qwen3ForCausalLM(base.config, rngs=nnx.Rngs(seed))
+    torch_model = train_step.torch_model_from(model)
+
+    def point(shape_case):
+        batch = train_step.make_batch(shape_case, seed)
+        return train_step.compare(shape_case, model, torch_model, batch, rounds=rounds, warmup=1)
+
+    seq_points = [point(base.with_shape(batch=max(1, positions_per_step // s), seq=s)) for s in seq_lengths]
+    batch_points = [point(base.with_shape(batch=b, seq=base.seq)) for b in batch_sizes]
+    shapes = MOE_SHAPES if moe_shapes is None else moe_shapes
+    moe_points = [dict(moe_point(t, **shape, rounds=max(rounds, 3)), shape=name)
+                  for name, shape in shapes.items() for t in moe_tokens]
+    return {"case": case, "positions_per_step": positions_per_step, "seq": seq_points, "batch": batch_points,
+            "moe": moe_points}
+
+
+def _slim(point: dict) -> list:
+    return [point["batch"], point["seq"], point["jax"]["median_s"], point["torch_eager"]["median_s"],
+            point["speedup_vs_torch_eager"], point["jax"]["gflops"], point["jax"]["step_rss_growth_mib"],
+            point["torch_eager"]["step_rss_growth_mib"]]
+
+
+def markdown(result: dict) -> str:
+    columns = ["batch", "seq", "respo-jax s/step", "torch eager s/step", "speedup", "respo-jax GFLOP/s",
+               "respo-jax step RSS growth MiB", "torch step RSS growth MiB"]
+    seq = markdown_table(columns, [_slim(p) for p in result["seq"]])
+    batch = markdown_table(columns, [_slim(p) for p in result["batch"]])
+    moe = markdown_table(
+        ["shape", "tokens", "ragged_dot s", "dense s", "ragged speedup", "ragged GFLOP/s (active)", "max |Δ|"],
+        [[p["shape"], p["tokens"], p["ragged_dot"]["median_s"], p["dense"]["median_s"],
+          p["ragged_speedup_vs_dense"], p["ragged_active_gflops"], f"{p['max_abs_diff']:.1e}"]
+         for p in result["moe"]])
+    return (f"### Step time vs sequence length ({result['positions_per_step']} positions per step)\n\n{seq}\n\n"
+            f"### Step time vs batch size\n\n{batch}\n\n"
+            f"### MoE expert block, forward + backward: ragged_dot vs dense all-experts\n\n{moe}\n")
+
+
+def plot(result: dict, path: str) -> None:
+    """Three panels (seq, batch, MoE) into one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    seq = result["seq"]
+    ax = axes[0]
+    ax.plot([p["seq"] for p in seq], [p["jax"]["median_s"] for p in seq], "o-", label="respo-jax")
+    ax.plot([p["seq"] for p in seq], [p["torch_eager"]["median_s"] for p in seq], "s--", label="torch eager")
+    ax.set(xscale="log", xlabel="sequence length", ylabel="s / step",
+           title=f"{result['positions_per_step']} positions per step")
+    ax.set_xticks([p["seq"] for p in seq], [str(p["seq"]) for p in seq])
+    batch = result["batch"]
+    ax = axes[1]
+    ax.plot([p["batch"] for p in batch], [p["jax"]["tokens_per_s"] for p in batch], "o-", label="respo-jax")
+    ax.plot([p["batch"] for p in batch], [p["torch_eager"]["tokens_per_s"] for p in batch], "s--",
+            label="torch eager")
+    ax.set(xscale="log", xlabel=f"batch (seq {batch[0]['seq']})", ylabel="tokens / s", title="throughput vs batch")
+    ax.set_xticks([p["batch"] for p in batch], [str(p["batch"]) for p in batch])
+    ax = axes[2]
+    for shape in dict.fromkeys(p["shape"] for p in result["moe"]):
+        pts = [p for p in result["moe"] if p["shape"] == shape]
+        line = ax.plot([p["tokens"] for p in pts], [p["ragged_dot"]["median_s"] for p in pts], "o-",
+                       label=f"ragged_dot, {shape}")
+        ax.plot([p["tokens"] for p in pts], [p["dense"]["median_s"] for p in pts], "s--",
+                color=line[0].get_color(), label=f"dense, {shape}")
+    ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="s (fwd + bwd)", title="MoE expert block")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

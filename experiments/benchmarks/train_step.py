@@ -1,0 +1,338 @@
+"""Train-step throughput: respo-jax's jitted policy step vs transformers + PyTorch on the same model.
+
+One step = forward over [batch, seq] → log π of the response tokens → ReSPO token-mean loss (detached
+kernel φ of Eq. 12) → backward → global-norm clipping → AdamW. The JAX side is exactly what the
+trainer runs (`respo_jax.training.step.make_policy_step`); the PyTorch side is what a user would
+otherwise write: `transformers.Qwen3ForCausalLM` (same config, same weights, loaded from our
+`save_pretrained` checkpoint) with the same objective math in torch and `torch.optim.AdamW`, in eager
+mode and, where it works, under `torch.compile`. The two sides alternate in one process.
+
+Batches look like RL batches: prompts left-padded, responses right-padded (lengths drawn in
+[len/2, len]), so neither side can take an unmasked fast path. Throughput counts processed positions
+(batch × seq), which is what both sides compute on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+import threading
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.benchmarks import matmul_peak, roofline
+from experiments.benchmarks.common import alternate, current_rss_mib, markdown_table, median, speedup, summarize
+from respo_jax.models import qwen3
+from respo_jax.objectives import get_objective
+from respo_jax.training.batch import PolicyBatch, build_sequences
+from respo_jax.training.step import make_optimizer, make_policy_step
+
+# AdamW as the trainer builds it; a small learning rate keeps repeated steps on one batch stable.
+OPTIMIZER = dict(learning_rate=1e-5, weight_decay=0.01, b1=0.9, b2=0.999, max_grad_norm=1.0, warmup_steps=0)
+RESPO = dict(alpha=(2.0, 1.0), beta=(0.5, 0.5), lam=(2.0, 2.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainCase:
+    """A model config and the [batch, prompt_len + response_len] batch it is benchmarked on."""
+
+    name: str
+    config: qwen3.Qwen3Config
+    batch: int
+    seq: int
+    prompt_len: int
+
+    @property
+    def response_len(self) -> int:
+        return self.seq - self.prompt_len
+
+    def with_shape(self, batch: int | None = None, seq: int | None = None) -> "TrainCase":
+        """The same model on another batch shape (prompt kept at 1/8 of the sequence)."""
+        seq = self.seq if seq is None else seq
+        return dataclasses.replace(self, batch=self.batch if batch is None else batch, seq=seq,
+                                   prompt_len=max(1, seq // 8))
+
+
+_TINY = qwen3.Qwen3Config(vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                          rope_theta=10_000.0, max_position_embeddings=8192)
+_SMALL = qwen3.Qwen3Config(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                           num_attention_heads=8, num_key_value_heads=4, head_dim=64, tie_word_embeddings=False,
+                           max_position_embeddings=8192)
+# Same active MLP width as `small` (top-2 of 8 experts of width 768 = 1536), 4× the MLP parameters.
+_SMALL_MOE = _SMALL.replace(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=768, norm_topk_prob=True)
+# For the smoke test: a model small enough to build, compile and step in seconds.
+_MICRO = qwen3.Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+                           rope_theta=10_000.0, max_position_embeddings=512)
+
+CASES = {
+    "micro": TrainCase("micro", _MICRO, batch=2, seq=32, prompt_len=8),
+    "tiny": TrainCase("tiny", _TINY, batch=8, seq=128, prompt_len=16),
+    "small": TrainCase("small", _SMALL, batch=8, seq=512, prompt_len=64),
+    "small-moe": TrainCase("small-moe", _SMALL_MOE, batch=8, seq=512, prompt_len=64),
+}
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def make_batch(case: TrainCase, seed: int = 0) -> dict[str, np.ndarray]:
+    """A synthetic RL batch (NumPy): random tokens, ragged prompts and responses, ±1 advantages and
+    old log-probs near those of a freshly initialized model (≈ uniform: -log vocab), so log W is O(1)."""
+    rng = np.random.default_rng(seed)
+    vocab = case.config.vocab_size
+    prompt_lens = rng.integers(max(1, case.prompt_len // 2), case.prompt_len + 1, size=case.batch)
+    prompts = [rng.integers(1, vocab, size=int(n)).tolist() for n in prompt_lens]
+    prompts[0] = rng.integers(1, vocab, size=case.prompt_len).tolist()  # pin the padded prompt length
+    responses = rng.integers(1, vocab, size=(case.batch, case.response_len))
+    lengths = rng.integers(max(1, case.response_len // 2), case.response_len + 1, size=case.batch)
+    ids, positions, attention, response_mask, prompt_len = build_sequences(prompts, responses, lengths, pad_id=0)
+    old_logp = (-math.log(vocab) + 0.01 * rng.standard_normal(response_mask.shape)).astype(np.float32)
+    advantages = np.where(np.arange(case.batch) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    return dict(input_ids=ids, positions=positions, attention_mask=attention, response_mask=response_mask,
+                old_logp=old_logp * response_mask, advantages=advantages, prompt_len=prompt_len)
+
+
+# ---------------------------------------------------------------------------------------------- sides
+
+
+def jax_side(model: qwen3.Qwen3ForCausalLM, batch: dict) -> tuple[Callable[[], float], Callable]:
+    """The trainer's jitted step on `batch`. Returns (call → loss of that call, the jitted step)."""
+    graphdef, params = nnx.split(model)
+    params = jax.tree.map(jnp.copy, params)  # the step donates its inputs; keep `model` usable
+    tx = make_optimizer(**OPTIMIZER)
+    step = make_policy_step(graphdef, get_objective("respo", **RESPO), tx)
+    state = {"params": params, "opt_state": tx.init(params)}
+    policy_batch = PolicyBatch(
+        input_ids=jnp.asarray(batch["input_ids"]), positions=jnp.asarray(batch["positions"]),
+        attention_mask=jnp.asarray(batch["attention_mask"]), response_mask=jnp.asarray(batch["response_mask"]),
+        old_logp=jnp.asarray(batch["old_logp"]), advantages=jnp.asarray(batch["advantages"]),
+        prompt_len=int(batch["prompt_len"]))
+
+    def call() -> float:
+        state["params"], state["opt_state"], metrics = step(state["params"], state["opt_state"], policy_batch)
+        jax.block_until_ready((state["params"], state["opt_state"]))
+        return float(metrics["loss"])
+
+    call.batch = policy_batch  # type: ignore[attr-defined]
+    call.state = state  # type: ignore[attr-defined]
+    return call, step
+
+
+def torch_respo_loss(logp, old_logp, advantages, mask):
+    """ReSPO token-mean loss in torch, the same math as `respo_jax.objectives` with the default
+    hyperparameters: log W = clamp(Σ mask·(logp − old_logp), ±20); φ = φ₀·exp(λ(1 − φ₀)) with
+    φ₀ = [1 + β(W^(α−1) − 1)]^(1/(α−1)) (α = 1: W^β) per sign of A (Eq. 12), detached;
+    loss = −Σ φ·A·logp·mask / Σ mask. logp, old_logp, mask: [batch, seq]; advantages: [batch]."""
+    import torch
+
+    valid = mask > 0
+    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    with torch.no_grad():
+        log_w = torch.where(valid, logp - old_logp, torch.zeros_like(logp)).sum(-1).clamp(-20.0, 20.0)
+        branches = []
+        for alpha, beta, lam in zip(RESPO["alpha"], RESPO["beta"], RESPO["lam"]):
+            if alpha == 1.0:
+                log_phi0 = beta * log_w
+            else:
+                log_phi0 = torch.log1p(beta * torch.expm1((alpha - 1.0) * log_w)) / (alpha - 1.0)
+            phi0 = torch.exp(log_phi0)
+            branches.append(phi0 * torch.exp(lam * (1.0 - phi0)))
+        phi = torch.where(advantages >= 0, branches[0], branches[1])
+    token_loss = -(phi * advantages)[:, None] * logp * mask
+    return token_loss.sum() / mask.sum().clamp(min=1.0)
+
+
+def torch_model_from(model: qwen3.Qwen3ForCausalLM, attn_implementation: str | None = None):
+    """transformers' model with our model's exact weights (through our HF checkpoint writer)."""
+    import torch
+    import transformers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        qwen3.save_pretrained(model, tmp)
+        kwargs = {"dtype": torch.float32}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        torch_model = transformers.AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
+    return torch_model.train()
+
+
+def torch_side(torch_model, batch: dict, compile_model: bool = False) -> Callable[[], float]:
+    """One eager (or `torch.compile`d) PyTorch train step per call; returns that call's loss."""
+    import torch
+
+    ids = torch.from_numpy(np.asarray(batch["input_ids"], np.int64))
+    positions = torch.from_numpy(np.asarray(batch["positions"], np.int64))
+    attention = torch.from_numpy(np.asarray(batch["attention_mask"], np.int64))
+    mask = torch.from_numpy(batch["response_mask"])
+    old_logp = torch.from_numpy(batch["old_logp"])
+    advantages = torch.from_numpy(batch["advantages"])
+    start = int(batch["prompt_len"]) - 1
+    targets = ids[:, start + 1:]
+    optimizer = torch.optim.AdamW(torch_model.parameters(), lr=OPTIMIZER["learning_rate"],
+                                  betas=(OPTIMIZER["b1"], OPTIMIZER["b2"]),
+                                  weight_decay=OPTIMIZER["weight_decay"], eps=1e-8)
+    forward = torch.compile(torch_model) if compile_model else torch_model
+
+    def call() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        logits = forward(input_ids=ids[:, :-1], attention_mask=attention[:, :-1],
+                         position_ids=positions[:, :-1]).logits[:, start:]
+        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+        loss = torch_respo_loss(logp, old_logp, advantages, mask)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(torch_model.parameters(), OPTIMIZER["max_grad_norm"])
+        optimizer.step()
+        return float(loss.detach())
+
+    return call
+
+
+# -------------------------------------------------------------------------------------------- memory
+
+
+class RssPeak:
+    """Largest resident set size seen (sampled every `interval` s) while the context is open, MiB."""
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self.peak = 0.0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> "RssPeak":
+        self.before = current_rss_mib()
+        self.peak = self.before
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, current_rss_mib())
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss_mib())
+
+
+def _with_memory(fn: Callable[[], float], record: dict) -> Callable[[], float]:
+    """Wraps `fn` so that every call appends its loss to record["losses"] and its largest RSS growth
+    over the call (transient memory: activations, gradients, workspace) to record["rss_growth_mib"]."""
+
+    def call():
+        with RssPeak() as rss:
+            loss = fn()
+        record.setdefault("rss_growth_mib", []).append(rss.peak - rss.before)
+        record.setdefault("losses", []).append(loss)
+        return loss
+
+    return call
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+def compare(case: TrainCase, model: qwen3.Qwen3ForCausalLM, torch_model, batch: dict, rounds: int,
+            warmup: int, torch_compile: bool = False, peak_gflops: float | None = None,
+            probe_peak: bool = False) -> dict:
+    """Alternates respo-jax and PyTorch steps of `model` (and `torch_model`, holding the same weights)
+    on `batch`; returns the JSON-ready record described in `run`. With `probe_peak`, a 2048³ XLA matmul
+    joins the alternation, so the MFU compares the step with the matmul peak *under the same load*."""
+    jax_call, _ = jax_side(model, batch)
+    records: dict[str, dict] = {"jax": {}, "torch_eager": {}}
+    sides = {"jax": _with_memory(jax_call, records["jax"]),
+             "torch_eager": _with_memory(torch_side(torch_model, batch), records["torch_eager"])}
+    compiled_error = _try_torch_compile(model, batch, records, sides) if torch_compile else None
+    probe_flops = 0.0
+    if probe_peak:
+        sides["matmul_probe"], probe_flops = matmul_peak.probe()
+    cpu: dict[str, list[float]] = {}
+    times = alternate(sides, rounds=rounds, warmup=warmup, cpu=cpu)
+    flops = roofline.train_step_flops(case.config, case.batch, case.seq)
+    tokens = case.batch * case.seq
+    out = {"case": case.name, "batch": case.batch, "seq": case.seq, "prompt_len": case.prompt_len,
+           "tokens_per_step": tokens, "real_tokens_per_step": int(batch["attention_mask"].sum()),
+           "flops": flops}
+    for name, record in records.items():
+        summary = summarize(times[name], tokens, cpu_times=cpu[name])
+        summary["gflops"] = flops["total"] / summary["median_s"] / 1e9
+        summary["step_rss_growth_mib"] = max(record["rss_growth_mib"][-rounds:])  # timed calls only
+        summary["first_loss"] = record["losses"][0]
+        out[name] = summary
+    out["speedup_vs_torch_eager"] = speedup(times["torch_eager"], times["jax"])
+    out["cpu_time_ratio_torch_eager_over_jax"] = speedup(cpu["torch_eager"], cpu["jax"])
+    if "torch_compile" in times:
+        out["speedup_vs_torch_compile"] = speedup(times["torch_compile"], times["jax"])
+    elif torch_compile:
+        out["torch_compile_error"] = compiled_error
+    first_jax, first_torch = out["jax"]["first_loss"], out["torch_eager"]["first_loss"]
+    out["loss_rel_diff"] = abs(first_jax - first_torch) / max(abs(first_torch), 1e-12)
+    if probe_peak:
+        probe = summarize(times["matmul_probe"], cpu_times=cpu["matmul_probe"])
+        probe["gflops"] = probe_flops / probe["median_s"] / 1e9
+        out["matmul_probe"] = probe
+        # Per round: (step FLOP/s) / (matmul FLOP/s), then the median; and the same on CPU seconds.
+        out["mfu"] = median([flops["total"] / s / (probe_flops / p) for s, p in zip(times["jax"], times["matmul_probe"])])
+        out["mfu_torch_eager"] = median([flops["total"] / s / (probe_flops / p)
+                                         for s, p in zip(times["torch_eager"], times["matmul_probe"])])
+        out["mfu_cpu_time"] = median([flops["total"] / s / (probe_flops / p)
+                                      for s, p in zip(cpu["jax"], cpu["matmul_probe"])])
+    if peak_gflops:
+        out["mfu_vs_peak_run"] = out["jax"]["gflops"] / peak_gflops
+        out["peak_run_gflops"] = peak_gflops
+    return out
+
+
+def run(case: str | TrainCase = "small", rounds: int = 3, warmup: int = 1, torch_compile: bool = False,
+        peak_gflops: float | None = None, probe_peak: bool = False, seed: int = 0) -> dict:
+    """Benchmarks one case, the sides alternating; returns the JSON-ready record.
+
+    Keys: case, batch, seq, tokens_per_step, flops (roofline.train_step_flops), jax / torch_eager
+    (/ torch_compile) summaries with tokens_per_s, gflops, step_rss_growth_mib and first_loss,
+    speedup_vs_torch_eager (per-round median ratio), loss_rel_diff (first-step losses of the two sides,
+    which start from the same weights); with `probe_peak`, matmul_probe and mfu (per-round step FLOP/s
+    over the interleaved matmul's FLOP/s); with `peak_gflops`, mfu_vs_peak_run against that number.
+    """
+    case = CASES[case] if isinstance(case, str) else case
+    model = qwen3.Qwen3ForCausalLM(case.config, rngs=nnx.Rngs(seed))
+    torch_model = torch_model_from(model)
+    return compare(case, model, torch_model, make_batch(case, seed), rounds, warmup, torch_compile, peak_gflops,
+                   probe_peak)
+
+
+def _try_torch_compile(model, batch, records, sides) -> str | None:
+    """Adds a `torch.compile` side if one compiled step runs here; returns the error text otherwise."""
+    try:
+        record: dict = {}
+        call = _with_memory(torch_side(torch_model_from(model), batch, compile_model=True), record)
+        call()
+    except Exception as err:  # noqa: BLE001 (any failure means: not available on this machine)
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+    record["losses"] = record["losses"][:1]
+    records["torch_compile"] = record
+    sides["torch_compile"] = call
+    return None
+
+
+def markdown(results: list[dict]) -> str:
+    columns = ["case", "batch × seq", "respo-jax tok/s", "torch eager tok/s", "speedup", "torch.compile tok/s",
+               "speedup vs compile", "respo-jax GFLOP/s", "MFU", "loss |Δ|/|loss|"]
+    rows = []
+    for r in results:
+        compiled = r.get("torch_compile")
+        rows.append([
+            r["case"], f"{r['batch']} × {r['seq']}", r["jax"]["tokens_per_s"], r["torch_eager"]["tokens_per_s"],
+            r["speedup_vs_torch_eager"], compiled["tokens_per_s"] if compiled else "n/a",
+            r.get("speedup_vs_torch_compile", "n/a"), r["jax"]["gflops"], r.get("mfu", "n/a"),
+            f"{r['loss_rel_diff']:.1e}",
+        ])
+    return markdown_table(columns, rows)

@@ -1,0 +1,120 @@
+"""Smoke test of the benchmark harness (experiments/benchmarks): the whole `--micro` pipeline runs and
+writes well-formed, self-consistent JSON and markdown; the measurement helpers do what they say. No
+timing is asserted — only structure, arithmetic and that both train-step sides compute the same loss."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments.benchmarks import __main__ as bench_main
+from experiments.benchmarks import accelerator, common, roofline, scaling
+from respo_jax.models import qwen3
+
+QUICK_KEYS = ("train_step_speedup", "train_step_speedup_tiny", "decode_speedup_b1", "decode_speedup_b32",
+              "objective_fraction", "mfu", "xla_matmul_peak_gflops")
+
+
+@pytest.fixture(scope="module")
+def micro_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    status = bench_main.main(["--micro", "--out", str(out)])
+    with open(out / "micro.json", encoding="utf-8") as f:
+        report = json.load(f)
+    return status, report, out
+
+
+def test_micro_pipeline_writes_headline_keys(micro_report):
+    status, report, out = micro_report
+    assert status == 0, report["errors"]
+    assert report["errors"] == {}
+    for key in QUICK_KEYS:
+        value = report[key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    assert set(bench_main.TARGETS) <= set(report["targets"])
+    for key, target in report["targets"].items():
+        assert target["met"] == (target["value"] >= float(target["target"].split()[1])
+                                 if target["target"].startswith(">=")
+                                 else target["value"] < float(target["target"].split()[1])), key
+    markdown = (out / "micro.md").read_text(encoding="utf-8")
+    assert "| train_step_speedup |" in markdown and "Decode" in markdown and "Matmul peak" in markdown
+
+
+def test_micro_ratios_are_consistent_with_recorded_times(micro_report):
+    _, report, _ = micro_report
+    small = report["train_step"]["small"]
+    jax_times, torch_times = small["jax"]["times_s"], small["torch_eager"]["times_s"]
+    assert len(jax_times) == len(torch_times) == small["jax"]["rounds"]
+    expected = float(np.median([t / j for t, j in zip(torch_times, jax_times)]))
+    assert report["train_step_speedup"] == pytest.approx(expected, rel=1e-12)
+    assert small["jax"]["tokens_per_s"] == pytest.approx(small["tokens_per_step"] / np.median(jax_times))
+    # MFU pairs each step with the matmul probe timed in the same round (same machine load).
+    probe_flops = 2.0 * 2048**3 * 2
+    per_round = [small["flops"]["total"] / s / (probe_flops / p)
+                 for s, p in zip(jax_times, small["matmul_probe"]["times_s"])]
+    assert report["mfu"] == pytest.approx(float(np.median(per_round)), rel=1e-12)
+    assert small["mfu_vs_peak_run"] == pytest.approx(small["jax"]["gflops"] / report["xla_matmul_peak_gflops"])
+    assert small["jax"]["gflops"] == pytest.approx(small["flops"]["total"] / np.median(jax_times) / 1e9)
+    step = report["objective_cost"]
+    assert step["objective_fraction"] == pytest.approx(step["objective_seconds"] / small["jax"]["median_s"])
+    for row in report["decode"]["results"]:
+        assert report[f"decode_speedup_b{row['batch']}"] == pytest.approx(row["speedup"])
+
+
+def test_both_train_step_sides_compute_the_same_loss(micro_report):
+    # Same weights (through our HF checkpoint writer), same batch: the first ReSPO loss of the JAX step
+    # and of the transformers + torch step agree, so the ratio compares equal work.
+    _, report, _ = micro_report
+    small = report["train_step"]["small"]
+    assert small["loss_rel_diff"] < 1e-4, (small["jax"]["first_loss"], small["torch_eager"]["first_loss"])
+    assert small["jax"]["first_loss"] != 0.0
+
+
+def test_alternate_interleaves_sides_after_warmup():
+    calls = []
+    times = common.alternate({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3, warmup=1)
+    assert calls == ["a", "b"] * 4
+    assert [len(v) for v in times.values()] == [3, 3]
+    assert common.speedup([2.0, 4.0, 9.0], [1.0, 1.0, 3.0]) == 3.0  # median of 2, 4, 3
+    with pytest.raises(ValueError, match="same non-zero length"):
+        common.speedup([1.0], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_roofline_parameter_count_matches_the_model(preset):
+    cfg = qwen3.Qwen3Config.preset(preset)
+    model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    stored = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert roofline.total_params(cfg) == stored
+    # Active matmul parameters: all but the norms and (if untied) the input embedding table, since the
+    # output projection is a matmul even when tied; MoE: minus the unrouted experts.
+    norms = cfg.hidden_size * (1 + 2 * cfg.num_hidden_layers) + 2 * cfg.head_dim * cfg.num_hidden_layers
+    expected = stored - norms - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    if cfg.is_moe:
+        unrouted = cfg.num_experts - cfg.num_experts_per_tok
+        expected -= cfg.num_moe_layers * unrouted * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    assert roofline.active_matmul_params(cfg) == expected
+    flops = roofline.train_step_flops(cfg, batch=2, seq=8)
+    assert flops["matmul"] == 6 * expected * 16
+    assert flops["attention"] == 3 * 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * 8 * 16
+
+
+def test_dense_all_experts_matches_ragged_dot():
+    point = scaling.moe_point(tokens=64, num_experts=4, top_k=2, embed=16, expert_mlp=8, rounds=1)
+    assert point["max_abs_diff"] < 1e-5
+    assert point["loss_abs_diff"] < 1e-4
+    assert point["ragged_speedup_vs_dense"] > 0
+
+
+def test_accelerator_mode_runs_on_cpu_with_a_tiny_preset():
+    result = accelerator.run(preset="tiny", batch=2, seq=16, decode_batches=(1,), prompt_len=4, new_tokens=(2, 4),
+                             matmul_sizes=(64,), bandwidth_mb=4, rounds=1, dtype="float32")
+    assert 0 < result["mfu"] and math.isfinite(result["mfu"])
+    assert result["train"]["flops"]["total"] > 0
+    (decode,) = result["decode"]
+    assert decode["batch"] == 1 and decode["step_bytes"] > 0 and decode["bandwidth_utilization"] > 0
