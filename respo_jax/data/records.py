@@ -193,33 +193,38 @@ def _normalized(fn: Callable[[Any], str], value: Any, path, lineno: int) -> str:
         raise DataFileError(path, lineno, str(err)) from None
 
 
-def _read_aime(path, fix_escapes: bool = False) -> list[Record]:
+def _non_empty_text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"the answer must be a non-empty string; got {value!r}")
+    return value
+
+
+def _read_problem_answer_id(
+    path, answer_field: str, normalize: Callable[[Any], str], id_field: str,
+    fix_problem: Callable[[str], str] | None = None,
+) -> list[Record]:
+    """Records of a JSONL file with `problem`, an answer field (normalized) and an id field."""
     records = []
     for lineno, obj in read_jsonl(path):
         problem = _text_field(obj, "problem", path, lineno)
-        if fix_escapes:
-            problem = fix_aime25_escapes(problem)
-        answer = _normalized(normalize_aime_answer, _field(obj, "answer", path, lineno), path, lineno)
-        records.append(_make_record(problem, answer, _field(obj, "id", path, lineno), path, lineno))
+        if fix_problem is not None:
+            problem = fix_problem(problem)
+        answer = _normalized(normalize, _field(obj, answer_field, path, lineno), path, lineno)
+        records.append(_make_record(problem, answer, _field(obj, id_field, path, lineno), path, lineno))
     return records
+
+
+def _read_aime(path, fix_escapes: bool = False) -> list[Record]:
+    return _read_problem_answer_id(path, "answer", normalize_aime_answer, "id",
+                                   fix_aime25_escapes if fix_escapes else None)
 
 
 def _read_amc(path) -> list[Record]:
-    records = []
-    for lineno, obj in read_jsonl(path):
-        problem = _text_field(obj, "problem", path, lineno)
-        answer = _normalized(normalize_amc_answer, _field(obj, "answer", path, lineno), path, lineno)
-        records.append(_make_record(problem, answer, _field(obj, "id", path, lineno), path, lineno))
-    return records
+    return _read_problem_answer_id(path, "answer", normalize_amc_answer, "id")
 
 
 def _read_math500(path) -> list[Record]:
-    records = []
-    for lineno, obj in read_jsonl(path):
-        problem = _text_field(obj, "problem", path, lineno)
-        answer = _text_field(obj, "answer", path, lineno)
-        records.append(_make_record(problem, answer, _field(obj, "unique_id", path, lineno), path, lineno))
-    return records
+    return _read_problem_answer_id(path, "answer", _non_empty_text, "unique_id")
 
 
 def _read_minerva(path) -> list[Record]:
