@@ -12,6 +12,8 @@ Each point alternates respo-jax and PyTorch eager (MoE: ragged vs dense) in one 
 
 from __future__ import annotations
 
+import tempfile
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,15 +90,18 @@ def run(case: str = "small", rounds: int = 2, seq_lengths=SEQ_LENGTHS, batch_siz
     """Runs the three sweeps; returns {"case", "seq": [...], "batch": [...], "moe": [...]} where each
     train point is a `train_step.compare` record."""
     base = train_step.CASES[case]
-    model = qwen3.Qwen3ForCausalLM(base.config, rngs=nnx.Rngs(seed))
-    torch_model = train_step.torch_model_from(model)
+    with tempfile.TemporaryDirectory() as checkpoint:
+        qwen3.save_pretrained(qwen3.Qwen3ForCausalLM(base.config, rngs=nnx.Rngs(seed)), checkpoint)
+        sides = train_step.start_sides(checkpoint)  # one process per side, reused for every shape
+        try:
+            def point(shape_case):
+                batch = train_step.make_batch(shape_case, seed)
+                return train_step.compare(shape_case, sides, batch, rounds=rounds, warmup=1)
 
-    def point(shape_case):
-        batch = train_step.make_batch(shape_case, seed)
-        return train_step.compare(shape_case, model, torch_model, batch, rounds=rounds, warmup=1)
-
-    seq_points = [point(base.with_shape(batch=max(1, positions_per_step // s), seq=s)) for s in seq_lengths]
-    batch_points = [point(base.with_shape(batch=b, seq=base.seq)) for b in batch_sizes]
+            seq_points = [point(base.with_shape(batch=max(1, positions_per_step // s), seq=s)) for s in seq_lengths]
+            batch_points = [point(base.with_shape(batch=b, seq=base.seq)) for b in batch_sizes]
+        finally:
+            train_step.close_sides(sides)
     shapes = MOE_SHAPES if moe_shapes is None else moe_shapes
     moe_points = [dict(moe_point(t, **shape, rounds=max(rounds, 3)), shape=name)
                   for name, shape in shapes.items() for t in moe_tokens]

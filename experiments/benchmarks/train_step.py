@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tempfile
 import threading
 import time
@@ -27,7 +28,18 @@ import numpy as np
 from flax import nnx
 
 from experiments.benchmarks import matmul_peak, roofline
-from experiments.benchmarks.common import alternate, current_rss_mib, markdown_table, median, speedup, summarize
+from experiments.benchmarks.common import (
+    DEFAULT_THREADS,
+    alternate,
+    configure_threads,
+    current_rss_mib,
+    markdown_table,
+    median,
+    peak_rss_mib,
+    process_cpu_seconds,
+    speedup,
+    summarize,
+)
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.training.batch import PolicyBatch, build_sequences
@@ -150,20 +162,6 @@ def torch_respo_loss(logp, old_logp, advantages, mask):
     return token_loss.sum() / mask.sum().clamp(min=1.0)
 
 
-def torch_model_from(model: qwen3.Qwen3ForCausalLM, attn_implementation: str | None = None):
-    """transformers' model with our model's exact weights (through our HF checkpoint writer)."""
-    import torch
-    import transformers
-
-    with tempfile.TemporaryDirectory() as tmp:
-        qwen3.save_pretrained(model, tmp)
-        kwargs = {"dtype": torch.float32}
-        if attn_implementation:
-            kwargs["attn_implementation"] = attn_implementation
-        torch_model = transformers.AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
-    return torch_model.train()
-
-
 def torch_side(torch_model, batch: dict, compile_model: bool = False) -> Callable[[], float]:
     """One eager (or `torch.compile`d) PyTorch train step per call; returns that call's loss."""
     import torch
@@ -224,72 +222,214 @@ class RssPeak:
         self.peak = max(self.peak, current_rss_mib())
 
 
-def _with_memory(fn: Callable[[], float], record: dict) -> Callable[[], float]:
-    """Wraps `fn` so that every call appends its loss to record["losses"] and its largest RSS growth
-    over the call (transient memory: activations, gradients, workspace) to record["rss_growth_mib"]."""
+# -------------------------------------------------------------------------------------- side processes
+#
+# Each side runs in its own process, driven one step at a time from the parent, so the sides still
+# alternate (A B A B …) but never share an allocator, thread pools or page cache state: measured in one
+# process, a JAX step right after a PyTorch step took 5–6 s instead of 3.5 s (twice the kernel time in
+# page faults), which would have been a property of the harness, not of either framework. While one
+# side runs, the other waits on its pipe and uses no CPU.
 
-    def call():
-        with RssPeak() as rss:
-            loss = fn()
-        record.setdefault("rss_growth_mib", []).append(rss.peak - rss.before)
-        record.setdefault("losses", []).append(loss)
-        return loss
+SIDE_KINDS = ("jax", "torch_eager", "torch_compile")
 
-    return call
+
+def _side_main(conn, kind: str, checkpoint: str, threads: int) -> None:
+    """A side's process: load the checkpoint, then serve ("batch", dict) / ("step", None) /
+    ("probe", None) / ("stop", None) requests, answering ("ok", result) or ("error", traceback)."""
+    import traceback
+
+    try:
+        if kind == "jax":
+            model = qwen3.from_pretrained(checkpoint)
+        else:
+            configure_threads(threads)
+            model = _torch_model_from_dir(checkpoint)
+        probe = None
+        call = None
+        conn.send(("ok", {"peak_rss_mib": peak_rss_mib()}))
+        while True:
+            command, argument = conn.recv()
+            if command == "stop":
+                return
+            if command == "batch":
+                call = jax_side(model, argument)[0] if kind == "jax" else torch_side(
+                    model, argument, compile_model=kind == "torch_compile")
+                conn.send(("ok", None))
+                continue
+            if command == "probe":
+                if probe is None:
+                    probe = matmul_peak.probe()
+                fn, flops = probe
+            elif command == "step":
+                if call is None:
+                    raise RuntimeError("step requested before a batch was set")
+                fn, flops = call, None
+            else:
+                raise ValueError(f"unknown side command {command!r}")
+            with RssPeak() as rss:
+                cpu_start, system_start, start = process_cpu_seconds(), os.times().system, time.perf_counter()
+                loss = fn()
+                wall, cpu = time.perf_counter() - start, process_cpu_seconds() - cpu_start
+                system = os.times().system - system_start
+            conn.send(("ok", {"loss": loss, "wall_s": wall, "cpu_s": cpu, "system_s": system, "flops": flops,
+                              "rss_growth_mib": rss.peak - rss.before, "peak_rss_mib": peak_rss_mib()}))
+    except Exception:  # noqa: BLE001 (reported to the parent, which raises it)
+        conn.send(("error", traceback.format_exc()))
+
+
+class SideProcess:
+    """One benchmark side (`kind` in SIDE_KINDS) in a spawned process holding the model of `checkpoint`.
+
+    `set_batch(batch)` builds its step for a batch (the first step compiles); `step()` runs one and
+    returns its loss, keeping {"loss", "wall_s", "cpu_s", "rss_growth_mib", "peak_rss_mib"} in
+    `records`; `probe()` runs `matmul_peak.probe` in the same process, kept in `probe_records`.
+    """
+
+    def __init__(self, kind: str, checkpoint: str, threads: int = DEFAULT_THREADS, timeout_s: float = 3600.0):
+        import multiprocessing
+
+        if kind not in SIDE_KINDS:
+            raise ValueError(f"unknown side {kind!r}; expected one of {SIDE_KINDS}")
+        self.kind, self.timeout_s = kind, timeout_s
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_side_main, args=(child, kind, checkpoint, threads), daemon=True)
+        self._process.start()
+        child.close()
+        self.records: list[dict] = []
+        self.probe_records: list[dict] = []
+        self._started = False
+
+    def _reply(self):
+        if not self._conn.poll(self.timeout_s):
+            raise TimeoutError(f"{self.kind} side gave no answer within {self.timeout_s:.0f} s")
+        status, payload = self._conn.recv()
+        if status == "error":
+            raise RuntimeError(f"{self.kind} side failed:\n{payload}")
+        return payload
+
+    def _request(self, command: str, argument=None):
+        if not self._started:  # the load answer of __init__, awaited lazily so sides start in parallel
+            self.load = self._reply()
+            self._started = True
+        self._conn.send((command, argument))
+        return self._reply()
+
+    def set_batch(self, batch: dict) -> None:
+        self._request("batch", batch)
+
+    def step(self) -> float:
+        record = self._request("step")
+        self.records.append(record)
+        return record["loss"]
+
+    def probe(self) -> None:
+        self.probe_records.append(self._request("probe"))
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            try:
+                self._conn.send(("stop", None))
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout=10)
+        self._conn.close()
+
+    def __enter__(self) -> "SideProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _torch_model_from_dir(checkpoint: str):
+    import torch
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).train()
+
+
+def torch_model_from(model: qwen3.Qwen3ForCausalLM):
+    """transformers' model with our model's exact weights (through our HF checkpoint writer)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        qwen3.save_pretrained(model, tmp)
+        return _torch_model_from_dir(tmp)
 
 
 # ------------------------------------------------------------------------------------------------ run
 
 
-def compare(case: TrainCase, model: qwen3.Qwen3ForCausalLM, torch_model, batch: dict, rounds: int,
-            warmup: int, torch_compile: bool = False, peak_gflops: float | None = None,
-            probe_peak: bool = False) -> dict:
-    """Alternates respo-jax and PyTorch steps of `model` (and `torch_model`, holding the same weights)
-    on `batch`; returns the JSON-ready record described in `run`. With `probe_peak`, a 2048³ XLA matmul
-    joins the alternation, so the MFU compares the step with the matmul peak *under the same load*."""
-    jax_call, _ = jax_side(model, batch)
-    records: dict[str, dict] = {"jax": {}, "torch_eager": {}}
-    sides = {"jax": _with_memory(jax_call, records["jax"]),
-             "torch_eager": _with_memory(torch_side(torch_model, batch), records["torch_eager"])}
-    compiled_error = _try_torch_compile(model, batch, records, sides) if torch_compile else None
-    probe_flops = 0.0
+def _series(records: list[dict], rounds: int, key: str) -> list[float]:
+    return [r[key] for r in records[-rounds:]]
+
+
+def compare(case: TrainCase, sides: dict[str, SideProcess], batch: dict, rounds: int, warmup: int,
+            peak_gflops: float | None = None, probe_peak: bool = False) -> dict:
+    """Alternates the `sides` (SideProcess by kind; "jax" and "torch_eager" required, their models
+    loaded from one checkpoint) on `batch`; returns the JSON-ready record described in `run`. With
+    `probe_peak`, a 2048³ XLA matmul in the JAX process joins the alternation, so the MFU compares the
+    step with the matmul peak *under the same load*."""
+    for side in sides.values():
+        side.set_batch(batch)
+        side.records.clear()
+    steps = {kind: side.step for kind, side in sides.items()}
     if probe_peak:
-        sides["matmul_probe"], probe_flops = matmul_peak.probe()
-    cpu: dict[str, list[float]] = {}
-    times = alternate(sides, rounds=rounds, warmup=warmup, cpu=cpu)
+        sides["jax"].probe_records.clear()
+        steps["matmul_probe"] = sides["jax"].probe
+    alternate(steps, rounds=rounds, warmup=warmup)  # the sides time themselves, in their own processes
     flops = roofline.train_step_flops(case.config, case.batch, case.seq)
     tokens = case.batch * case.seq
     out = {"case": case.name, "batch": case.batch, "seq": case.seq, "prompt_len": case.prompt_len,
            "tokens_per_step": tokens, "real_tokens_per_step": int(batch["attention_mask"].sum()),
            "flops": flops}
-    for name, record in records.items():
-        summary = summarize(times[name], tokens, cpu_times=cpu[name])
+    wall = {kind: _series(side.records, rounds, "wall_s") for kind, side in sides.items()}
+    cpu = {kind: _series(side.records, rounds, "cpu_s") for kind, side in sides.items()}
+    for kind, side in sides.items():
+        summary = summarize(wall[kind], tokens, cpu_times=cpu[kind])
         summary["gflops"] = flops["total"] / summary["median_s"] / 1e9
-        summary["step_rss_growth_mib"] = max(record["rss_growth_mib"][-rounds:])  # timed calls only
-        summary["first_loss"] = record["losses"][0]
-        out[name] = summary
-    out["speedup_vs_torch_eager"] = speedup(times["torch_eager"], times["jax"])
+        summary["system_median_s"] = median(_series(side.records, rounds, "system_s"))  # kernel time
+        summary["step_rss_growth_mib"] = max(_series(side.records, rounds, "rss_growth_mib"))
+        summary["peak_rss_mib"] = side.records[-1]["peak_rss_mib"]
+        summary["first_loss"] = side.records[0]["loss"]
+        out[kind] = summary
+    out["speedup_vs_torch_eager"] = speedup(wall["torch_eager"], wall["jax"])
     out["cpu_time_ratio_torch_eager_over_jax"] = speedup(cpu["torch_eager"], cpu["jax"])
-    if "torch_compile" in times:
-        out["speedup_vs_torch_compile"] = speedup(times["torch_compile"], times["jax"])
-    elif torch_compile:
-        out["torch_compile_error"] = compiled_error
+    if "torch_compile" in sides:
+        out["speedup_vs_torch_compile"] = speedup(wall["torch_compile"], wall["jax"])
     first_jax, first_torch = out["jax"]["first_loss"], out["torch_eager"]["first_loss"]
     out["loss_rel_diff"] = abs(first_jax - first_torch) / max(abs(first_torch), 1e-12)
     if probe_peak:
-        probe = summarize(times["matmul_probe"], cpu_times=cpu["matmul_probe"])
+        probe_records = sides["jax"].probe_records
+        probe_flops = probe_records[-1]["flops"]
+        probe = summarize(_series(probe_records, rounds, "wall_s"), cpu_times=_series(probe_records, rounds, "cpu_s"))
         probe["gflops"] = probe_flops / probe["median_s"] / 1e9
         out["matmul_probe"] = probe
-        # Per round: (step FLOP/s) / (matmul FLOP/s), then the median; and the same on CPU seconds.
-        out["mfu"] = median([flops["total"] / s / (probe_flops / p) for s, p in zip(times["jax"], times["matmul_probe"])])
-        out["mfu_torch_eager"] = median([flops["total"] / s / (probe_flops / p)
-                                         for s, p in zip(times["torch_eager"], times["matmul_probe"])])
-        out["mfu_cpu_time"] = median([flops["total"] / s / (probe_flops / p)
-                                      for s, p in zip(cpu["jax"], cpu["matmul_probe"])])
+
+        def paired(step_times, probe_times):  # per round: (step FLOP/s) / (matmul FLOP/s); median
+            return median([flops["total"] / s / (probe_flops / p) for s, p in zip(step_times, probe_times)])
+
+        out["mfu"] = paired(wall["jax"], probe["times_s"])
+        out["mfu_torch_eager"] = paired(wall["torch_eager"], probe["times_s"])
+        out["mfu_cpu_time"] = paired(cpu["jax"], probe["cpu_times_s"])
     if peak_gflops:
         out["mfu_vs_peak_run"] = out["jax"]["gflops"] / peak_gflops
         out["peak_run_gflops"] = peak_gflops
     return out
+
+
+def start_sides(checkpoint: str, torch_compile: bool = False) -> dict[str, SideProcess]:
+    """The side processes for one checkpoint (they load in parallel). With `torch_compile`, a third
+    side runs the PyTorch step under `torch.compile`."""
+    kinds = ("jax", "torch_eager") + (("torch_compile",) if torch_compile else ())
+    return {kind: SideProcess(kind, checkpoint) for kind in kinds}
+
+
+def close_sides(sides: dict[str, SideProcess]) -> None:
+    for side in sides.values():
+        side.close()
 
 
 def run(case: str | TrainCase = "small", rounds: int = 3, warmup: int = 1, torch_compile: bool = False,
@@ -297,30 +437,34 @@ def run(case: str | TrainCase = "small", rounds: int = 3, warmup: int = 1, torch
     """Benchmarks one case, the sides alternating; returns the JSON-ready record.
 
     Keys: case, batch, seq, tokens_per_step, flops (roofline.train_step_flops), jax / torch_eager
-    (/ torch_compile) summaries with tokens_per_s, gflops, step_rss_growth_mib and first_loss,
-    speedup_vs_torch_eager (per-round median ratio), loss_rel_diff (first-step losses of the two sides,
-    which start from the same weights); with `probe_peak`, matmul_probe and mfu (per-round step FLOP/s
-    over the interleaved matmul's FLOP/s); with `peak_gflops`, mfu_vs_peak_run against that number.
+    (/ torch_compile) summaries (wall and CPU seconds per step, tokens_per_s, gflops,
+    step_rss_growth_mib, the side process's peak_rss_mib, first_loss), speedup_vs_torch_eager
+    (per-round median ratio), cpu_time_ratio_torch_eager_over_jax, loss_rel_diff (first-step losses
+    of the two sides, which start from the same weights); with `probe_peak`, matmul_probe and mfu
+    (per-round step FLOP/s over the interleaved matmul's FLOP/s); with `peak_gflops`, mfu_vs_peak_run.
+    `torch.compile` failures are reported as torch_compile_error instead of failing the run.
     """
     case = CASES[case] if isinstance(case, str) else case
-    model = qwen3.Qwen3ForCausalLM(case.config, rngs=nnx.Rngs(seed))
-    torch_model = torch_model_from(model)
-    return compare(case, model, torch_model, make_batch(case, seed), rounds, warmup, torch_compile, peak_gflops,
-                   probe_peak)
-
-
-def _try_torch_compile(model, batch, records, sides) -> str | None:
-    """Adds a `torch.compile` side if one compiled step runs here; returns the error text otherwise."""
-    try:
-        record: dict = {}
-        call = _with_memory(torch_side(torch_model_from(model), batch, compile_model=True), record)
-        call()
-    except Exception as err:  # noqa: BLE001 (any failure means: not available on this machine)
-        return f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
-    record["losses"] = record["losses"][:1]
-    records["torch_compile"] = record
-    sides["torch_compile"] = call
-    return None
+    with tempfile.TemporaryDirectory() as checkpoint:
+        qwen3.save_pretrained(qwen3.Qwen3ForCausalLM(case.config, rngs=nnx.Rngs(seed)), checkpoint)
+        batch = make_batch(case, seed)
+        sides = start_sides(checkpoint)
+        compile_error = None
+        try:
+            if torch_compile:
+                sides["torch_compile"] = SideProcess("torch_compile", checkpoint)
+                try:  # one compiled step, or the reason it does not work here
+                    sides["torch_compile"].set_batch(batch)
+                    sides["torch_compile"].step()
+                except (RuntimeError, TimeoutError) as err:
+                    compile_error = str(err).strip().splitlines()[-1][:300]
+                    sides.pop("torch_compile").close()
+            out = compare(case, sides, batch, rounds, warmup, peak_gflops, probe_peak)
+        finally:
+            close_sides(sides)
+    if compile_error:
+        out["torch_compile_error"] = compile_error
+    return out
 
 
 def markdown(results: list[dict]) -> str:
