@@ -1,7 +1,7 @@
 """The RL trainer: config overrides, sequence layout, log-prob alignment, updates and checkpoints."""
 
-import dataclasses
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -143,7 +143,7 @@ def test_resume_continues_the_run_exactly(tmp_path):
         assert last_resumed[key] == pytest.approx(last[key], rel=1e-6, abs=1e-7), key
 
 
-SHARED = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared"
+SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 
 
 def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
