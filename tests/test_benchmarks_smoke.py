@@ -20,6 +20,16 @@ QUICK_KEYS = ("train_step_speedup", "train_step_speedup_tiny", "decode_speedup_b
               "objective_fraction", "mfu", "xla_matmul_peak_gflops")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _restore_denormals():
+    """The benchmarks make the CPU flush denormals to zero (process-wide FTZ/DAZ, see
+    `common.configure_threads`); give other tests in this worker back IEEE arithmetic afterwards."""
+    yield
+    import torch
+
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="module")
 def micro_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
