@@ -15,6 +15,7 @@ import sys
 
 from tqdm import tqdm
 
+from respo_jax.host_allocator import configure_host_allocator
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.config import ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
     config = apply_overrides(load_config(args.config), args.overrides)
+    if config.run.host_allocator:  # before the first JAX computation starts XLA's threads
+        configure_host_allocator()
     out_dir = config.run.out_dir
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:

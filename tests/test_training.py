@@ -47,6 +47,7 @@ def test_default_config_is_valid_and_overridable():
         ("run.progress=maybe", ValueError, "cannot parse as bool"),
         ("rollout.reuse", ValueError, "section.field=value"),
         ("optim.learning_rate.x=1", KeyError, "not a dict field"),
+        ('model.overrides={"scan_layers": false}', ValueError, "model.scan_layers fields instead"),
     ],
 )
 def test_bad_overrides_fail_with_a_clear_error(override, error, match):

@@ -1,7 +1,8 @@
 """Runs the benchmark suite and writes JSON + markdown (+ PNG) into the output directory.
 
     python -m experiments.benchmarks --quick            # < 5 min on 2 cores: quick.json / quick.md
-    python -m experiments.benchmarks                    # everything (tens of minutes): full.json / .md / scaling.png
+    python -m experiments.benchmarks                    # everything (~30 min): full.json / .md / full_scaling.png
+    python -m experiments.benchmarks --parts moe        # one part of the full run: full_moe.json / .md / .png
     python -m experiments.benchmarks --accelerator      # GPU/TPU: Qwen3-1.7B bf16 MFU + decode bandwidth
 
 On a machine whose default JAX backend is a GPU or TPU the accelerator mode runs by default (the PyTorch
@@ -20,6 +21,8 @@ import time
 import traceback
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+PARTS = ("matmul_peak", "train_step", "objective_cost", "decode", "scaling", "moe")
 
 # Targets of the benchmark issue on a 2-core CPU: key -> (minimum or maximum, bound).
 TARGETS = {
@@ -40,6 +43,7 @@ class Plan:
     matmul_sizes: tuple[int, ...]
     matmul_rounds: int
     train: tuple[tuple[str, str, int, int], ...]  # (result key, case name, rounds, warmup)
+    train_sides: tuple[str, ...]  # train_step.SIDES keys, alternated in every train-step case
     torch_compile: bool
     decode_config: object  # a decode_vs_transformers preset name or a Qwen3Config
     decode_batches: tuple[int, ...]
@@ -53,15 +57,17 @@ def _plans():
     from experiments.benchmarks import matmul_peak, train_step
 
     return {
-        "quick": Plan("quick", matmul_peak.QUICK_SIZES, 3, (("tiny", "tiny", 5, 2), ("small", "small", 2, 1)),
+        "quick": Plan("quick", matmul_peak.QUICK_SIZES, 5, (("tiny", "tiny", 5, 2), ("small", "small", 2, 1)),
+                      train_sides=("jax", "torch_eager", "torch_eager_host_allocator", "jax_defaults"),
                       torch_compile=False, decode_config="small", decode_batches=(1, 32), decode_new_tokens=32,
                       decode_repeats=2, objective_in_step=False, scaling=False),
         "full": Plan("full", matmul_peak.FULL_SIZES, 5,
                      (("tiny", "tiny", 10, 2), ("small", "small", 5, 1), ("small-moe", "small-moe", 3, 1)),
+                     train_sides=("jax", "torch_eager", "torch_eager_host_allocator", "jax_defaults", "jax_scan"),
                      torch_compile=True, decode_config="small", decode_batches=(1, 8, 32), decode_new_tokens=64,
                      decode_repeats=5, objective_in_step=True, scaling=True),
         "micro": Plan("micro", (128,), 2, (("tiny", "micro", 2, 1), ("small", "micro", 2, 1)),
-                      torch_compile=False, decode_config=train_step.CASES["micro"].config, decode_batches=(1, 32),
+                      train_sides=("jax", "torch_eager"), torch_compile=False, decode_config=train_step.CASES["micro"].config, decode_batches=(1, 32),
                       decode_new_tokens=4, decode_repeats=1, objective_in_step=False, scaling=False),
     }
 
@@ -75,8 +81,9 @@ def _targets(headline: dict) -> dict:
     return out
 
 
-def run_cpu(plan: Plan, out_dir: str, command: str) -> dict:
-    """The side-by-side suite on CPU; returns the report (also written to `{plan.name}.json/.md`)."""
+def run_cpu(plan: Plan, out_dir: str, command: str, parts: tuple[str, ...] = ()) -> dict:
+    """The side-by-side suite on CPU; returns the report (also written to `{plan.name}.json/.md`, or
+    `{plan.name}_{parts}.json/.md` when only some `parts` run)."""
     from experiments.benchmarks import common, matmul_peak, objective_cost, scaling, train_step
 
     started = time.perf_counter()
@@ -108,7 +115,7 @@ def run_cpu(plan: Plan, out_dir: str, command: str) -> dict:
         probed = {case for key, case, _, _ in plan.train if key == "small"}  # MFU is reported for `small`
         for key, case, rounds, warmup in plan.train:
             if case not in by_case:  # (micro runs one case for both slots)
-                by_case[case] = train_step.run(case, rounds=rounds, warmup=warmup,
+                by_case[case] = train_step.run(case, rounds=rounds, warmup=warmup, sides=plan.train_sides,
                                                torch_compile=plan.torch_compile, peak_gflops=peak,
                                                probe_peak=case in probed)
             results[key] = by_case[case]
@@ -116,9 +123,14 @@ def run_cpu(plan: Plan, out_dir: str, command: str) -> dict:
                   file=sys.stderr, flush=True)
         headline["train_step_speedup"] = results["small"]["speedup_vs_torch_eager"]
         headline["train_step_speedup_tiny"] = results["tiny"]["speedup_vs_torch_eager"]
+        for kind in plan.train_sides:  # e.g. train_step_speedup_tiny_vs_torch_eager_host_allocator
+            if kind not in ("jax", "torch_eager"):
+                headline[f"train_step_speedup_vs_{kind}"] = results["small"][f"speedup_vs_{kind}"]
+                headline[f"train_step_speedup_tiny_vs_{kind}"] = results["tiny"][f"speedup_vs_{kind}"]
         headline["train_tokens_per_s"] = results["small"]["jax"]["tokens_per_s"]
         headline["train_tokens_per_s_torch_eager"] = results["small"]["torch_eager"]["tokens_per_s"]
         headline["mfu"] = results["small"]["mfu"]
+        headline["mfu_paired"] = results["small"]["mfu_paired"]
         headline["mfu_torch_eager"] = results["small"]["mfu_torch_eager"]
         headline["mfu_cpu_time"] = results["small"]["mfu_cpu_time"]
         headline["xla_matmul_probe_gflops"] = results["small"]["matmul_probe"]["gflops"]
@@ -152,17 +164,28 @@ def run_cpu(plan: Plan, out_dir: str, command: str) -> dict:
     def scale():
         result = scaling.run("small")
         report["scaling"] = result
-        png = os.path.join(out_dir, "scaling.png")
-        scaling.plot(result, png)
-        sections.append(("Scaling", scaling.markdown(result) + "\n![scaling](scaling.png)\n"))
+        sections.append(("Scaling", scaling.markdown(result)))
 
-    part("matmul_peak", matmul)
-    part("train_step", train)
-    if "train_step" in report and "small" in report["train_step"]:
-        part("objective_cost", objective)
-    part("decode", decode)
-    if plan.scaling:
-        part("scaling", scale)
+    def moe():
+        report["moe"] = scaling.run_moe()
+        sections.append(("MoE expert block, forward + backward: ragged_dot vs tiled vs dense all-experts",
+                         scaling.moe_markdown(report["moe"])))
+
+    wanted = set(parts) if parts else None
+    runs = [("matmul_peak", matmul), ("train_step", train), ("objective_cost", objective), ("decode", decode)]
+    if plan.scaling or (wanted and wanted & {"scaling", "moe"}):
+        runs += [("scaling", scale), ("moe", moe)]
+    for name, fn in runs:
+        if wanted is not None and name not in wanted:
+            continue
+        if name == "objective_cost" and "small" not in report.get("train_step", {}):
+            report["errors"][name] = "needs the small train step (part train_step)"
+            continue
+        part(name, fn)
+    stem = plan.name + ("_" + "_".join(parts) if parts else "")
+    if "scaling" in report or "moe" in report:
+        scaling.plot(report.get("scaling"), report.get("moe"), os.path.join(out_dir, f"{stem}_scaling.png"))
+        sections.append(("Scaling plot", f"![scaling]({stem}_scaling.png)"))
 
     report["headline"] = headline
     report["targets"] = _targets(headline)
@@ -171,12 +194,12 @@ def run_cpu(plan: Plan, out_dir: str, command: str) -> dict:
     report["wall_s"] = time.perf_counter() - started
     # quick.json carries the headline keys at top level (the issue's contract), the details below them.
     payload = {**headline, **report}
-    common.write_json(os.path.join(out_dir, f"{plan.name}.json"), payload)
+    common.write_json(os.path.join(out_dir, f"{stem}.json"), payload)
     summary = common.markdown_table(
         ["metric", "value", "target", "met"],
         [[k, v["value"] if v["value"] is not None else "n/a", v["target"], v["met"]] for k, v in report["targets"].items()])
     common.write_markdown(
-        os.path.join(out_dir, f"{plan.name}.md"), f"respo-jax benchmarks ({plan.name})",
+        os.path.join(out_dir, f"{stem}.md"), f"respo-jax benchmarks ({plan.name})",
         [("Command", f"`{command}` — {report['wall_s']:.0f} s, peak RSS {report['peak_rss_mib']:.0f} MiB, "
                      f"environment {report['environment']}"), ("Targets", summary)] + sections
         + ([("Errors", "\n".join(f"- {k}: {v.strip().splitlines()[-1]}" for k, v in report["errors"].items()))]
@@ -209,6 +232,8 @@ def main(argv=None) -> int:
     mode.add_argument("--micro", action="store_true", help="pipeline check on a micro model; writes micro.json")
     mode.add_argument("--accelerator", action="store_true", help="GPU/TPU mode (default when JAX has one)")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=(),
+                        help="run only these parts (output files get the part names appended)")
     parser.add_argument("--preset", default="qwen3-1.7b", help="accelerator mode: model preset")
     parser.add_argument("--batch", type=int, default=8, help="accelerator mode: train batch")
     parser.add_argument("--seq", type=int, default=2048, help="accelerator mode: train sequence length")
@@ -219,6 +244,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     command = "python -m experiments.benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])
 
+    from respo_jax.host_allocator import configure_host_allocator
+
+    configure_host_allocator()  # before JAX starts its threads: see respo_jax/host_allocator.py
+
     import jax
 
     os.makedirs(args.out, exist_ok=True)
@@ -227,7 +256,7 @@ def main(argv=None) -> int:
                         tuple(args.decode_new_tokens), tuple(args.matmul_sizes) if args.matmul_sizes else None)
         return 0
     plan = _plans()["quick" if args.quick else "micro" if args.micro else "full"]
-    report = run_cpu(plan, args.out, command.strip())
+    report = run_cpu(plan, args.out, command.strip(), tuple(args.parts))
     for key, target in report["targets"].items():
         print(f"{key:28s} {target['value']!s:>24.24} target {target['target']:8s} met={target['met']}")
     return 1 if report["errors"] else 0

@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Callable, Mapping, Sequence
 
+from respo_jax.host_allocator import host_allocator_settings
+
 # Both frameworks get the same number of threads: all cores of the machine unless overridden.
 DEFAULT_THREADS = int(os.environ.get("RESPO_BENCH_THREADS", os.cpu_count() or 1))
 _TORCH_SETTINGS = {"flush_denormal": False}  # what configure_threads set (torch has no getter)
@@ -128,7 +130,7 @@ def current_rss_mib() -> float:
 
 
 def environment() -> dict:
-    """What the numbers were measured on: versions, cores, load, accelerator."""
+    """What the numbers were measured on: versions, cores, load, accelerator, malloc settings."""
     import jax
     import torch
     import transformers
@@ -149,6 +151,7 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "cpu_model": _cpu_model(),
         "load_average_1_5_15": [round(x, 2) for x in load],
+        "host_allocator": host_allocator_settings(),  # this process's malloc settings
     }
 
 

@@ -2,9 +2,11 @@
 
 Both run the same random checkpoint (built with transformers, saved, loaded with
 `qwen3.from_pretrained`), the same prompts and the same sampling setting (temperature 1, no
-truncation, no EOS, so every row generates exactly `max_new_tokens`). For each batch size the two
-are timed alternately (A B A B ...) in one process, after one untimed warm-up each (JAX compiles
-there), and the medians are compared. Throughput is generated tokens per second of a whole
+truncation, no EOS, so every row generates exactly `max_new_tokens`). transformers runs with its
+default dynamic cache and with `cache_implementation="static"`; the baseline is whichever of the two
+is faster at that batch size (their medians; on this CPU the static cache was ~2-6% slower). For each
+batch size the sides are timed alternately (A B C A B C ...) in one process, after one untimed warm-up
+each (JAX compiles there), and the medians are compared. Throughput is generated tokens per second of a whole
 `generate` call (short prompts, so the prefill is a small part of it).
 
     python experiments/benchmarks/decode_vs_transformers.py --config small --batch-sizes 1 8 32
@@ -78,13 +80,17 @@ def _time_jax(model, prompts, params, engine) -> float:
     return time.perf_counter() - start
 
 
-def _time_hf(model, input_ids, attention_mask, max_new_tokens, seed) -> float:
+HF_CACHES = ("dynamic", "static")  # transformers' default cache, and its preallocated static cache
+
+
+def _time_hf(model, input_ids, attention_mask, max_new_tokens, seed, cache: str = "dynamic") -> float:
     torch.manual_seed(seed)
+    extra = {} if cache == "dynamic" else {"cache_implementation": cache}
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
             input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0,
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0, **extra,
         )
     elapsed = time.perf_counter() - start
     if out.shape[1] != input_ids.shape[1] + max_new_tokens:
@@ -106,9 +112,10 @@ def run(
     """Time both samplers per batch size; return (and optionally write) the medians and ratios.
 
     Returns a dict: `config`, `model_fields`, `settings`, `environment`, and `results`, a list with
-    one entry per batch size holding `jax_seconds`/`hf_seconds` (all alternating repeats), their
-    medians, the generated tokens/s of each (from the medians), `speedup` = median HF time / median
-    JAX time, and `speedup_best` = fastest HF run / fastest JAX run.
+    one entry per batch size holding `jax_seconds` and `hf_seconds_<cache>` for each of HF_CACHES (all
+    alternating repeats), `hf_cache` (the faster cache by median) with its `hf_seconds` and medians,
+    the generated tokens/s of each (from the medians), `speedup` = median HF time (faster cache) /
+    median JAX time, and `speedup_best` = fastest HF run / fastest JAX run.
     """
     name, hf_model = _hf_model(config_name_or_cfg)
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,16 +131,23 @@ def run(
         input_ids = torch.tensor(prompts)
         attention_mask = torch.ones_like(input_ids)
         _time_jax(jax_model, prompts, params, engine)  # warm-up: compiles
-        _time_hf(hf_model, input_ids, attention_mask, max_new_tokens, seed)
-        jax_s, hf_s = [], []
-        for r in range(repeats):  # alternate A B A B so drifts in machine load hit both
+        for cache in HF_CACHES:
+            _time_hf(hf_model, input_ids, attention_mask, max_new_tokens, seed, cache)
+        jax_s, hf_by_cache = [], {cache: [] for cache in HF_CACHES}
+        for r in range(repeats):  # alternate A B C A B C so drifts in machine load hit all sides
             round_params = dataclasses.replace(params, seed=seed + r + 1)
             jax_s.append(_time_jax(jax_model, prompts, round_params, engine))
-            hf_s.append(_time_hf(hf_model, input_ids, attention_mask, max_new_tokens, seed + r + 1))
+            for cache in HF_CACHES:
+                hf_by_cache[cache].append(_time_hf(hf_model, input_ids, attention_mask, max_new_tokens,
+                                                   seed + r + 1, cache))
+        hf_cache = min(HF_CACHES, key=lambda cache: statistics.median(hf_by_cache[cache]))
+        hf_s = hf_by_cache[hf_cache]
         tokens = batch * max_new_tokens
         jax_med, hf_med = statistics.median(jax_s), statistics.median(hf_s)
         results.append(dict(
-            batch=batch, jax_seconds=jax_s, hf_seconds=hf_s, jax_median_s=jax_med, hf_median_s=hf_med,
+            batch=batch, jax_seconds=jax_s, hf_seconds=hf_s, hf_cache=hf_cache,
+            **{f"hf_seconds_{cache}": times for cache, times in hf_by_cache.items()},
+            jax_median_s=jax_med, hf_median_s=hf_med,
             jax_tokens_per_s=tokens / jax_med, hf_tokens_per_s=tokens / hf_med, speedup=hf_med / jax_med,
             # Best-of-repeats ratio: on a loaded machine PyTorch's spinning threads can stall for seconds,
             # so this shows whether the median ratio owes anything to such stalls.
@@ -165,13 +179,16 @@ def to_markdown(report: dict) -> str:
         f"temperature {s['temperature']}, float32; medians of {s['repeats']} alternating runs.",
         f"Environment: {report['environment']}",
         "",
-        "| batch | JAX tokens/s | transformers tokens/s | speedup (medians) | speedup (best runs) |",
-        "|---:|---:|---:|---:|---:|",
+        "| batch | JAX tokens/s | transformers tokens/s (faster cache) | transformers dynamic / static "
+        "tokens/s | speedup (medians) | speedup (best runs) |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         jax_tps, hf_tps = r["jax_tokens_per_s"], r["hf_tokens_per_s"]
-        lines.append(f"| {r['batch']} | {jax_tps:.1f} | {hf_tps:.1f} | {r['speedup']:.2f}x | "
-                     f"{r['speedup_best']:.2f}x |")
+        tokens = r["batch"] * s["max_new_tokens"]
+        per_cache = " / ".join(f"{tokens / statistics.median(r[f'hf_seconds_{cache}']):.1f}" for cache in HF_CACHES)
+        lines.append(f"| {r['batch']} | {jax_tps:.1f} | {hf_tps:.1f} ({r['hf_cache']}) | {per_cache} | "
+                     f"{r['speedup']:.2f}x | {r['speedup_best']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

@@ -3,11 +3,13 @@
 - Sequence length 256…4096 at a fixed 4096 positions per step (batch = 4096 / seq): the weight matmuls
   stay constant, so the growth is attention's S² term (and its S×S score memory).
 - Batch size at sequence 512: where a step becomes large enough to reach the matmul roofline.
-- MoE expert block forward + backward: the model's dropless `jax.lax.ragged_dot` path
-  (`respo_jax.models.qwen3.moe.expert_ffn`) against computing every expert densely for every token and
-  zero-weighting the unrouted ones (the simplest alternative; costs num_experts / top_k × the FLOPs).
+- MoE expert block forward + backward (`run_moe`): the dropless `jax.lax.ragged_dot` path
+  (`respo_jax.models.qwen3.moe.expert_ffn`, what GPU/TPU run), the tiled dropless path the model uses on
+  CPU (`tiled_expert_ffn`), and computing every expert densely for every token with the unrouted ones
+  zero-weighted (the simplest alternative; num_experts / top_k × the FLOPs).
 
-Each point alternates respo-jax and PyTorch eager (MoE: ragged vs dense) in one process.
+Train-step points alternate respo-jax and PyTorch eager (each in its own process, `train_step.SideProcess`);
+MoE points alternate the three implementations in this process.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from flax import nnx
 from experiments.benchmarks import train_step
 from experiments.benchmarks.common import alternate, markdown_table, speedup, summarize
 from respo_jax.models import qwen3
-from respo_jax.models.qwen3.moe import expert_ffn, route
+from respo_jax.models.qwen3.moe import expert_ffn, route, tiled_expert_ffn
 
 SEQ_LENGTHS = (256, 512, 1024, 2048, 4096)
 POSITIONS_PER_STEP = 4096
@@ -56,8 +58,12 @@ def _moe_grad_fn(ffn):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
 
 
+MOE_IMPLEMENTATIONS = {"ragged_dot": expert_ffn, "tiled": tiled_expert_ffn, "dense": None}  # dense: below
+
+
 def moe_point(tokens: int, num_experts: int, top_k: int, embed: int, expert_mlp: int, rounds: int = 3) -> dict:
-    """Ragged vs dense expert block at one shape: timings, speedup of ragged, and their max |Δ|."""
+    """The three expert-block implementations at one shape: timings, speedups over ragged_dot, and
+    each one's max |Δ| from ragged_dot (outputs) and |Δ| of the scalar loss."""
     rng = np.random.default_rng(tokens + num_experts)
     std = 0.02
     x = jnp.asarray(rng.standard_normal((tokens, embed)), jnp.float32)
@@ -68,27 +74,33 @@ def moe_point(tokens: int, num_experts: int, top_k: int, embed: int, expert_mlp:
     weights, indices, _ = route(router_logits, top_k, norm_topk_prob=True)
     cotangent = jnp.asarray(rng.standard_normal((tokens, embed)), jnp.float32)
     args = (x, gate, up, down, indices, weights, cotangent)
-    ragged, dense = _moe_grad_fn(expert_ffn), _moe_grad_fn(dense_expert_ffn)
-    (value_r, _), (value_d, _) = ragged(*args), dense(*args)
-    out_r = expert_ffn(x, indices, weights, gate, up, down)
-    out_d = dense_expert_ffn(x, indices, weights, gate, up, down)
-    times = alternate({"ragged_dot": lambda: jax.block_until_ready(ragged(*args)),
-                       "dense": lambda: jax.block_until_ready(dense(*args))}, rounds=rounds, warmup=1)
+    impls = {name: fn or dense_expert_ffn for name, fn in MOE_IMPLEMENTATIONS.items()}
+    grad_fns = {name: _moe_grad_fn(fn) for name, fn in impls.items()}
+    outputs = {name: fn(x, indices, weights, gate, up, down) for name, fn in impls.items()}
+    values = {name: fn(*args)[0] for name, fn in grad_fns.items()}
+    times = alternate({name: (lambda fn=fn: jax.block_until_ready(fn(*args))) for name, fn in grad_fns.items()},
+                      rounds=rounds, warmup=1)
     active_flops = 3 * 2.0 * tokens * top_k * 3 * embed * expert_mlp  # fwd + bwd, 3 matmuls
-    return {"tokens": tokens, "num_experts": num_experts, "top_k": top_k, "embed": embed,
-            "expert_mlp": expert_mlp, "ragged_dot": summarize(times["ragged_dot"]),
-            "dense": summarize(times["dense"]),
-            "ragged_speedup_vs_dense": speedup(times["dense"], times["ragged_dot"]),
-            "ragged_active_gflops": active_flops / summarize(times["ragged_dot"])["median_s"] / 1e9,
-            "max_abs_diff": float(jnp.max(jnp.abs(out_r - out_d))),
-            "loss_abs_diff": float(abs(value_r - value_d))}
+    out = {"tokens": tokens, "num_experts": num_experts, "top_k": top_k, "embed": embed, "expert_mlp": expert_mlp}
+    for name in impls:
+        out[name] = summarize(times[name])
+        out[name]["active_gflops"] = active_flops / out[name]["median_s"] / 1e9
+        out[name]["max_abs_diff_vs_ragged"] = float(jnp.max(jnp.abs(outputs[name] - outputs["ragged_dot"])))
+        out[name]["loss_abs_diff_vs_ragged"] = float(abs(values[name] - values["ragged_dot"]))
+        out[name]["speedup_vs_ragged"] = speedup(times["ragged_dot"], times[name])
+    return out
+
+
+def run_moe(tokens=MOE_TOKENS, shapes=None, rounds: int = 3) -> list[dict]:
+    """`moe_point` for every shape (default MOE_SHAPES) and token count."""
+    shapes = MOE_SHAPES if shapes is None else shapes
+    return [dict(moe_point(t, **shape, rounds=rounds), shape=name) for name, shape in shapes.items() for t in tokens]
 
 
 def run(case: str = "small", rounds: int = 2, seq_lengths=SEQ_LENGTHS, batch_sizes=BATCH_SIZES,
-        positions_per_step: int = POSITIONS_PER_STEP, moe_tokens=MOE_TOKENS, moe_shapes=None,
-        seed: int = 0) -> dict:
-    """Runs the three sweeps; returns {"case", "seq": [...], "batch": [...], "moe": [...]} where each
-    train point is a `train_step.compare` record."""
+        positions_per_step: int = POSITIONS_PER_STEP, seed: int = 0) -> dict:
+    """The sequence and batch sweeps of `case`; returns {"case", "positions_per_step", "seq": [...],
+    "batch": [...]}, each point a `train_step.compare` record."""
     base = train_step.CASES[case]
     with tempfile.TemporaryDirectory() as checkpoint:
         qwen3.save_pretrained(qwen3.Qwen3ForCausalLM(base.config, rngs=nnx.Rngs(seed)), checkpoint)
@@ -102,11 +114,7 @@ def run(case: str = "small", rounds: int = 2, seq_lengths=SEQ_LENGTHS, batch_siz
             batch_points = [point(base.with_shape(batch=b, seq=base.seq)) for b in batch_sizes]
         finally:
             train_step.close_sides(sides)
-    shapes = MOE_SHAPES if moe_shapes is None else moe_shapes
-    moe_points = [dict(moe_point(t, **shape, rounds=max(rounds, 3)), shape=name)
-                  for name, shape in shapes.items() for t in moe_tokens]
-    return {"case": case, "positions_per_step": positions_per_step, "seq": seq_points, "batch": batch_points,
-            "moe": moe_points}
+    return {"case": case, "positions_per_step": positions_per_step, "seq": seq_points, "batch": batch_points}
 
 
 def _slim(point: dict) -> list:
@@ -120,49 +128,59 @@ def markdown(result: dict) -> str:
                "respo-jax step RSS growth MiB", "torch step RSS growth MiB"]
     seq = markdown_table(columns, [_slim(p) for p in result["seq"]])
     batch = markdown_table(columns, [_slim(p) for p in result["batch"]])
-    moe = markdown_table(
-        ["shape", "tokens", "ragged_dot s", "dense s", "ragged speedup", "ragged GFLOP/s (active)", "max |Δ|"],
-        [[p["shape"], p["tokens"], p["ragged_dot"]["median_s"], p["dense"]["median_s"],
-          p["ragged_speedup_vs_dense"], p["ragged_active_gflops"], f"{p['max_abs_diff']:.1e}"]
-         for p in result["moe"]])
     return (f"### Step time vs sequence length ({result['positions_per_step']} positions per step)\n\n{seq}\n\n"
-            f"### Step time vs batch size\n\n{batch}\n\n"
-            f"### MoE expert block, forward + backward: ragged_dot vs dense all-experts\n\n{moe}\n")
+            f"### Step time vs batch size\n\n{batch}\n")
 
 
-def plot(result: dict, path: str) -> None:
-    """Three panels (seq, batch, MoE) into one PNG."""
+def moe_markdown(points: list[dict]) -> str:
+    rows = [[p["shape"], p["tokens"], p["ragged_dot"]["median_s"], p["tiled"]["median_s"], p["dense"]["median_s"],
+             p["tiled"]["speedup_vs_ragged"], p["dense"]["speedup_vs_ragged"], p["ragged_dot"]["active_gflops"],
+             p["tiled"]["active_gflops"], f"{max(p['tiled']['max_abs_diff_vs_ragged'], p['dense']['max_abs_diff_vs_ragged']):.1e}"]
+            for p in points]
+    return markdown_table(["shape", "tokens", "ragged_dot s", "tiled s", "dense s", "tiled speedup", "dense speedup",
+                           "ragged GFLOP/s (active)", "tiled GFLOP/s (active)", "max |Δ| vs ragged"], rows)
+
+
+def plot(result: dict | None, moe: list[dict] | None, path: str) -> None:
+    """Up to three panels (seq, batch, MoE) into one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    seq = result["seq"]
-    ax = axes[0]
-    ax.plot([p["seq"] for p in seq], [p["jax"]["median_s"] for p in seq], "o-", label="respo-jax")
-    ax.plot([p["seq"] for p in seq], [p["torch_eager"]["median_s"] for p in seq], "s--", label="torch eager")
-    ax.set(xscale="log", xlabel="sequence length", ylabel="s / step",
-           title=f"{result['positions_per_step']} positions per step")
-    ax.set_xticks([p["seq"] for p in seq], [str(p["seq"]) for p in seq])
-    batch = result["batch"]
-    ax = axes[1]
-    ax.plot([p["batch"] for p in batch], [p["jax"]["tokens_per_s"] for p in batch], "o-", label="respo-jax")
-    ax.plot([p["batch"] for p in batch], [p["torch_eager"]["tokens_per_s"] for p in batch], "s--",
-            label="torch eager")
-    ax.set(xscale="log", xlabel=f"batch (seq {batch[0]['seq']})", ylabel="tokens / s", title="throughput vs batch")
-    ax.set_xticks([p["batch"] for p in batch], [str(p["batch"]) for p in batch])
-    ax = axes[2]
-    for shape in dict.fromkeys(p["shape"] for p in result["moe"]):
-        pts = [p for p in result["moe"] if p["shape"] == shape]
-        line = ax.plot([p["tokens"] for p in pts], [p["ragged_dot"]["median_s"] for p in pts], "o-",
-                       label=f"ragged_dot, {shape}")
-        ax.plot([p["tokens"] for p in pts], [p["dense"]["median_s"] for p in pts], "s--",
-                color=line[0].get_color(), label=f"dense, {shape}")
-    ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="s (fwd + bwd)", title="MoE expert block")
-    for ax in axes:
+    panels = (2 if result else 0) + (1 if moe else 0)
+    if not panels:
+        raise ValueError("plot() needs sweep results or MoE points")
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2), squeeze=False)
+    axes = list(axes[0])
+    if result:
+        seq = result["seq"]
+        ax = axes.pop(0)
+        ax.plot([p["seq"] for p in seq], [p["jax"]["median_s"] for p in seq], "o-", label="respo-jax")
+        ax.plot([p["seq"] for p in seq], [p["torch_eager"]["median_s"] for p in seq], "s--", label="torch eager")
+        ax.set(xscale="log", xlabel="sequence length", ylabel="s / step",
+               title=f"{result['positions_per_step']} positions per step")
+        ax.set_xticks([p["seq"] for p in seq], [str(p["seq"]) for p in seq])
+        batch = result["batch"]
+        ax = axes.pop(0)
+        ax.plot([p["batch"] for p in batch], [p["jax"]["tokens_per_s"] for p in batch], "o-", label="respo-jax")
+        ax.plot([p["batch"] for p in batch], [p["torch_eager"]["tokens_per_s"] for p in batch], "s--",
+                label="torch eager")
+        ax.set(xscale="log", xlabel=f"batch (seq {batch[0]['seq']})", ylabel="tokens / s",
+               title="throughput vs batch")
+        ax.set_xticks([p["batch"] for p in batch], [str(p["batch"]) for p in batch])
+    if moe:
+        ax = axes.pop(0)
+        styles = {"ragged_dot": "o-", "tiled": "^-", "dense": "s--"}
+        for index, shape in enumerate(dict.fromkeys(p["shape"] for p in moe)):
+            pts = [p for p in moe if p["shape"] == shape]
+            for name, style in styles.items():
+                ax.plot([p["tokens"] for p in pts], [p[name]["median_s"] for p in pts], style, color=f"C{index}",
+                        label=f"{name}, {shape}")
+        ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="s (fwd + bwd)", title="MoE expert block")
+    for ax in fig.axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

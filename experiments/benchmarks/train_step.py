@@ -40,6 +40,7 @@ from experiments.benchmarks.common import (
     speedup,
     summarize,
 )
+from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.training.batch import PolicyBatch, build_sequences
@@ -230,7 +231,35 @@ class RssPeak:
 # page faults), which would have been a property of the harness, not of either framework. While one
 # side runs, the other waits on its pipe and uses no CPU.
 
-SIDE_KINDS = ("jax", "torch_eager", "torch_compile")
+
+@dataclasses.dataclass(frozen=True)
+class SideSpec:
+    """How one side runs: framework, whether its process starts with `configure_host_allocator()`
+    (respo_jax.host_allocator: large host buffers stay mapped between steps), and for JAX whether the
+    layers are scanned (for torch: whether the model is `torch.compile`d)."""
+
+    framework: str
+    host_allocator: bool
+    scan_layers: bool = False
+    compile: bool = False
+    label: str = ""
+
+
+SIDES = {
+    # What the CPU trainer runs (experiments/configs/respo_synthetic.py): host allocator configured,
+    # layers unrolled (model.scan_layers=false).
+    "jax": SideSpec("jax", host_allocator=True, scan_layers=False, label="respo-jax"),
+    # Ablations of those two settings; jax_defaults is the code before them.
+    "jax_scan": SideSpec("jax", host_allocator=True, scan_layers=True, label="respo-jax scanned"),
+    "jax_defaults": SideSpec("jax", host_allocator=False, scan_layers=True, label="respo-jax defaults"),
+    # What a user would otherwise run, and the same with our host allocator settings (do they help
+    # PyTorch too?).
+    "torch_eager": SideSpec("torch", host_allocator=False, label="torch eager"),
+    "torch_eager_host_allocator": SideSpec("torch", host_allocator=True, label="torch eager + host allocator"),
+    "torch_compile": SideSpec("torch", host_allocator=False, compile=True, label="torch.compile"),
+}
+SIDE_KINDS = tuple(SIDES)
+DEFAULT_SIDES = ("jax", "torch_eager")
 
 
 def _side_main(conn, kind: str, checkpoint: str, threads: int) -> None:
@@ -239,21 +268,24 @@ def _side_main(conn, kind: str, checkpoint: str, threads: int) -> None:
     import traceback
 
     try:
-        if kind == "jax":
-            model = qwen3.from_pretrained(checkpoint)
+        spec = SIDES[kind]
+        if spec.host_allocator:  # first, before any JAX or PyTorch thread allocates
+            configure_host_allocator()
+        if spec.framework == "jax":
+            model = qwen3.from_pretrained(checkpoint, scan_layers=spec.scan_layers)
         else:
             configure_threads(threads)
             model = _torch_model_from_dir(checkpoint)
         probe = None
         call = None
-        conn.send(("ok", {"peak_rss_mib": peak_rss_mib()}))
+        conn.send(("ok", {"peak_rss_mib": peak_rss_mib(), "host_allocator": host_allocator_settings()}))
         while True:
             command, argument = conn.recv()
             if command == "stop":
                 return
             if command == "batch":
-                call = jax_side(model, argument)[0] if kind == "jax" else torch_side(
-                    model, argument, compile_model=kind == "torch_compile")
+                call = jax_side(model, argument)[0] if spec.framework == "jax" else torch_side(
+                    model, argument, compile_model=spec.compile)
                 conn.send(("ok", None))
                 continue
             if command == "probe":
@@ -394,11 +426,13 @@ def compare(case: TrainCase, sides: dict[str, SideProcess], batch: dict, rounds:
         summary["step_rss_growth_mib"] = max(_series(side.records, rounds, "rss_growth_mib"))
         summary["peak_rss_mib"] = side.records[-1]["peak_rss_mib"]
         summary["first_loss"] = side.records[0]["loss"]
+        summary["host_allocator"] = side.load["host_allocator"]
         out[kind] = summary
-    out["speedup_vs_torch_eager"] = speedup(wall["torch_eager"], wall["jax"])
+    # respo-jax's speedup over every other side (per-round median ratio): speedup_vs_torch_eager, ...
+    for kind in sides:
+        if kind != "jax":
+            out[f"speedup_vs_{kind}"] = speedup(wall[kind], wall["jax"])
     out["cpu_time_ratio_torch_eager_over_jax"] = speedup(cpu["torch_eager"], cpu["jax"])
-    if "torch_compile" in sides:
-        out["speedup_vs_torch_compile"] = speedup(wall["torch_compile"], wall["jax"])
     first_jax, first_torch = out["jax"]["first_loss"], out["torch_eager"]["first_loss"]
     out["loss_rel_diff"] = abs(first_jax - first_torch) / max(abs(first_torch), 1e-12)
     if probe_peak:
@@ -411,19 +445,27 @@ def compare(case: TrainCase, sides: dict[str, SideProcess], batch: dict, rounds:
         def paired(step_times, probe_times):  # per round: (step FLOP/s) / (matmul FLOP/s); median
             return median([flops["total"] / s / (probe_flops / p) for s, p in zip(step_times, probe_times)])
 
-        out["mfu"] = paired(wall["jax"], probe["times_s"])
+        out["mfu_paired"] = paired(wall["jax"], probe["times_s"])
         out["mfu_torch_eager"] = paired(wall["torch_eager"], probe["times_s"])
         out["mfu_cpu_time"] = paired(cpu["jax"], probe["cpu_times_s"])
     if peak_gflops:
         out["mfu_vs_peak_run"] = out["jax"]["gflops"] / peak_gflops
         out["peak_run_gflops"] = peak_gflops
+    if probe_peak or peak_gflops:
+        # The conservative MFU: the step's median FLOP/s over the best matmul FLOP/s seen in this run
+        # (the peak run's best shape or the interleaved probe, whichever was faster).
+        best = max(peak_gflops or 0.0, out["matmul_probe"]["gflops"] if probe_peak else 0.0)
+        out["best_matmul_gflops"] = best
+        out["mfu"] = out["jax"]["gflops"] / best
     return out
 
 
-def start_sides(checkpoint: str, torch_compile: bool = False) -> dict[str, SideProcess]:
-    """The side processes for one checkpoint (they load in parallel). With `torch_compile`, a third
-    side runs the PyTorch step under `torch.compile`."""
-    kinds = ("jax", "torch_eager") + (("torch_compile",) if torch_compile else ())
+def start_sides(checkpoint: str, kinds=DEFAULT_SIDES) -> dict[str, SideProcess]:
+    """The side processes (`SIDES` keys; "jax" and "torch_eager" required) for one checkpoint; they
+    load in parallel."""
+    missing = {"jax", "torch_eager"} - set(kinds)
+    if missing:
+        raise ValueError(f"sides must include {sorted(missing)}; got {tuple(kinds)}")
     return {kind: SideProcess(kind, checkpoint) for kind in kinds}
 
 
@@ -432,51 +474,55 @@ def close_sides(sides: dict[str, SideProcess]) -> None:
         side.close()
 
 
-def run(case: str | TrainCase = "small", rounds: int = 3, warmup: int = 1, torch_compile: bool = False,
-        peak_gflops: float | None = None, probe_peak: bool = False, seed: int = 0) -> dict:
-    """Benchmarks one case, the sides alternating; returns the JSON-ready record.
+def run(case: str | TrainCase = "small", rounds: int = 3, warmup: int = 1, sides=DEFAULT_SIDES,
+        torch_compile: bool = False, peak_gflops: float | None = None, probe_peak: bool = False,
+        seed: int = 0) -> dict:
+    """Benchmarks one case, the `sides` (SIDES keys) alternating; returns the JSON-ready record.
 
-    Keys: case, batch, seq, tokens_per_step, flops (roofline.train_step_flops), jax / torch_eager
-    (/ torch_compile) summaries (wall and CPU seconds per step, tokens_per_s, gflops,
-    step_rss_growth_mib, the side process's peak_rss_mib, first_loss), speedup_vs_torch_eager
-    (per-round median ratio), cpu_time_ratio_torch_eager_over_jax, loss_rel_diff (first-step losses
-    of the two sides, which start from the same weights); with `probe_peak`, matmul_probe and mfu
-    (per-round step FLOP/s over the interleaved matmul's FLOP/s); with `peak_gflops`, mfu_vs_peak_run.
-    `torch.compile` failures are reported as torch_compile_error instead of failing the run.
+    Keys: case, batch, seq, tokens_per_step, flops (roofline.train_step_flops), one summary per side
+    (wall and CPU seconds per step, tokens_per_s, gflops, step_rss_growth_mib, the side process's
+    peak_rss_mib, first_loss), speedup_vs_<side> for every side but jax (per-round median ratio),
+    cpu_time_ratio_torch_eager_over_jax, loss_rel_diff (first-step losses of jax and torch_eager, which
+    start from the same weights); with `probe_peak`, matmul_probe and mfu_paired (per-round step FLOP/s
+    over the interleaved matmul's FLOP/s); with `probe_peak` or `peak_gflops`, mfu (median step FLOP/s
+    over the best matmul FLOP/s of the run). `torch_compile` adds that side; its failures are reported
+    as torch_compile_error instead of failing the run.
     """
     case = CASES[case] if isinstance(case, str) else case
     with tempfile.TemporaryDirectory() as checkpoint:
         qwen3.save_pretrained(qwen3.Qwen3ForCausalLM(case.config, rngs=nnx.Rngs(seed)), checkpoint)
         batch = make_batch(case, seed)
-        sides = start_sides(checkpoint)
+        processes = start_sides(checkpoint, sides)
         compile_error = None
         try:
             if torch_compile:
-                sides["torch_compile"] = SideProcess("torch_compile", checkpoint)
+                processes["torch_compile"] = SideProcess("torch_compile", checkpoint)
                 try:  # one compiled step, or the reason it does not work here
-                    sides["torch_compile"].set_batch(batch)
-                    sides["torch_compile"].step()
+                    processes["torch_compile"].set_batch(batch)
+                    processes["torch_compile"].step()
                 except (RuntimeError, TimeoutError) as err:
                     compile_error = str(err).strip().splitlines()[-1][:300]
-                    sides.pop("torch_compile").close()
-            out = compare(case, sides, batch, rounds, warmup, peak_gflops, probe_peak)
+                    processes.pop("torch_compile").close()
+            out = compare(case, processes, batch, rounds, warmup, peak_gflops, probe_peak)
         finally:
-            close_sides(sides)
+            close_sides(processes)
     if compile_error:
         out["torch_compile_error"] = compile_error
     return out
 
 
 def markdown(results: list[dict]) -> str:
-    columns = ["case", "batch × seq", "respo-jax tok/s", "torch eager tok/s", "speedup", "torch.compile tok/s",
-               "speedup vs compile", "respo-jax GFLOP/s", "MFU", "loss |Δ|/|loss|"]
+    """One row per case: respo-jax against each other side that ran (tokens/s and respo-jax's speedup)."""
+    others = [kind for kind in SIDE_KINDS if kind != "jax" and any(kind in r for r in results)]
+    columns = ["case", "batch × seq", "respo-jax tok/s"]
+    for kind in others:
+        columns += [f"{SIDES[kind].label} tok/s", f"speedup vs {SIDES[kind].label}"]
+    columns += ["respo-jax GFLOP/s", "MFU", "loss |Δ|/|loss|"]
     rows = []
     for r in results:
-        compiled = r.get("torch_compile")
-        rows.append([
-            r["case"], f"{r['batch']} × {r['seq']}", r["jax"]["tokens_per_s"], r["torch_eager"]["tokens_per_s"],
-            r["speedup_vs_torch_eager"], compiled["tokens_per_s"] if compiled else "n/a",
-            r.get("speedup_vs_torch_compile", "n/a"), r["jax"]["gflops"], r.get("mfu", "n/a"),
-            f"{r['loss_rel_diff']:.1e}",
-        ])
+        row = [r["case"], f"{r['batch']} × {r['seq']}", r["jax"]["tokens_per_s"]]
+        for kind in others:
+            row += ([r[kind]["tokens_per_s"], r[f"speedup_vs_{kind}"]] if kind in r else ["n/a", "n/a"])
+        row += [r["jax"]["gflops"], r.get("mfu", "n/a"), f"{r['loss_rel_diff']:.1e}"]
+        rows.append(row)
     return markdown_table(columns, rows)

@@ -18,7 +18,7 @@ from respo_jax.training.config import (
 
 def get_config() -> ExperimentConfig:
     return ExperimentConfig(
-        model=ModelConfig(preset="tiny"),
+        model=ModelConfig(preset="tiny", scan_layers=False),  # unrolled: faster on CPU
         task=TaskConfig(name="synthetic", difficulty="easy", seed=0),
         rollout=RolloutConfig(prompts_per_minibatch=8, group_size=8, reuse=4, max_new_tokens=6),
         objective=ObjectiveConfig(name="respo"),

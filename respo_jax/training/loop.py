@@ -64,12 +64,12 @@ def build_model(config: ExperimentConfig, vocab_size: int) -> nnx.Module:
     """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint."""
     dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
     if config.model.checkpoint_dir:
-        return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=dtype)
+        return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=dtype, remat=config.model.remat,
+                                     scan_layers=config.model.scan_layers)
     model_cfg = qwen3.Qwen3Config.preset(config.model.preset)
     overrides = dict(config.model.overrides)
     overrides.setdefault("vocab_size", vocab_size)
-    if config.model.remat:
-        overrides["remat"] = True
+    overrides.update(remat=config.model.remat, scan_layers=config.model.scan_layers)
     model_cfg = dataclasses.replace(model_cfg, **overrides)
     if model_cfg.vocab_size < vocab_size:
         raise ValueError(f"model vocab_size {model_cfg.vocab_size} < tokenizer vocab {vocab_size}")
