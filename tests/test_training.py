@@ -12,7 +12,7 @@ from experiments.train import DEFAULT_CONFIG, load_config, main, summarize
 from respo_jax.training.batch import PolicyBatch, build_sequences, response_logprobs
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.config import ExperimentConfig, apply_overrides
-from respo_jax.training.loop import RLTrainer
+from respo_jax.training.loop import RLTrainer, build_model
 
 TINY = [
     "warmup.steps=3",
@@ -53,6 +53,20 @@ def test_default_config_is_valid_and_overridable():
 def test_bad_overrides_fail_with_a_clear_error(override, error, match):
     with pytest.raises(error, match=match):
         apply_overrides(load_config(DEFAULT_CONFIG), [override])
+
+
+@pytest.mark.parametrize("scan_layers, remat", [(False, False), (True, True)])
+def test_model_knobs_reach_the_model(tmp_path, scan_layers, remat):
+    from respo_jax.models import qwen3
+
+    overrides = [f"model.scan_layers={str(scan_layers).lower()}", f"model.remat={str(remat).lower()}"]
+    config = apply_overrides(load_config(DEFAULT_CONFIG), overrides)
+    model = build_model(config, vocab_size=64)
+    assert (model.config.scan_layers, model.config.remat) == (scan_layers, remat)
+    qwen3.save_pretrained(model, str(tmp_path))  # the same knobs apply to a checkpoint directory
+    config = apply_overrides(config, [f"model.checkpoint_dir={tmp_path}"])
+    loaded = build_model(config, vocab_size=64)
+    assert (loaded.config.scan_layers, loaded.config.remat) == (scan_layers, remat)
 
 
 def test_build_sequences_layout():
