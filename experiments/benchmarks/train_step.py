@@ -40,7 +40,7 @@ from experiments.benchmarks.common import (
     speedup,
     summarize,
 )
-from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
+from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings, release_host_memory
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.training.batch import PolicyBatch, build_sequences
@@ -284,6 +284,9 @@ def _side_main(conn, kind: str, checkpoint: str, threads: int) -> None:
             if command == "stop":
                 return
             if command == "batch":
+                call = None
+                if spec.host_allocator:  # a new shape: drop the last shape's heap holes first
+                    release_host_memory()
                 call = jax_side(model, argument)[0] if spec.framework == "jax" else torch_side(
                     model, argument, compile_model=spec.compile)
                 conn.send(("ok", None))

@@ -27,6 +27,7 @@ from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
 from respo_jax.rewards import overlong_penalty, strict_box_score
 from respo_jax.sampling import SamplingParams, generate
+from respo_jax.host_allocator import release_host_memory
 from respo_jax.training.batch import PolicyBatch, build_sequences
 from respo_jax.training.config import ExperimentConfig
 from respo_jax.training.step import make_logprob_fn, make_optimizer, make_policy_step, make_sft_step
@@ -85,6 +86,7 @@ class RLTrainer:
         r = config.rollout
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.objective = get_objective(config.objective.name, **config.objective.hparams)
+        self._last_batch_shape: tuple | None = None  # policy-batch shape of the last iteration
         model = build_model(config, self.tokenizer.vocab_size)
         graphdef, params = nnx.split(model)
         opt = config.optim
@@ -182,6 +184,9 @@ class RLTrainer:
         advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(num_prompts, r.group_size)))).reshape(-1)
         ids, positions, attention, response_mask, prompt_len = build_sequences(
             prompts, np.asarray(out.tokens), np.asarray(out.lengths), self.tokenizer.pad_id)
+        if ids.shape != self._last_batch_shape:  # see respo_jax.host_allocator: holes from other shapes
+            release_host_memory()
+            self._last_batch_shape = ids.shape
         batch = PolicyBatch(
             input_ids=jnp.asarray(ids), positions=jnp.asarray(positions), attention_mask=jnp.asarray(attention),
             response_mask=jnp.asarray(response_mask), old_logp=jnp.zeros(response_mask.shape, jnp.float32),
