@@ -47,6 +47,13 @@ MALLOPT_SETTINGS = {"M_MMAP_MAX": (M_MMAP_MAX, 0), "M_TRIM_THRESHOLD": (M_TRIM_T
 _applied: dict | None = None
 
 
+def _glibc():
+    """This process's C library through ctypes if it is glibc on Linux, else None."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def configure_host_allocator() -> dict:
     """Applies `MALLOPT_SETTINGS` through glibc's `mallopt` and synchronous CPU dispatch, once per process.
 
@@ -57,11 +64,11 @@ def configure_host_allocator() -> dict:
     global _applied
     if _applied is not None:
         return _applied
-    libc_name, _ = platform.libc_ver()
-    if platform.system() != "Linux" or libc_name != "glibc":
-        _applied = {"applied": False, "reason": f"not Linux with glibc ({platform.system()}, {libc_name or 'unknown libc'})"}
+    libc = _glibc()
+    if libc is None:
+        libc_name = platform.libc_ver()[0] or "unknown libc"
+        _applied = {"applied": False, "reason": f"not Linux with glibc ({platform.system()}, {libc_name})"}
         return _applied
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     libc.mallopt.restype = ctypes.c_int
     for name, (parameter, value) in MALLOPT_SETTINGS.items():
@@ -79,9 +86,9 @@ def release_host_memory() -> bool:
     """Returns the free memory of the malloc heap to the OS (glibc `malloc_trim(0)`, which also releases
     free pages in the middle of the heap). True if glibc released something; False where it released
     nothing or there is no glibc."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None:
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.malloc_trim.argtypes = (ctypes.c_size_t,)
     libc.malloc_trim.restype = ctypes.c_int
     return bool(libc.malloc_trim(0))

@@ -1,8 +1,8 @@
 """Runs the benchmark suite and writes JSON + markdown (+ PNG) into the output directory.
 
     python -m experiments.benchmarks --quick            # < 5 min on 2 cores: quick.json / quick.md
-    python -m experiments.benchmarks                    # everything (~30 min): full.json / .md / full_scaling.png
-    python -m experiments.benchmarks --parts moe        # one part of the full run: full_moe.json / .md / .png
+    python -m experiments.benchmarks                    # everything (~20 min): full.json / .md / full_scaling.png
+    python -m experiments.benchmarks --parts moe        # one part of the full run: full_moe.json / .md / full_moe_scaling.png
     python -m experiments.benchmarks --accelerator      # GPU/TPU: Qwen3-1.7B bf16 MFU + decode bandwidth
 
 On a machine whose default JAX backend is a GPU or TPU the accelerator mode runs by default (the PyTorch
@@ -65,10 +65,12 @@ def _plans():
                      (("tiny", "tiny", 10, 2), ("small", "small", 5, 1), ("small-moe", "small-moe", 3, 1)),
                      # The allocator ablation sides are in the quick plan; with torch.compile on top, the
                      # five processes of the small case (each keeping its step's buffers) ran out of 24 GB.
-                     train_sides=("jax", "torch_eager"), torch_compile=True, decode_config="small", decode_batches=(1, 8, 32), decode_new_tokens=64,
+                     train_sides=("jax", "torch_eager"), torch_compile=True, decode_config="small",
+                     decode_batches=(1, 8, 32), decode_new_tokens=64,
                      decode_repeats=5, objective_in_step=True, scaling=True),
         "micro": Plan("micro", (128,), 2, (("tiny", "micro", 2, 1), ("small", "micro", 2, 1)),
-                      train_sides=("jax", "torch_eager"), torch_compile=False, decode_config=train_step.CASES["micro"].config, decode_batches=(1, 32),
+                      train_sides=("jax", "torch_eager"), torch_compile=False,
+                      decode_config=train_step.CASES["micro"].config, decode_batches=(1, 32),
                       decode_new_tokens=4, decode_repeats=1, objective_in_step=False, scaling=False),
     }
 

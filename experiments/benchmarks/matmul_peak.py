@@ -56,7 +56,7 @@ def probe(size: int = 2048, repeats: int = 2):
 
 
 def run(sizes=QUICK_SIZES, rounds: int = 5, dtype: str = "float32", with_numpy: bool = True) -> dict:
-    """Times each matmul of `sizes` (XLA and NumPy alternated) and returns per-shape GFLOP/s and the peaks.
+    """Times each matmul of `sizes` (XLA, then NumPy) and returns per-shape GFLOP/s and the peaks.
 
     Returns {"xla_matmul_peak_gflops", "numpy_matmul_peak_gflops" (if with_numpy), "dtype",
     "by_size": [{"size", "shape": [m, k, n], "xla_gflops", "numpy_gflops"?}]}.

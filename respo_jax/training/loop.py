@@ -23,11 +23,11 @@ from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
 from respo_jax.data.records import load_dapo_math
 from respo_jax.data.synthetic import CharTokenizer, get_task
 from respo_jax.data.tokenizer import load_tokenizer
+from respo_jax.host_allocator import release_host_memory
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
 from respo_jax.rewards import overlong_penalty, strict_box_score
 from respo_jax.sampling import SamplingParams, generate
-from respo_jax.host_allocator import release_host_memory
 from respo_jax.training.batch import PolicyBatch, build_sequences
 from respo_jax.training.config import ExperimentConfig
 from respo_jax.training.step import make_logprob_fn, make_optimizer, make_policy_step, make_sft_step
