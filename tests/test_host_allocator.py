@@ -49,7 +49,9 @@ def _faults_per_call(mode: str) -> tuple[dict, list[str]]:
     return json.loads(lines[-1]), lines[:-1]
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt and malloc_trim are glibc functions; elsewhere nothing is changed (tested below)")
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="mallopt and malloc_trim are glibc functions; elsewhere nothing changes "
+                           "(tested below)")
 def test_configured_process_does_not_fault_its_temp_buffer_in_again():
     configured, printed = _faults_per_call("configure")
     assert json.loads(printed[0]) == {"applied": True, "mallopt": {"M_MMAP_MAX": 0, "M_TRIM_THRESHOLD": -1},
@@ -68,7 +70,8 @@ def test_configured_process_does_not_fault_its_temp_buffer_in_again():
 def test_without_glibc_nothing_is_changed(monkeypatch):
     monkeypatch.setattr(host_allocator, "_applied", None)
     monkeypatch.setattr(host_allocator.platform, "libc_ver", lambda: ("", ""))
-    monkeypatch.setattr(host_allocator.ctypes, "CDLL", lambda *a, **k: pytest.fail("mallopt must not be called"))
+    monkeypatch.setattr(host_allocator.ctypes, "CDLL",
+                        lambda *a, **k: pytest.fail("mallopt must not be called"))
     result = host_allocator.configure_host_allocator()
     assert result["applied"] is False and "glibc" in result["reason"]
     assert host_allocator.configure_host_allocator() is result  # once per process

@@ -186,7 +186,8 @@ def to_markdown(report: dict) -> str:
     for r in report["results"]:
         jax_tps, hf_tps = r["jax_tokens_per_s"], r["hf_tokens_per_s"]
         tokens = r["batch"] * s["max_new_tokens"]
-        per_cache = " / ".join(f"{tokens / statistics.median(r[f'hf_seconds_{cache}']):.1f}" for cache in HF_CACHES)
+        per_cache = " / ".join(f"{tokens / statistics.median(r[f'hf_seconds_{cache}']):.1f}"
+                               for cache in HF_CACHES)
         lines.append(f"| {r['batch']} | {jax_tps:.1f} | {hf_tps:.1f} ({r['hf_cache']}) | {per_cache} | "
                      f"{r['speedup']:.2f}x | {r['speedup_best']:.2f}x |")
     return "\n".join(lines) + "\n"

@@ -255,7 +255,8 @@ SIDES = {
     # What a user would otherwise run, and the same with our host allocator settings (do they help
     # PyTorch too?).
     "torch_eager": SideSpec("torch", host_allocator=False, label="torch eager"),
-    "torch_eager_host_allocator": SideSpec("torch", host_allocator=True, label="torch eager + host allocator"),
+    "torch_eager_host_allocator": SideSpec("torch", host_allocator=True,
+                                           label="torch eager + host allocator"),
     "torch_compile": SideSpec("torch", host_allocator=False, compile=True, label="torch.compile"),
 }
 SIDE_KINDS = tuple(SIDES)
