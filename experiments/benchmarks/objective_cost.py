@@ -22,7 +22,6 @@ from experiments.benchmarks import train_step
 from experiments.benchmarks.common import alternate, median, speedup, summarize
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
-from respo_jax.training.batch import PolicyBatch
 from respo_jax.training.step import make_optimizer, make_policy_step
 
 

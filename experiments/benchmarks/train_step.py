@@ -285,7 +285,7 @@ def _side_main(conn, kind: str, checkpoint: str, threads: int) -> None:
             if command == "stop":
                 return
             if command == "batch":
-                call = None
+                call = None  # frees the last shape's step state, so the trim below can return it
                 if spec.host_allocator:  # a new shape: drop the last shape's heap holes first
                     release_host_memory()
                 call = jax_side(model, argument)[0] if spec.framework == "jax" else torch_side(
