@@ -24,8 +24,9 @@ from respo_jax.training.plots import plot_training_curves
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
 
 
-def load_config(path: str) -> ExperimentConfig:
-    """Imports a config file and calls its `get_config()`."""
+def load_config(path: str, expected: type = ExperimentConfig):
+    """Imports a config file and calls its `get_config()`, which must return an `expected` instance
+    (`ExperimentConfig` for training, `respo_jax.eval.config.EvalConfig` for evaluation)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
     spec = importlib.util.spec_from_file_location("experiment_config", path)
@@ -34,8 +35,8 @@ def load_config(path: str) -> ExperimentConfig:
     if not hasattr(module, "get_config"):
         raise AttributeError(f"config file {path!r} has no get_config()")
     config = module.get_config()
-    if not isinstance(config, ExperimentConfig):
-        raise TypeError(f"{path}: get_config() returned {type(config).__name__}, expected ExperimentConfig")
+    if not isinstance(config, expected):
+        raise TypeError(f"{path}: get_config() returned {type(config).__name__}, expected {expected.__name__}")
     return config
 
 

@@ -22,6 +22,10 @@ import numpy as np
 _BOOTSTRAP_BLOCK_ELEMENTS = 4_000_000
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Evaluation uncertainty (App. D.3)
 
@@ -36,7 +40,8 @@ def _problem_means(name: str, problems) -> np.ndarray:
         problems = list(problems)
     elif isinstance(problems, (str, bytes)) or not isinstance(problems, Sequence):
         raise ValueError(
-            f"scores[{name!r}] must be a list of per-problem lists of sample scores; got {type(problems).__name__}"
+            f"scores[{name!r}] must be a list of per-problem lists of sample scores; "
+            f"got {type(problems).__name__}"
         )
     if len(problems) == 0:
         raise ValueError(f"scores[{name!r}] has no problems; every benchmark needs at least one")
@@ -81,12 +86,14 @@ def cluster_bootstrap(
     result does not depend on the mapping's order. Returns (A, se) as Python floats.
     """
     if not isinstance(scores, Mapping):
-        raise ValueError(f"scores must map benchmark names to per-problem score lists; got {type(scores).__name__}")
+        raise ValueError(
+            f"scores must map benchmark names to per-problem score lists; got {type(scores).__name__}"
+        )
     if len(scores) == 0:
         raise ValueError("scores is empty: expected at least one benchmark")
-    if isinstance(num_resamples, bool) or not isinstance(num_resamples, (int, np.integer)) or num_resamples < 2:
+    if not _is_int(num_resamples) or num_resamples < 2:
         raise ValueError(f"num_resamples must be an int >= 2; got {num_resamples!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if not _is_int(seed) or seed < 0:
         raise ValueError(f"seed must be a non-negative int; got {seed!r}")
     names = sorted(scores)
     means = {name: _problem_means(name, scores[name]) for name in names}
@@ -115,7 +122,8 @@ def _integer_lengths(lengths, what: str = "lengths") -> np.ndarray:
         raise ValueError(f"{what} must be 1-D [responses]; got shape {values.shape}")
     if values.size == 0:
         raise ValueError(f"{what} is empty: expected at least one response length")
-    if values.dtype == bool or not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
+    numeric = np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)
+    if values.dtype == bool or not numeric:
         raise ValueError(f"{what} must hold integer token counts; got dtype {values.dtype}")
     if np.issubdtype(values.dtype, np.floating):
         if not np.all(np.isfinite(values)):
@@ -147,9 +155,9 @@ def length_bin_edges(lengths, cap: int, num_bins: int = 10) -> np.ndarray:
     then an empty bin.
     """
     values = _integer_lengths(lengths)
-    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 2:
+    if not _is_int(cap) or cap < 2:
         raise ValueError(f"cap must be an int >= 2; got {cap!r}")
-    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 3:
+    if not _is_int(num_bins) or num_bins < 3:
         raise ValueError(f"num_bins must be an int >= 3 (>= 2 uncapped bins + the cap bin); got {num_bins!r}")
     if values.max() > cap:
         raise ValueError(f"lengths must be <= cap={cap}; got maximum {values.max()}")
@@ -221,9 +229,12 @@ def shared_length_bins(
     """
     if not isinstance(methods, Mapping) or len(methods) == 0:
         raise ValueError("methods must be a non-empty mapping name -> (lengths, correct)")
-    pooled = np.concatenate([_integer_lengths(lengths, f"{name} lengths") for name, (lengths, _) in methods.items()])
+    pooled = np.concatenate(
+        [_integer_lengths(lengths, f"{name} lengths") for name, (lengths, _) in methods.items()]
+    )
     edges = length_bin_edges(pooled, cap, num_bins)
-    return edges, {name: length_bin_accuracy(lengths, correct, edges) for name, (lengths, correct) in methods.items()}
+    return edges, {name: length_bin_accuracy(lengths, correct, edges) for name, (lengths, correct) in
+                   methods.items()}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -45,3 +45,37 @@ def restore_checkpoint(directory: str, params_like, opt_state_like, step: int | 
             args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
         )
     return restored["state"]["params"], restored["state"]["opt_state"], restored["meta"]
+
+
+def latest_step(directory: str) -> int | None:
+    """The newest checkpoint step under `directory`, or None when it holds none (or does not exist)."""
+    if not os.path.isdir(directory):
+        return None
+    with ocp.CheckpointManager(os.path.abspath(directory), item_names=("state", "meta")) as manager:
+        return manager.latest_step()
+
+
+def restore_params(directory: str, params_like, step: int | None = None):
+    """Restores only the parameters of `step` (default: the latest) onto `params_like`'s structure.
+
+    For evaluation: the optimizer state is left on disk (never materialized). `params_like` may be
+    abstract (`jax.ShapeDtypeStruct` leaves, e.g. from `nnx.eval_shape`); arrays come back in its
+    dtypes and shardings. Returns (params, meta, step).
+    """
+    step = latest_step(directory) if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint under {directory!r}")
+    abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params_like)}
+    with _manager(directory) as manager:
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    abstract,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                    partial_restore=True,
+                ),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+    return restored["state"]["params"], restored["meta"], step

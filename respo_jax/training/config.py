@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from typing import Any
+from typing import Any, TypeVar
+
+
+ConfigT = TypeVar("ConfigT")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,23 +206,26 @@ def _parse_value(raw: str, annotation: Any, key: str) -> Any:
     raise TypeError(f"override {key}: unsupported field type {annotation!r}")
 
 
-def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
+def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
     """Returns `config` with `section.field=value` overrides applied; unknown keys raise KeyError.
 
+    `config` is any frozen dataclass whose fields are frozen section dataclasses and which has a
+    `validate()` returning itself (`ExperimentConfig`, `respo_jax.eval.config.EvalConfig`).
     Sub-keys of dict fields are allowed too: `objective.hparams.eps_high=0.28` (the value parsed as JSON,
     falling back to a plain string).
     """
-    hints = {cls: typing.get_type_hints(cls) for cls in _SECTIONS.values()}
+    sections = {field.name: type(getattr(config, field.name)) for field in dataclasses.fields(config)}
+    hints = {name: typing.get_type_hints(cls) for name, cls in sections.items()}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} is not of the form section.field=value")
         key, raw = item.split("=", 1)
         parts = key.strip().split(".")
-        if len(parts) < 2 or parts[0] not in _SECTIONS:
-            raise KeyError(f"unknown config key {key!r}; sections are {sorted(_SECTIONS)}")
+        if len(parts) < 2 or parts[0] not in sections:
+            raise KeyError(f"unknown config key {key!r}; sections are {sorted(sections)}")
         section_name, field_name, rest = parts[0], parts[1], parts[2:]
         section = getattr(config, section_name)
-        field_types = hints[type(section)]
+        field_types = hints[section_name]
         if field_name not in field_types:
             raise KeyError(f"unknown config key {key!r}; {section_name} has {sorted(field_types)}")
         if rest:
@@ -237,12 +243,28 @@ def apply_overrides(config: ExperimentConfig, overrides: list[str]) -> Experimen
     return config.validate()
 
 
-_SECTIONS = {
-    "model": ModelConfig,
-    "task": TaskConfig,
-    "rollout": RolloutConfig,
-    "objective": ObjectiveConfig,
-    "optim": OptimConfig,
-    "warmup": WarmupConfig,
-    "run": RunConfig,
-}
+def config_from_dict(config_type: type[ConfigT], data: dict) -> ConfigT:
+    """Rebuilds a config from its `to_dict()` form (e.g. a run's `config.json`), then validates it.
+
+    A section or field missing from `data` takes its default (a file written before the field existed);
+    an unknown section or field raises KeyError naming it.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"a {config_type.__name__} dict must be a JSON object; got {type(data).__name__}")
+    section_types = typing.get_type_hints(config_type)
+    unknown = sorted(set(data) - set(section_types))
+    if unknown:
+        raise KeyError(
+            f"unknown config sections {unknown}; {config_type.__name__} has {sorted(section_types)}"
+        )
+    sections = {}
+    for name, section_type in section_types.items():
+        values = data.get(name, {})
+        if not isinstance(values, dict):
+            raise ValueError(f"config section {name!r} must be an object; got {values!r}")
+        known = {field.name for field in dataclasses.fields(section_type)}
+        extra = sorted(set(values) - known)
+        if extra:
+            raise KeyError(f"unknown config fields {name}.{extra}; {name} has {sorted(known)}")
+        sections[name] = section_type(**values)
+    return config_type(**sections).validate()

@@ -1,0 +1,132 @@
+"""Typed configuration of `python -m experiments.evaluate`: the paper's evaluation protocol by default.
+
+§4.1 / App. D.2: the six benchmarks, 16 samples per problem on AIME 2025, AIME 2024 and AMC 2023 and 4
+on OlympiadBench, Minerva Math and MATH-500, temperature 1.0, top-p 0.7, no top-k, up to 16,384 new
+tokens, the chat template when the tokenizer has one, Math-Verify scoring. Every field is overridable
+as `eval.field=value` through `respo_jax.training.config.apply_overrides` (the trainer's machinery).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Benchmark names of the evaluation (the issue's / paper's names) -> `respo_jax.data.load_benchmark` names.
+PAPER_BENCHMARKS = ("aime25", "aime24", "amc23", "olympiadbench", "minerva_math", "math500")
+LOADER_NAMES = {"aime25": "aime25", "aime24": "aime24", "amc23": "amc23", "olympiadbench": "olympiadbench",
+                "minerva_math": "minerva", "math500": "math500"}
+# Samples per problem in the paper (§4.1).
+PAPER_SAMPLES = {"aime25": 16, "aime24": 16, "amc23": 16, "olympiadbench": 4, "minerva_math": 4, "math500": 4}
+# Held-out arithmetic problems of a synthetic-task training run (only for such runs; 4 samples each).
+SYNTHETIC = "synthetic"
+SYNTHETIC_SAMPLES = 4
+# Column titles of the paper's Tab. 1.
+DISPLAY_NAMES = {"aime25": "AIME25", "aime24": "AIME24", "amc23": "AMC23", "olympiadbench": "OlympiadBench",
+                 "minerva_math": "Minerva", "math500": "MATH-500", SYNTHETIC: "Synthetic"}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """What to evaluate, with which protocol, and where the outputs go (section `eval`).
+
+    checkpoint: a Hugging Face directory (config.json, safetensors, tokenizer.json) or a training run
+      directory (config.json + checkpoints/: its latest checkpoint, tokenizer and prompt format).
+    benchmarks: comma-separated names from PAPER_BENCHMARKS, or "synthetic" for a synthetic-task run.
+    out_dir: "" writes to <run>/eval for a run directory and runs/eval/<name> for a Hugging Face one.
+    samples: samples per problem for every benchmark; 0 keeps the paper's (16 / 4, see PAPER_SAMPLES).
+    chat_template: "auto" (a run's own prompt format; for a Hugging Face directory the chat template
+      when the tokenizer has one), "true" or "false".
+    dtype: parameter and compute dtype ("float32", "bfloat16"); "" keeps the checkpoint's (a run's
+      model.dtype; a Hugging Face config.json's dtype, float32 when it names neither).
+    limit: the first `limit` problems of each benchmark (smoke runs); 0 for all.
+    batch_size: sequences (problems x samples) per sampler call; bounds the KV cache in memory.
+    prompt_bucket / decode_chunk_size: the sampler's EngineConfig (fewer compilations / attention over
+      the slots generated so far); 0 for decode_chunk_size decodes in one loop.
+    num_workers: Math-Verify worker processes (0: the CPU count, at most 32).
+    overwrite: discard the outputs already in out_dir and start again (otherwise a rerun resumes, and a
+      different protocol in the same out_dir is refused).
+    """
+
+    checkpoint: str = ""
+    benchmarks: str = ",".join(PAPER_BENCHMARKS)
+    data_dir: str = "../shared/data"
+    out_dir: str = ""
+    samples: int = 0
+    temperature: float = 1.0
+    top_p: float = 0.7
+    top_k: int = 0
+    max_new_tokens: int = 16_384
+    chat_template: str = "auto"
+    dtype: str = ""
+    limit: int = 0
+    synthetic_problems: int = 500
+    batch_size: int = 32
+    prompt_bucket: int = 128
+    decode_chunk_size: int = 1024
+    seed: int = 0
+    num_workers: int = 0
+    verify_timeout_s: float = 20.0
+    bootstrap_resamples: int = 10_000
+    bootstrap_seed: int = 0
+    overwrite: bool = False
+    progress: bool = True
+
+    def benchmark_names(self) -> list[str]:
+        return [name.strip() for name in self.benchmarks.split(",") if name.strip()]
+
+    def samples_for(self, benchmark: str) -> int:
+        """Samples per problem on `benchmark`: `samples`, or the paper's count when it is 0."""
+        if self.samples:
+            return self.samples
+        return SYNTHETIC_SAMPLES if benchmark == SYNTHETIC else PAPER_SAMPLES[benchmark]
+
+    def validate(self) -> None:
+        if not self.checkpoint:
+            raise ValueError(
+                "eval.checkpoint is required: a Hugging Face directory or a training run directory"
+            )
+        names = self.benchmark_names()
+        if not names:
+            raise ValueError("eval.benchmarks is empty; give a comma-separated list, e.g. aime25,math500")
+        known = (*PAPER_BENCHMARKS, SYNTHETIC)
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(f"eval.benchmarks: unknown {unknown}; known: {', '.join(known)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"eval.benchmarks lists a benchmark twice: {self.benchmarks!r}")
+        if SYNTHETIC in names and len(names) > 1:
+            raise ValueError(
+                "eval.benchmarks=synthetic (a synthetic-task run) cannot be mixed with math benchmarks"
+            )
+        for name in ("max_new_tokens", "batch_size", "prompt_bucket", "synthetic_problems"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"eval.{name} must be >= 1; got {getattr(self, name)}")
+        if self.bootstrap_resamples < 2:
+            raise ValueError(f"eval.bootstrap_resamples must be >= 2; got {self.bootstrap_resamples}")
+        for name in ("samples", "top_k", "limit", "decode_chunk_size", "seed", "num_workers",
+                     "bootstrap_seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"eval.{name} must be >= 0; got {getattr(self, name)}")
+        if not self.temperature >= 0:
+            raise ValueError(f"eval.temperature must be >= 0 (0 = greedy); got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"eval.top_p must be in (0, 1]; got {self.top_p}")
+        if self.chat_template not in ("auto", "true", "false"):
+            raise ValueError(
+                f"eval.chat_template must be 'auto', 'true' or 'false'; got {self.chat_template!r}"
+            )
+        if self.dtype not in ("", "float32", "bfloat16"):
+            raise ValueError(f"eval.dtype must be '', 'float32' or 'bfloat16'; got {self.dtype!r}")
+        if not self.verify_timeout_s > 0:
+            raise ValueError(f"eval.verify_timeout_s must be > 0; got {self.verify_timeout_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    eval: EvalSettings = EvalSettings()
+
+    def validate(self) -> "EvalConfig":
+        self.eval.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
