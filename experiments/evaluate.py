@@ -354,8 +354,8 @@ def _decode(tokenizer: Tokenizer, tokens: np.ndarray, length: int) -> tuple[str,
 
 def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings: EvalSettings, handle,
                        on_records: Callable[[list[dict]], None]) -> None:
-    """Samples every pending completion in calls of at most `batch_size` sequences, scores them with
-    Math-Verify and appends them to `handle` call by call."""
+    """Samples every pending completion in calls of `batch_size` sequences, scores them with Math-Verify
+    and appends them to `handle` call by call (`on_records` sees each call's records)."""
     from respo_jax.rewards import MathVerifyScorer
     from respo_jax.sampling import EngineConfig, SamplingParams, generate
 
@@ -374,6 +374,10 @@ def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings
                 if where not in prompt_ids:
                     prompt_ids[where] = encode_prompt(item.record["problem"], tokenizer, fmt)
                 prompts.append(prompt_ids[where])
+            if len(pending) > settings.batch_size:
+                # A short last call is padded with copies of its last prompt (outputs dropped): the sampler
+                # then reuses the full calls' compilation. Rows keep their indices, hence their samples.
+                prompts += [prompts[-1]] * (settings.batch_size - len(prompts))
             params = SamplingParams(
                 max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                 top_p=settings.top_p, top_k=settings.top_k, seed=chunk_seed(settings.seed, chunk[0]),

@@ -69,7 +69,7 @@ def test_end_to_end_on_math500_then_resume_and_refuse_another_protocol(tiny_hf, 
     args = [f"eval.checkpoint={tiny_hf}", "eval.benchmarks=math500", f"eval.data_dir={DATA}",
             f"eval.out_dir={out}", "eval.limit=3", "eval.samples=2", f"eval.max_new_tokens={MAX_NEW_TOKENS}",
             "eval.dtype=float32",
-            "eval.batch_size=2", "eval.prompt_bucket=512", "eval.num_workers=2", "eval.progress=false",
+            "eval.batch_size=4", "eval.prompt_bucket=512", "eval.num_workers=2", "eval.progress=false",
             "eval.bootstrap_resamples=2000"]
     result = main(args)
     assert (result["generated"], result["skipped"]) == (6, 0)
@@ -103,8 +103,9 @@ def test_end_to_end_on_math500_then_resume_and_refuse_another_protocol(tiny_hf, 
     markdown = (out / "summary.md").read_text()
     assert "| Checkpoint | MATH-500 | Avg. |" in markdown and "| Benchmark | Problems |" in markdown
 
-    # Interrupted mid-write: 4 lines and a torn 5th. A rerun cuts the tear, generates only the last
-    # call's 2 completions, and (its seed depends only on where the call starts) reproduces them.
+    # Interrupted mid-write: the first call's 4 lines and a torn 5th. A rerun cuts the tear, generates
+    # only the last call's 2 completions (padded to the batch as before) and, its seed depending only on
+    # where the call starts, reproduces them byte for byte.
     original = (out / "completions.jsonl").read_bytes()
     lines = original.splitlines(keepends=True)
     (out / "completions.jsonl").write_bytes(b"".join(lines[:4]) + lines[4][:25])
