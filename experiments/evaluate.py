@@ -419,7 +419,7 @@ def evaluate(config: EvalConfig) -> dict:
         repair_completions(completions_path)
         items = work_items(problems, settings)
         wanted = {item.key: item for item in items}
-        existing = load_completions(completions_path)
+        existing = load_completions(completions_path, with_text=False)
         kept = []
         for record in existing:
             item = wanted.get(completion_key(record))
@@ -465,7 +465,8 @@ def evaluate(config: EvalConfig) -> dict:
                 generate_and_score(pending, checkpoint, settings, handle, on_records)
         bar.close()
 
-        records = [r for r in load_completions(completions_path) if completion_key(r) in wanted]
+        records = load_completions(completions_path, with_text=False)
+        records = [record for record in records if completion_key(record) in wanted]
         summary = summarize_completions(records, list(problems), settings.bootstrap_resamples,
                                         settings.bootstrap_seed)
         summary = {"checkpoint": checkpoint.label, "protocol": protocol, **summary}

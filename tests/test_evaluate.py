@@ -196,6 +196,8 @@ def test_completions_file_torn_tail_duplicates_and_bad_lines(tmp_path, caplog):
     good = "".join(json.dumps(_record(sample=s)) + "\n" for s in range(2))
     path.write_text(good + '{"benchmark": "b", "probl')
     assert len(load_completions(path)) == 2 and "torn last line" in caplog.text
+    without_text = sorted(set(_record()) - {"text"})
+    assert [sorted(r) for r in load_completions(path, with_text=False)] == [without_text] * 2
     assert repair_completions(path) == len('{"benchmark": "b", "probl')
     assert path.read_text() == good and repair_completions(path) == 0
     path.write_text(good + json.dumps(_record(sample=1)) + "\n")

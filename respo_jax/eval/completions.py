@@ -71,35 +71,39 @@ def check_record(record: object, where: str) -> dict:
     return record
 
 
-def load_completions(path: str | os.PathLike) -> list[dict]:
+def load_completions(path: str | os.PathLike, with_text: bool = True) -> list[dict]:
     """Every complete record of a completions file, in file order (an absent file reads as empty).
 
     A torn last line (no newline: the writer was interrupted) is skipped with a warning; a malformed
-    complete line or a completion recorded twice raises ValueError naming the line.
+    complete line or a completion recorded twice raises ValueError naming the line. The file is read
+    line by line; `with_text=False` drops each record's `text` (the bulk of a 16k-token evaluation's
+    file) after checking it, for statistics that need only scores and lengths.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
-    with open(path, "rb") as handle:
-        data = handle.read()
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline
-    if tail.strip():
-        logger.warning("%s: skipping a torn last line (%d bytes without a newline)", path, len(tail))
     records, seen = [], {}
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{where}: invalid JSON ({err})") from None
-        key = completion_key(check_record(record, where))
-        if key in seen:
-            raise ValueError(f"{where}: completion {key} was already recorded on line {seen[key]}")
-        seen[key] = lineno
-        records.append(record)
+    with open(path, "rb") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                if line.strip():
+                    logger.warning("%s: skipping a torn last line (%d bytes without a newline)", path,
+                                   len(line))
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise ValueError(f"{where}: invalid JSON ({err})") from None
+            key = completion_key(check_record(record, where))
+            if key in seen:
+                raise ValueError(f"{where}: completion {key} was already recorded on line {seen[key]}")
+            seen[key] = lineno
+            if not with_text:
+                del record["text"]
+            records.append(record)
     return records
 
 
