@@ -1,6 +1,7 @@
 """Evaluation with the paper's protocol and statistics (§4.1, App. D.2, D.3, E.2).
 
   statistics   pure functions: cluster-bootstrap SE, shared length bins, early peak / late mean
+  config       the typed `eval.*` settings of `python -m experiments.evaluate` (the paper's protocol)
   completions  the `completions.jsonl` records `experiments.evaluate` writes, read back and summarized
 """
 
