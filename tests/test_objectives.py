@@ -62,12 +62,19 @@ def ref_vespo(w, beta, lam):
     return w**beta * np.exp(lam * (1.0 - w))
 
 
+def ref_log_w(name, logp, old_logp, mask):
+    """log W: the masked sum of token log-ratios (VESPO: each clamped to +-20 first), clamped to +-20."""
+    diff = np.where(mask > 0, logp - old_logp, 0.0)
+    if name == "vespo":
+        diff = np.clip(diff, -20.0, 20.0)
+    return np.clip(diff.sum(axis=1), -20.0, 20.0)
+
+
 def ref_token_loss_and_coefficient(name, hp, logp, old_logp, adv, mask):
     """Per-token loss and gradient coefficient c (d token_loss / d logp = -c A), float64."""
     valid = mask > 0
     diff = np.where(valid, logp - old_logp, 0.0)
-    log_w = np.clip(diff.sum(axis=1), -20.0, 20.0)
-    w = np.exp(log_w)
+    w = np.exp(ref_log_w(name, logp, old_logp, mask))
     a = adv[:, None]
     if name in ("respo", "vespo"):
         if name == "respo":
@@ -78,18 +85,33 @@ def ref_token_loss_and_coefficient(name, hp, logp, old_logp, adv, mask):
             neg = ref_vespo(w, hp["beta"][1], hp["lam"][1])
         phi = np.where(adv >= 0, pos, neg)[:, None] * np.ones_like(logp)
         return -phi * a * logp, phi
+    token_ratio = np.exp(np.clip(diff, -20.0, 20.0))
+    if name == "cispo":
+        weight = np.minimum(token_ratio, hp["eps_max"])
+        return -weight * a * logp, weight
+    if name == "sapo":
+        tau = np.where(a > 0, hp["tau_pos"], hp["tau_neg"])
+        s = 1.0 / (1.0 + np.exp(-tau * (token_ratio - 1.0)))
+        return -s * 4.0 / tau * a, 4.0 * s * (1.0 - s) * token_ratio
     lo, hi = 1.0 - hp["eps_low"], 1.0 + hp["eps_high"]
-    if name == "grpo":
-        ratio = np.exp(np.clip(diff, -20.0, 20.0))
+    capped = np.zeros_like(logp, dtype=bool)
+    if name in ("grpo", "dr_grpo"):
+        ratio = token_ratio
         assert np.min(np.abs(ratio[valid] - lo)) > 1e-4 and np.min(np.abs(ratio[valid] - hi)) > 1e-4
-    else:  # gspo: one ratio per sequence, broadcast over its tokens
+    else:  # gspo, luspo: one ratio per sequence, broadcast over its tokens
         lengths = mask.sum(axis=1)
         mean_diff = np.where(lengths > 0, diff.sum(axis=1) / np.maximum(lengths, 1.0), 0.0)
-        ratio = np.exp(np.clip(mean_diff, -20.0, 20.0))[:, None] * np.ones_like(logp)
+        capped = (mean_diff > hp["log_ratio_cap"])[:, None] * np.ones_like(logp, dtype=bool)
+        ratio = np.exp(np.clip(mean_diff, -20.0, hp["log_ratio_cap"]))[:, None] * np.ones_like(logp)
         assert np.min(np.abs(ratio[valid] - lo)) > 1e-5 and np.min(np.abs(ratio[valid] - hi)) > 1e-5
     surrogate = np.minimum(ratio * a, np.clip(ratio, lo, hi) * a)
     # d/dr min(r A, clip(r) A) is A where the unclipped term is the smaller one or r is inside the range.
-    unclipped = (ratio * a < np.clip(ratio, lo, hi) * a) | ((ratio >= lo) & (ratio <= hi))
+    unclipped = ((ratio * a < np.clip(ratio, lo, hi) * a) | ((ratio >= lo) & (ratio <= hi))) & ~capped
+    c = hp.get("clip_ratio_c")
+    if c is not None:  # verl's dual clip: A < 0 and w > c gives the constant -c A
+        dual = (a < 0) & (ratio > c)
+        surrogate = np.where(dual, c * a, surrogate)
+        unclipped &= ~dual
     return -surrogate, np.where(unclipped, ratio, 0.0)
 
 
@@ -100,6 +122,8 @@ def ref_denominator_per_token(mask, mode):
         return np.full_like(mask, mask.sum())
     if mode == "seq-mean-token-mean":
         return n_responses * np.maximum(lengths, 1.0) * np.ones_like(mask)
+    if mode == "seq-mean-token-sum-norm":  # Dr.GRPO: a constant L, here the padded width
+        return np.full_like(mask, n_responses * mask.shape[1])
     return np.full_like(mask, n_responses)
 
 
@@ -129,14 +153,15 @@ def make_batch(seed=3, batch=8, seq=9, drift=0.15):
     return logp, old_logp, adv, mask
 
 
-def make_gspo_batch():
-    """Sequence ratios on both sides of GSPO's narrow [1 - 3e-4, 1 + 4e-4] range, for both signs."""
+def make_gspo_batch(scale=1.0):
+    """Sequence ratios on both sides of GSPO's narrow [1 - 3e-4, 1 + 4e-4] range, for both signs
+    (``scale=6``: of LUSPO's [1 - 2e-3, 1 + 2.5e-3])."""
     rng = np.random.default_rng(3)
     batch, seq = 8, 6
     logp = rng.uniform(-2.0, -0.1, (batch, seq))
     lengths = np.array([6, 3, 5, 0, 4, 6, 2, 5])
     mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.float64)
-    mean_log_ratio = np.array([1e-4, -1e-4, 2e-3, 0.0, -2e-3, 2e-4, -0.05, 0.08])
+    mean_log_ratio = np.array([1e-4, -1e-4, 2e-3, 0.0, -2e-3, 2e-4, -0.05, 0.08]) * scale
     noise = rng.normal(0.0, 0.05, (batch, seq)) * mask
     noise -= noise.sum(axis=1, keepdims=True) / np.maximum(lengths, 1)[:, None] * mask
     old_logp = logp - (mean_log_ratio[:, None] + noise)
@@ -155,9 +180,40 @@ OBJECTIVE_CASES = [
     ("vespo", {}),
     ("vespo", {"beta": (0.5, 1.0), "lam": (1.0, 0.0)}),
     ("grpo", {}),
-    ("grpo", {"eps_low": 0.2, "eps_high": 0.28}),
+    ("grpo", {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": None}),
+    ("grpo", {"clip_ratio_c": 1.25}),
     ("gspo", {}),
+    ("gspo", {"log_ratio_cap": 1e-3}),
+    ("cispo", {}),
+    ("cispo", {"eps_max": 1.1}),
+    ("sapo", {}),
+    ("sapo", {"tau_pos": 3.0, "tau_neg": 0.5}),
+    ("luspo", {}),
+    ("dr_grpo", {}),
 ]
+
+
+def batch_for(name, seed=3):
+    if name in ("gspo", "luspo"):
+        return make_gspo_batch(scale=6.0 if name == "luspo" else 1.0)
+    return make_batch(seed=seed)
+
+
+def _case_modes():
+    """Every aggregation mode for the paper's objectives at their defaults; the others in their own mode."""
+    pairs = []
+    for case in OBJECTIVE_CASES:
+        name, hparams = case
+        modes = AGGREGATION_MODES if name in ("respo", "grpo") and not hparams else (OBJECTIVES[name].aggregation,)
+        pairs += [(case, mode) for mode in modes]
+    return pairs
+
+
+def _name_modes():
+    """(objective, mode) pairs for the accumulation and empty-batch checks: every mode once, every
+    objective in its own mode."""
+    pairs = [("respo", mode) for mode in AGGREGATION_MODES]
+    return pairs + [(name, OBJECTIVES[name].aggregation) for name in sorted(OBJECTIVES) if name != "respo"]
 
 
 def _case_id(case):
@@ -313,12 +369,11 @@ def test_sequence_log_ratio_sums_unnormalized_masks_padding_and_clamps():
 # ----------------------------------------------------------------------------- objectives: values, gradients
 
 
-@pytest.mark.parametrize("mode", AGGREGATION_MODES)
-@pytest.mark.parametrize("case", OBJECTIVE_CASES, ids=_case_id)
+@pytest.mark.parametrize("case, mode", _case_modes(), ids=lambda x: x if isinstance(x, str) else _case_id(x))
 def test_objective_loss_and_gradient_match_float64_reference(case, mode):
     name, hparams = case
     objective = get_objective(name, aggregation=mode, **hparams)
-    batch = make_gspo_batch() if name == "gspo" else make_batch(seed=3 + len(hparams))
+    batch = batch_for(name, seed=3 + len(hparams))
     logp, old_logp, adv, mask = f32(*batch)
     ref_loss, ref_grad = ref_loss_and_grad(name, dict(objective.hparams), mode, *batch)
 
@@ -340,16 +395,28 @@ def test_gspo_and_grpo_test_data_exercise_both_clipped_and_unclipped_tokens():
         assert float(metrics["clip_fraction"]) < 1.0
 
 
-def test_registry_defaults_are_the_papers_table_3():
+def test_registry_defaults_are_the_papers_table_3_and_the_reference_codes():
     assert dict(respo_objective.hparams) == {"alpha": (2.0, 1.0), "beta": (0.5, 0.5), "lam": (2.0, 2.0)}
     assert dict(vespo_objective.hparams) == {"beta": (2.0, 3.0), "lam": (3.0, 2.0)}
-    assert dict(grpo_objective.hparams) == {"eps_low": 0.2, "eps_high": 0.2}
-    assert dict(gspo_objective.hparams) == {"eps_low": 3e-4, "eps_high": 4e-4}
+    assert dict(grpo_objective.hparams) == {"eps_low": 0.2, "eps_high": 0.2, "clip_ratio_c": 3.0}
+    assert dict(gspo_objective.hparams) == {"eps_low": 3e-4, "eps_high": 4e-4, "log_ratio_cap": 10.0}
+    assert gspo_objective.aggregation == "seq-mean-token-mean"
+    assert dict(get_objective("cispo").hparams) == {"eps_max": 5.0}
+    assert dict(get_objective("sapo").hparams) == {"tau_pos": 1.0, "tau_neg": 1.05}
+    assert get_objective("sapo").aggregation == "seq-mean-token-mean"
+    luspo = get_objective("luspo")
+    assert dict(luspo.hparams) == {"eps_low": 2e-3, "eps_high": 2.5e-3, "log_ratio_cap": 10.0}
+    assert luspo.aggregation == "seq-mean-token-sum"
+    dr_grpo = get_objective("dr_grpo")
+    assert dict(dr_grpo.hparams)["clip_ratio_c"] is None and dr_grpo.aggregation == "seq-mean-token-sum-norm"
+    assert dr_grpo.scale_advantages is False and grpo_objective.scale_advantages is True
     assert respo_objective == get_objective("respo") and respo_objective.aggregation == "token-mean"
     custom = get_objective("grpo", eps_high=0.28, aggregation="seq-mean-token-sum")
-    assert custom.config == {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "seq-mean-token-sum"}
+    assert custom.config == {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 3.0,
+                             "aggregation": "seq-mean-token-sum", "loss_scale_factor": None,
+                             "scale_advantages": True}
     assert get_objective("grpo", **custom.config) == custom
-    assert set(OBJECTIVES) == {"respo", "vespo", "grpo", "gspo"}
+    assert set(OBJECTIVES) == {"respo", "vespo", "grpo", "gspo", "cispo", "sapo", "luspo", "dr_grpo"}
 
 
 def test_respo_gradient_is_phi_times_advantage_over_token_count():
@@ -380,11 +447,10 @@ def test_objectives_are_hashable_static_arguments_of_jit():
 # ----------------------------------------------------------------------------- micro-batch accumulation
 
 
-@pytest.mark.parametrize("mode", AGGREGATION_MODES)
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+@pytest.mark.parametrize("name, mode", _name_modes())
 def test_micro_batch_accumulation_equals_full_batch(name, mode):
     objective = get_objective(name, aggregation=mode)
-    logp, old_logp, adv, mask = f32(*(make_gspo_batch() if name == "gspo" else make_batch(seed=11)))
+    logp, old_logp, adv, mask = f32(*batch_for(name, seed=11))
     full_loss, full_grad = jax.value_and_grad(lambda x: objective(x, old_logp, adv, mask)[0])(logp)
     denominator = objective.denominator(mask)
     splits = [slice(0, 4), slice(4, 8)]  # ragged token counts; the first holds the empty response
@@ -411,7 +477,7 @@ def ref_metrics(name, hp, logp, old_logp, adv, mask):
     _, coefficient = ref_token_loss_and_coefficient(name, hp, logp, old_logp, adv, mask)
     lengths = mask.sum(axis=1)
     non_empty = lengths > 0
-    log_w = np.clip(np.sum(np.where(mask > 0, logp - old_logp, 0.0), axis=1), -20.0, 20.0)[non_empty]
+    log_w = ref_log_w(name, logp, old_logp, mask)[non_empty]
     seq_coef = (coefficient * mask).sum(axis=1)[non_empty] / lengths[non_empty]
     a = adv[non_empty]
     pos, neg, low = a > 0, a < 0, log_w < -1.0
@@ -435,10 +501,10 @@ def ref_metrics(name, hp, logp, old_logp, adv, mask):
 def test_metrics_match_float64_reference(case):
     name, hparams = case
     objective = get_objective(name, **hparams)
-    batch = make_gspo_batch() if name == "gspo" else make_batch(drift=0.6)
+    batch = batch_for(name) if name in ("gspo", "luspo") else make_batch(drift=0.6)
     _, metrics = objective(*f32(*batch))
     expected = ref_metrics(name, dict(objective.hparams), *batch)
-    assert 0.0 < expected["positive_low_w_fraction"] < 1.0 or name == "gspo"
+    assert 0.0 < expected["positive_low_w_fraction"] < 1.0 or name in ("gspo", "luspo")
     for key, value in expected.items():
         np.testing.assert_allclose(float(metrics[key]), value, rtol=1e-4, atol=1e-6, err_msg=key)
 
@@ -483,8 +549,7 @@ def test_grpo_clip_fractions_count_tokens_whose_gradient_is_clipped():
 # ----------------------------------------------------------------------------- empty and extreme inputs
 
 
-@pytest.mark.parametrize("mode", AGGREGATION_MODES)
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+@pytest.mark.parametrize("name, mode", _name_modes())
 def test_all_empty_responses_give_zero_loss_zero_gradient_and_finite_metrics(name, mode):
     objective = get_objective(name, aggregation=mode)
     logp, old_logp, adv, _ = f32(*make_batch())

@@ -1,7 +1,8 @@
-"""Policy objectives of respo-jax: ReSPO, VESPO, GSPO, GRPO as pure functions of log-probs (paper §3, App. B).
+"""Policy objectives of respo-jax as pure functions of log-probs (paper §3, App. B): ReSPO, its baselines
+VESPO, GSPO, GRPO as verl runs them, and TRL's CISPO, SAPO, LUSPO, Dr.GRPO.
 
 from respo_jax.objectives import get_objective, group_advantages
-objective = get_objective("respo")                   # "vespo", "gspo", "grpo"; hparams as kwargs
+objective = get_objective("respo")                   # any key of OBJECTIVES; hparams as kwargs
 loss, metrics = objective(logp, old_logp, advantages, mask)
 """
 
@@ -24,7 +25,10 @@ from respo_jax.objectives.kernels import (
     vespo_kernel,
 )
 from respo_jax.objectives.policy_losses import (
+    COMMON_KEYS,
     OBJECTIVES,
+    ObjectiveOutput,
+    ObjectiveSpec,
     PolicyObjective,
     get_objective,
     grpo_objective,
@@ -35,8 +39,11 @@ from respo_jax.objectives.policy_losses import (
 
 __all__ = [
     "AGGREGATION_MODES",
+    "COMMON_KEYS",
     "LossTerms",
     "OBJECTIVES",
+    "ObjectiveOutput",
+    "ObjectiveSpec",
     "PolicyObjective",
     "aggregate_loss",
     "aggregation_terms",

@@ -9,9 +9,17 @@ divided by the *mini-batch* denominator (``loss_denominator`` of the full mask):
     grads = sum(grad(aggregate_loss(token_loss(mb), mb_mask, mode, denominator=den)) for mb in micro_batches)
 
 Modes (verl's names):
-  token-mean           sum over all response tokens / number of response tokens (ReSPO's setting)
-  seq-mean-token-mean  per-response token mean, averaged over non-empty responses (GRPO, Eq. 1)
-  seq-mean-token-sum   per-response token sum, averaged over non-empty responses
+  token-mean               sum over all response tokens / number of response tokens (ReSPO's setting,
+                           DAPO; TRL's "dapo", "cispo")
+  seq-mean-token-mean      per-response token mean, averaged over non-empty responses (GRPO, Eq. 1;
+                           GSPO, Eq. 2; TRL's "grpo", "sapo")
+  seq-mean-token-sum       per-response token sum, averaged over non-empty responses (TRL's "luspo")
+  seq-mean-token-sum-norm  per-response token sum / a constant ``loss_scale_factor`` L, averaged over
+                           non-empty responses: Dr.GRPO's normalization, sum / (responses * L) with L the
+                           generation budget (TRL's "dr_grpo" divides by batch * max_completion_length).
+                           verl's mode of the same name divides its micro-batch sum by L only and falls
+                           back to the padded width when L is None; here L = None means that width too,
+                           and the trainer passes the response-length limit.
 Responses whose mask is all zero contribute neither to the total nor to the denominator, so padding
 rows change nothing; with no response tokens at all the loss is 0.
 """
@@ -23,7 +31,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 class LossTerms(NamedTuple):
@@ -43,6 +51,15 @@ def check_aggregation_mode(mode: str) -> str:
     return mode
 
 
+def check_loss_scale_factor(value) -> float | None:
+    """The constant L of ``seq-mean-token-sum-norm``: None (the padded width) or a number > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"loss_scale_factor must be a number > 0 (or None); got {value!r}")
+    return float(value)
+
+
 def safe_divide(total, denominator) -> jax.Array:
     """total / denominator with 0 / 0 = 0, without NaN in the gradient."""
     denominator = jnp.asarray(denominator, jnp.float32)
@@ -55,16 +72,22 @@ def _response_lengths(mask) -> tuple[jax.Array, jax.Array]:
     return lengths, (lengths > 0).astype(jnp.float32)
 
 
-def loss_denominator(mask, mode: str = "token-mean") -> jax.Array:
-    """The denominator of ``mode`` for ``mask: [batch, seq]``: tokens (token-mean) or non-empty responses."""
+def loss_denominator(mask, mode: str = "token-mean", loss_scale_factor: float | None = None) -> jax.Array:
+    """The denominator of ``mode`` for ``mask: [batch, seq]``: tokens (token-mean), non-empty responses
+    (seq-mean-*), or non-empty responses * L (seq-mean-token-sum-norm; L = mask.shape[-1] when None)."""
     check_aggregation_mode(mode)
     lengths, non_empty = _response_lengths(mask)
     if mode == "token-mean":
         return jnp.sum(lengths)
+    if mode == "seq-mean-token-sum-norm":
+        scale = jnp.shape(mask)[-1] if loss_scale_factor is None else loss_scale_factor
+        return jnp.sum(non_empty) * jnp.float32(scale)
     return jnp.sum(non_empty)
 
 
-def aggregation_terms(token_loss, mask, mode: str = "token-mean") -> LossTerms:
+def aggregation_terms(
+    token_loss, mask, mode: str = "token-mean", loss_scale_factor: float | None = None
+) -> LossTerms:
     """(total, denominator) of ``token_loss: [batch, seq]`` under ``mask: [batch, seq]`` (values 0 or 1).
 
     Masked-out positions are removed with ``where``, so they may hold any value, even inf or NaN.
@@ -76,12 +99,16 @@ def aggregation_terms(token_loss, mask, mode: str = "token-mean") -> LossTerms:
     if mode == "seq-mean-token-mean":
         lengths, _ = _response_lengths(mask)
         per_response = safe_divide(per_response, lengths)
-    return LossTerms(total=jnp.sum(per_response), denominator=loss_denominator(mask, mode))
+    return LossTerms(
+        total=jnp.sum(per_response), denominator=loss_denominator(mask, mode, loss_scale_factor)
+    )
 
 
-def aggregate_loss(token_loss, mask, mode: str = "token-mean", denominator=None) -> jax.Array:
+def aggregate_loss(
+    token_loss, mask, mode: str = "token-mean", denominator=None, loss_scale_factor: float | None = None
+) -> jax.Array:
     """Scalar loss of ``token_loss: [batch, seq]``; pass the mini-batch ``denominator`` when accumulating."""
-    return aggregation_terms(token_loss, mask, mode).loss(denominator)
+    return aggregation_terms(token_loss, mask, mode, loss_scale_factor).loss(denominator)
 
 
 def combine_loss_terms(terms: Sequence[LossTerms]) -> jax.Array:

@@ -171,15 +171,22 @@ def vespo_kernel(
     return jnp.exp(jnp.where(jnp.asarray(advantages) >= 0, log_phi_pos, log_phi_neg))
 
 
-def sequence_log_ratio(logp, old_logp, mask, clamp: float = LOG_W_CLAMP) -> jax.Array:
+def sequence_log_ratio(
+    logp, old_logp, mask, clamp: float = LOG_W_CLAMP, token_clamp: float | None = None
+) -> jax.Array:
     """log W_i = sum_t mask (logp - old_logp) in float32, not length-normalized, clamped to +-clamp.
 
     logp, old_logp, mask: [batch, seq]  ->  log_w: [batch].
+    ``token_clamp``: clamp each token's log-ratio to +-token_clamp before the sum (VESPO's code does this
+    with 20; ReSPO's recipe sums the raw token log-ratios: None).
     Positions with mask == 0 are excluded with ``where`` (not multiplied by 0), so padding may hold any
     value, even inf, without leaking into W.
     """
     logp = jnp.asarray(logp).astype(jnp.float32)
     old_logp = jnp.asarray(old_logp).astype(jnp.float32)
     valid = jnp.asarray(mask) > 0
-    log_w = jnp.sum(jnp.where(valid, logp - old_logp, 0.0), axis=-1)
+    token_log_ratio = logp - old_logp
+    if token_clamp is not None:
+        token_log_ratio = jnp.clip(token_log_ratio, -token_clamp, token_clamp)
+    log_w = jnp.sum(jnp.where(valid, token_log_ratio, 0.0), axis=-1)
     return jnp.clip(log_w, -clamp, clamp)

@@ -1,10 +1,13 @@
-"""Policy objectives ReSPO, VESPO, GSPO and GRPO as pure functions of per-token log-probs (paper §3, App. B).
+"""Policy objectives as pure functions of per-token log-probs: ReSPO (paper §3, App. B), its baselines as
+verl runs them (VESPO, GSPO, GRPO) and TRL's objectives (CISPO, SAPO, LUSPO, Dr.GRPO).
 
-Each objective is registered by name with its token-level loss and its hyperparameter defaults:
+Each objective is registered by name with its token-level loss, its hyperparameter defaults and the
+aggregation its paper uses:
 
-    objective = get_objective("respo")                      # or "vespo", "gspo", "grpo"; hparams as kwargs
+    objective = get_objective("respo")              # any key of OBJECTIVES; hparams as kwargs
     loss, metrics = objective(logp, old_logp, advantages, mask)
     (total, denominator), metrics = objective.loss_terms(logp, old_logp, advantages, mask)
+    terms, metrics, responses = objective.evaluate(logp, old_logp, advantages, mask)   # + per response
 
 ``logp, old_logp, mask: [batch, seq]`` float (mask entries 0/1), ``advantages: [batch]``. The loss is a
 scalar to minimize. Every objective has the form  token_loss[i, t] = -A_i * r[i, t]  where the
@@ -12,13 +15,22 @@ surrogate ``r`` has gradient  d r[i, t] / d logp[i, t] = c[i, t]  (the *gradient
 
     d loss / d logp[i, t] = -c[i, t] * A_i * mask[i, t] / D      (token-mean: D = total response tokens)
 
-  ReSPO   c = phi(W_i; A_i), Eq. 12 per sign (stop-gradient), r = phi * log pi (REINFORCE form, Alg. 1)
-  VESPO   c = W_i^beta exp(lam (1 - W_i)) per sign, same form
-  GRPO    c = w_it if the PPO clip is inactive else 0, w_it = pi/pi_old per token,
-          clip range [1 - eps_low, 1 + eps_high]
-          (eps_high > eps_low is DAPO's decoupled "clip-higher")
-  GSPO    c = s_i if the clip is inactive else 0, s_i = exp(mean_t log-ratio), in the token-level form
-          s_it = sg(s_i) pi / sg(pi) so that every aggregation mode applies
+  ReSPO    c = phi(W_i; A_i), Eq. 12 per sign (stop-gradient), r = phi * log pi (REINFORCE form, Alg. 1);
+           log W_i = sum of the raw token log-ratios, clamped to +-20 (the official recipe)
+  VESPO    c = W_i^beta exp(lam (1 - W_i)) per sign, same form; each token log-ratio clamped to +-20
+           before the sum (VESPO's code)
+  GRPO     c = w_it if the PPO clip is inactive else 0, w_it = pi/pi_old per token, clip range
+           [1 - eps_low, 1 + eps_high] (eps_high > eps_low: DAPO's "clip-higher"); verl's dual clip:
+           for A < 0 and w_it > clip_ratio_c (3) the loss is the constant -clip_ratio_c A, c = 0
+  GSPO     c = s_i if the clip is inactive else 0, s_i = exp(mean_t log-ratio), in the token-level form
+           s_it = sg(s_i) pi / sg(pi); log s_it clamped above at 10 with c = 0 there (verl);
+           seq-mean-token-mean by default (Eq. 2)
+  CISPO    c = min(w_it, eps_max), r = sg(c) log pi (MiniMax-M1 / ScaleRL, eps_max = 5)
+  SAPO     r = sigmoid(tau (w_it - 1)) 4 / tau, tau per advantage sign (1.0 / 1.05);
+           c = 4 s (1 - s) w_it; seq-mean-token-mean
+  LUSPO    GSPO's surrogate with seq-mean-token-sum: each sequence's loss scaled by its length
+  DR_GRPO  GRPO's surrogate (no dual clip) with seq-mean-token-sum-norm: sum / (responses * L), and
+           advantages not divided by the group std (``scale_advantages=False``)
 
 Micro-batch accumulation: divide each micro-batch by the mini-batch denominator,
 ``objective(..., denominator=objective.denominator(full_mask))``; the summed gradients then equal the
@@ -31,7 +43,11 @@ Metrics (scalars, all stop-gradient; the App. E.3 diagnostics use the same defin
   coef_mean_pos / _neg            mean sequence coefficient (token mean of c) over A > 0 / A < 0 responses
   coef_mass_pos / _neg            sum of coefficient * |A| over A > 0 / A < 0 responses
   positive_low_w_mass_share       share of coef_mass_pos carried by positive responses with log W < -1
-  clip_fraction(_low / _high)     GRPO, GSPO: share of response tokens whose gradient the clip removes
+  clip_fraction(_low / _high)     GRPO, GSPO, LUSPO, DR_GRPO: share of response tokens whose gradient the
+                                  PPO clip removes (CISPO: share of tokens whose weight is truncated)
+  clip_fraction_dual              GRPO, DR_GRPO: share of tokens under the dual clip
+  clip_fraction_cap               GSPO, LUSPO: share of tokens whose log s_it is capped
+Per response (``evaluate``): ``log_w`` (clamped log W) and ``phi`` (the sequence coefficient).
 """
 
 from __future__ import annotations
@@ -48,6 +64,7 @@ from respo_jax.objectives.aggregation import (
     LossTerms,
     aggregation_terms,
     check_aggregation_mode,
+    check_loss_scale_factor,
     loss_denominator,
     safe_divide,
 )
@@ -55,8 +72,10 @@ from respo_jax.objectives.validation import check_policy_inputs
 
 sg = jax.lax.stop_gradient
 
-# verl's clamp on token log-ratios before exponentiating (GRPO, GSPO): keeps exp() finite in float32.
+# verl's clamp on token log-ratios before exponentiating (GRPO, CISPO, SAPO): keeps exp() finite in float32.
 TOKEN_LOG_RATIO_CLAMP = 20.0
+# verl's compute_policy_loss_gspo clamps log s_it at 10 (numerical stability); the gradient is cut there.
+GSPO_LOG_RATIO_CAP = 10.0
 
 
 class TokenLoss(NamedTuple):
@@ -96,53 +115,113 @@ def _clip_flags(ratio, advantages_like, eps_low, eps_high):
     return low, high
 
 
-def grpo_token_loss(logp, old_logp, advantages, mask, log_w, *, eps_low, eps_high) -> TokenLoss:
-    """GRPO/PPO, Eq. 1: -min(w A, clip(w, 1 - eps_low, 1 + eps_high) A) per token, w = pi / pi_old."""
-    log_ratio = jnp.clip(logp - old_logp, -TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)
-    ratio = jnp.exp(log_ratio)
+def _token_ratio(logp, old_logp):
+    """(log-ratio clamped to +-20, w = exp of it, where the clamp binds): verl's token ratio, [batch, seq]."""
+    raw = logp - old_logp
+    log_ratio = jnp.clip(raw, -TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)
+    return log_ratio, jnp.exp(log_ratio), sg(jnp.abs(raw) > TOKEN_LOG_RATIO_CLAMP)
+
+
+def grpo_token_loss(
+    logp, old_logp, advantages, mask, log_w, *, eps_low, eps_high, clip_ratio_c
+) -> TokenLoss:
+    """GRPO/PPO, Eq. 1, as verl's ``compute_policy_loss_vanilla``: -min(w A, clip(w) A) per token, w = pi/pi_old,
+    plus the dual clip: for A < 0 and w > clip_ratio_c the loss is -clip_ratio_c A (gradient 0); None: off."""
+    _, ratio, clamped = _token_ratio(logp, old_logp)
     adv = _broadcast_rows(advantages, logp)
     low, high = _clip_flags(sg(ratio), adv, eps_low, eps_high)
     clipped = low | high
     surrogate = jnp.where(clipped, sg(jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)), ratio)
-    coefficient = sg(jnp.where(clipped, 0.0, ratio))
+    loss = -adv * surrogate
+    dual = jnp.zeros_like(clipped)
+    if clip_ratio_c is not None:
+        dual = (adv < 0) & (sg(ratio) > clip_ratio_c)
+        loss = jnp.where(dual, -adv * clip_ratio_c, loss)
+    coefficient = sg(jnp.where(clipped | dual | clamped, 0.0, ratio))
     metrics = {
         "clip_fraction": _token_fraction(clipped, mask),
         "clip_fraction_low": _token_fraction(low, mask),
         "clip_fraction_high": _token_fraction(high, mask),
+        "clip_fraction_dual": _token_fraction(dual, mask),
     }
-    return TokenLoss(loss=-adv * surrogate, coefficient=coefficient, metrics=metrics)
+    return TokenLoss(loss=loss, coefficient=coefficient, metrics=metrics)
 
 
-def gspo_token_loss(logp, old_logp, advantages, mask, log_w, *, eps_low, eps_high) -> TokenLoss:
-    """GSPO, Eq. 2, in token-level form s_it = sg(s_i) pi / sg(pi) with s_i = exp(mean_t log-ratio).
+def gspo_token_loss(logp, old_logp, advantages, mask, log_w, *, eps_low, eps_high, log_ratio_cap) -> TokenLoss:
+    """GSPO, Eq. 2, as verl's ``compute_policy_loss_gspo``, in token-level form s_it = sg(s_i) pi / sg(pi)
+    with s_i = exp(mean_t log-ratio).
 
-    The clip acts on the sequence ratio s_i, so a clipped response loses the gradient of all its tokens.
+    The clip acts on the sequence ratio s_i, so a clipped response loses the gradient of all its tokens;
+    log s_it is clamped above at ``log_ratio_cap`` (verl: 10), which cuts the gradient where it binds.
+    Under the default seq-mean-token-mean aggregation the gradient is exactly that of Eq. 2.
     """
     lengths = jnp.sum(mask, axis=-1)
-    mean_log_ratio = safe_divide(jnp.sum(jnp.where(mask > 0, logp - old_logp, 0.0), axis=-1), lengths)
-    seq_ratio = sg(jnp.exp(jnp.clip(mean_log_ratio, -TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)))
+    mean_log_ratio = sg(safe_divide(jnp.sum(jnp.where(mask > 0, logp - old_logp, 0.0), axis=-1), lengths))
+    capped = mean_log_ratio > log_ratio_cap
+    # The lower clamp only keeps exp() finite: e^-20 and e^-inf both clip to 1 - eps_low.
+    seq_ratio = jnp.exp(jnp.clip(mean_log_ratio, -TOKEN_LOG_RATIO_CLAMP, log_ratio_cap))
     low, high = _clip_flags(seq_ratio, advantages, eps_low, eps_high)
-    clipped = _broadcast_rows(low | high, logp)
+    no_grad = _broadcast_rows(low | high | capped, logp)
     token_ratio = seq_ratio[:, None] * jnp.exp(logp - sg(logp))
     bounded = _broadcast_rows(jnp.clip(seq_ratio, 1.0 - eps_low, 1.0 + eps_high), logp)
-    surrogate = jnp.where(clipped, bounded, token_ratio)
-    coefficient = jnp.where(clipped, 0.0, _broadcast_rows(seq_ratio, logp))
+    # Clipped: the constant clip(s); capped (A < 0, s > e^cap): the constant e^cap; else s_it.
+    surrogate = jnp.where(_broadcast_rows(low | high, logp), bounded, jnp.where(no_grad, sg(token_ratio), token_ratio))
+    coefficient = jnp.where(no_grad, 0.0, _broadcast_rows(seq_ratio, logp))
     metrics = {
-        "clip_fraction": _token_fraction(clipped, mask),
+        "clip_fraction": _token_fraction(_broadcast_rows(low | high, logp), mask),
         "clip_fraction_low": _token_fraction(_broadcast_rows(low, logp), mask),
         "clip_fraction_high": _token_fraction(_broadcast_rows(high, logp), mask),
+        "clip_fraction_cap": _token_fraction(_broadcast_rows(capped, logp), mask),
     }
     return TokenLoss(
         loss=-_broadcast_rows(advantages, logp) * surrogate, coefficient=coefficient, metrics=metrics
     )
 
 
-def sequence_metrics(log_w, advantages, mask, coefficient) -> dict[str, jax.Array]:
-    """Diagnostics shared by every objective (paper App. E.3); see the module docstring for the keys."""
+def cispo_token_loss(logp, old_logp, advantages, mask, log_w, *, eps_max) -> TokenLoss:
+    """CISPO (MiniMax-M1; ScaleRL's form, TRL's ``loss_type="cispo"``): -sg(min(w, eps_max)) A log pi per token.
+
+    The importance weight itself is truncated and detached, so no token loses its gradient; w = pi/pi_old
+    with verl's +-20 clamp of the token log-ratio.
+    """
+    _, ratio, _ = _token_ratio(logp, old_logp)
+    weight = sg(jnp.minimum(ratio, eps_max))
+    adv = _broadcast_rows(advantages, logp)
+    metrics = {"clip_fraction": _token_fraction(sg(ratio) > eps_max, mask)}
+    return TokenLoss(loss=-(weight * adv) * logp, coefficient=weight, metrics=metrics)
+
+
+def sapo_token_loss(logp, old_logp, advantages, mask, log_w, *, tau_pos, tau_neg) -> TokenLoss:
+    """SAPO (soft adaptive policy optimization): -f(w) A per token with the soft gate
+    f(w) = sigmoid(tau (w - 1)) 4 / tau, tau = tau_pos for A > 0 and tau_neg otherwise (verl, TRL).
+
+    The gradient coefficient is f'(w) w = 4 s (1 - s) w, s = sigmoid(tau (w - 1)): 1 on-policy, decaying
+    smoothly on both sides instead of dropping to 0 at a clip boundary.
+    """
+    _, ratio, clamped = _token_ratio(logp, old_logp)
+    adv = _broadcast_rows(advantages, logp)
+    tau = jnp.where(adv > 0, tau_pos, tau_neg)
+    gate = jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    s = jax.nn.sigmoid(tau * (sg(ratio) - 1.0))
+    coefficient = jnp.where(clamped, 0.0, 4.0 * s * (1.0 - s) * sg(ratio))
+    return TokenLoss(loss=-gate * adv, coefficient=coefficient, metrics={})
+
+
+def sequence_coefficient(coefficient, mask) -> jax.Array:
+    """The sequence coefficient: token mean of c over each response, [batch] (0 for empty responses).
+
+    For ReSPO and VESPO it is phi(W_i); for the token-level objectives the mean gradient weight."""
+    lengths = jnp.sum(mask, axis=-1)
+    return safe_divide(jnp.sum(jnp.where(mask > 0, coefficient, 0.0), axis=-1), lengths)
+
+
+def sequence_metrics(log_w, advantages, mask, seq_coef) -> dict[str, jax.Array]:
+    """Diagnostics shared by every objective (paper App. E.3); see the module docstring for the keys.
+
+    ``seq_coef: [batch]`` is ``sequence_coefficient`` of the objective's gradient coefficient."""
     lengths = jnp.sum(mask, axis=-1)
     non_empty = lengths > 0
     response_count = jnp.sum(non_empty.astype(jnp.float32))
-    seq_coef = safe_divide(jnp.sum(jnp.where(mask > 0, coefficient, 0.0), axis=-1), lengths)
     seq_mass = seq_coef * jnp.abs(advantages)
     positive = non_empty & (advantages > 0)
     negative = non_empty & (advantages < 0)
@@ -183,6 +262,13 @@ def _real(objective: str, name: str, value) -> float:
     return value
 
 
+def _positive(objective: str, name: str, value) -> float:
+    value = _real(objective, name, value)
+    if not value > 0.0:
+        raise ValueError(f"{objective}: {name} must be > 0, got {value}")
+    return value
+
+
 def _pair(objective: str, name: str, value) -> tuple[float, float]:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise ValueError(
@@ -215,26 +301,58 @@ def _check_vespo(h: dict) -> dict:
     return out
 
 
-def _checker_for_clip(objective: str) -> Callable[[dict], dict]:
+def _check_clip_range(objective: str, h: dict) -> dict:
+    eps_low = _real(objective, "eps_low", h["eps_low"])
+    eps_high = _real(objective, "eps_high", h["eps_high"])
+    if not 0.0 < eps_low < 1.0:
+        raise ValueError(f"{objective}: eps_low must lie in (0, 1), got {eps_low}")
+    if not eps_high > 0.0:
+        raise ValueError(f"{objective}: eps_high must be > 0, got {eps_high}")
+    return {"eps_low": eps_low, "eps_high": eps_high}
+
+
+def _checker_for_grpo(objective: str) -> Callable[[dict], dict]:
     def check(h: dict) -> dict:
-        eps_low = _real(objective, "eps_low", h["eps_low"])
-        eps_high = _real(objective, "eps_high", h["eps_high"])
-        if not 0.0 < eps_low < 1.0:
-            raise ValueError(f"{objective}: eps_low must lie in (0, 1), got {eps_low}")
-        if not eps_high > 0.0:
-            raise ValueError(f"{objective}: eps_high must be > 0, got {eps_high}")
-        return {"eps_low": eps_low, "eps_high": eps_high}
+        out = _check_clip_range(objective, h)
+        c = h["clip_ratio_c"]
+        if c is not None:
+            c = _real(objective, "clip_ratio_c", c)
+            if not c > 1.0:
+                raise ValueError(f"{objective}: clip_ratio_c must be > 1 (the dual clip's lower bound), or None; "
+                                 f"got {c}")
+        return {**out, "clip_ratio_c": c}
 
     return check
 
 
+def _checker_for_gspo(objective: str) -> Callable[[dict], dict]:
+    def check(h: dict) -> dict:
+        return {**_check_clip_range(objective, h), "log_ratio_cap": _positive(objective, "log_ratio_cap",
+                                                                              h["log_ratio_cap"])}
+
+    return check
+
+
+def _check_cispo(h: dict) -> dict:
+    return {"eps_max": _positive("cispo", "eps_max", h["eps_max"])}
+
+
+def _check_sapo(h: dict) -> dict:
+    return {key: _positive("sapo", key, h[key]) for key in ("tau_pos", "tau_neg")}
+
+
 @dataclasses.dataclass(frozen=True)
 class ObjectiveSpec:
-    """A registered objective: its token-level loss, hyperparameter defaults and their check."""
+    """A registered objective: its token-level loss, hyperparameter defaults and their check, plus the
+    settings its paper (or the reference code) pairs it with: aggregation mode, the clamp of each token's
+    log-ratio inside log W (None: the raw sum), and whether advantages are divided by the group std."""
 
     token_loss: Callable[..., TokenLoss]
     defaults: Mapping[str, Any]
     check: Callable[[dict], dict]
+    aggregation: str = "token-mean"
+    token_log_ratio_clamp: float | None = None
+    scale_advantages: bool = True
 
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {
@@ -247,18 +365,48 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
         vespo_token_loss,
         {"beta": kernels.VESPO_BETA, "lam": kernels.VESPO_LAMBDA},
         _check_vespo,
+        token_log_ratio_clamp=TOKEN_LOG_RATIO_CLAMP,  # VESPO's code clamps each token's log-ratio to +-20
     ),
     "grpo": ObjectiveSpec(
         grpo_token_loss,
-        {"eps_low": 0.2, "eps_high": 0.2},
-        _checker_for_clip("grpo"),
+        {"eps_low": 0.2, "eps_high": 0.2, "clip_ratio_c": 3.0},  # verl's dual-clip default
+        _checker_for_grpo("grpo"),
     ),
     "gspo": ObjectiveSpec(
         gspo_token_loss,
-        {"eps_low": 3e-4, "eps_high": 4e-4},
-        _checker_for_clip("gspo"),
+        {"eps_low": 3e-4, "eps_high": 4e-4, "log_ratio_cap": GSPO_LOG_RATIO_CAP},
+        _checker_for_gspo("gspo"),
+        aggregation="seq-mean-token-mean",  # Eq. 2; verl's GSPO loss always aggregates this way
+    ),
+    "cispo": ObjectiveSpec(cispo_token_loss, {"eps_max": 5.0}, _check_cispo),  # ScaleRL; TRL's epsilon_high
+    "sapo": ObjectiveSpec(
+        sapo_token_loss, {"tau_pos": 1.0, "tau_neg": 1.05}, _check_sapo, aggregation="seq-mean-token-mean"
+    ),
+    "luspo": ObjectiveSpec(  # GSPO with each sequence's loss scaled by its length (LUSPO §5.1 clip range)
+        gspo_token_loss,
+        {"eps_low": 2e-3, "eps_high": 2.5e-3, "log_ratio_cap": GSPO_LOG_RATIO_CAP},
+        _checker_for_gspo("luspo"),
+        aggregation="seq-mean-token-sum",
+    ),
+    "dr_grpo": ObjectiveSpec(  # Dr.GRPO: no length normalization, no std normalization
+        grpo_token_loss,
+        {"eps_low": 0.2, "eps_high": 0.2, "clip_ratio_c": None},
+        _checker_for_grpo("dr_grpo"),
+        aggregation="seq-mean-token-sum-norm",
+        scale_advantages=False,
     ),
 }
+
+# The keys every objective accepts besides its own hyperparameters.
+COMMON_KEYS = ("aggregation", "loss_scale_factor", "scale_advantages")
+
+
+class ObjectiveOutput(NamedTuple):
+    """Everything one evaluation of an objective produces."""
+
+    terms: LossTerms  # the loss before division, additive over micro-batches
+    metrics: dict[str, jax.Array]  # scalars (module docstring)
+    responses: dict[str, jax.Array]  # per response, [batch]: "log_w" (clamped log W) and "phi"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,33 +416,47 @@ class PolicyObjective:
     name: str
     hparams: tuple[tuple[str, Any], ...]
     aggregation: str = "token-mean"
+    loss_scale_factor: float | None = None  # seq-mean-token-sum-norm's L (None: the padded width)
+    scale_advantages: bool = True  # divide group-centred rewards by their std (False: Dr.GRPO)
 
     @property
     def config(self) -> dict[str, Any]:
-        """Hyperparameters including the aggregation mode, as passed to ``get_objective``."""
-        return {**dict(self.hparams), "aggregation": self.aggregation}
+        """Hyperparameters including the common keys, as passed to ``get_objective``."""
+        return {
+            **dict(self.hparams),
+            "aggregation": self.aggregation,
+            "loss_scale_factor": self.loss_scale_factor,
+            "scale_advantages": self.scale_advantages,
+        }
 
     def denominator(self, mask) -> jax.Array:
         """Aggregation denominator of ``mask: [batch, seq]``; pass the mini-batch's to each micro-batch."""
-        return loss_denominator(mask, self.aggregation)
+        return loss_denominator(mask, self.aggregation, self.loss_scale_factor)
 
-    def loss_terms(self, logp, old_logp, advantages, mask) -> tuple[LossTerms, dict[str, jax.Array]]:
-        """(LossTerms(total, denominator), metrics): the loss before division, additive over micro-batches."""
+    def evaluate(self, logp, old_logp, advantages, mask) -> ObjectiveOutput:
+        """Loss terms, scalar metrics and per-response diagnostics of one batch (all stop-gradient but the
+        loss); ``logp, old_logp, mask: [batch, seq]``, ``advantages: [batch]``."""
         check_policy_inputs(logp, old_logp, advantages, mask)
+        spec = OBJECTIVES[self.name]
         mask = jnp.asarray(mask, jnp.float32)
         valid = mask > 0
         # Padding may hold anything (even inf); zero it so neither value nor gradient can see it.
         logp = jnp.where(valid, jnp.asarray(logp).astype(jnp.float32), 0.0)
         old_logp = sg(jnp.where(valid, jnp.asarray(old_logp).astype(jnp.float32), 0.0))
         advantages = sg(jnp.asarray(advantages).astype(jnp.float32))
-        log_w = sg(kernels.sequence_log_ratio(logp, old_logp, mask))
-        token = OBJECTIVES[self.name].token_loss(
-            logp, old_logp, advantages, mask, log_w, **dict(self.hparams)
-        )
-        terms = aggregation_terms(token.loss, mask, self.aggregation)
-        metrics = sequence_metrics(log_w, advantages, mask, sg(token.coefficient))
+        log_w = sg(kernels.sequence_log_ratio(logp, old_logp, mask, token_clamp=spec.token_log_ratio_clamp))
+        token = spec.token_loss(logp, old_logp, advantages, mask, log_w, **dict(self.hparams))
+        terms = aggregation_terms(token.loss, mask, self.aggregation, self.loss_scale_factor)
+        seq_coef = sequence_coefficient(sg(token.coefficient), mask)
+        metrics = sequence_metrics(log_w, advantages, mask, seq_coef)
         metrics.update(token.metrics)
-        return terms, {key: sg(value) for key, value in metrics.items()}
+        metrics = {key: sg(value) for key, value in metrics.items()}
+        return ObjectiveOutput(terms, metrics, {"log_w": log_w, "phi": sg(seq_coef)})
+
+    def loss_terms(self, logp, old_logp, advantages, mask) -> tuple[LossTerms, dict[str, jax.Array]]:
+        """(LossTerms(total, denominator), metrics): the loss before division, additive over micro-batches."""
+        out = self.evaluate(logp, old_logp, advantages, mask)
+        return out.terms, out.metrics
 
     def __call__(
         self, logp, old_logp, advantages, mask, denominator=None
@@ -305,23 +467,35 @@ class PolicyObjective:
 
 
 def get_objective(name: str, **hparams) -> PolicyObjective:
-    """The objective ``name`` ("respo", "vespo", "gspo", "grpo") with ``hparams`` overriding its defaults.
+    """The objective ``name`` (a key of ``OBJECTIVES``) with ``hparams`` overriding its defaults.
 
-    ``aggregation`` ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum") applies to every
-    objective. Unknown names raise KeyError; unknown or invalid hyperparameters raise ValueError.
+    Every objective also takes the common keys: ``aggregation`` (one of ``AGGREGATION_MODES``; default:
+    the objective's own), ``loss_scale_factor`` (seq-mean-token-sum-norm's constant; default None) and
+    ``scale_advantages`` (default: the objective's own). Unknown names raise KeyError; unknown or
+    invalid hyperparameters raise ValueError.
     """
     if name not in OBJECTIVES:
         raise KeyError(f"unknown objective {name!r}; expected one of {sorted(OBJECTIVES)}")
     spec = OBJECTIVES[name]
-    aggregation = check_aggregation_mode(hparams.pop("aggregation", "token-mean"))
+    aggregation = check_aggregation_mode(hparams.pop("aggregation", spec.aggregation))
+    loss_scale_factor = check_loss_scale_factor(hparams.pop("loss_scale_factor", None))
+    scale_advantages = hparams.pop("scale_advantages", spec.scale_advantages)
+    if not isinstance(scale_advantages, bool):
+        raise ValueError(f"{name}: scale_advantages must be true or false; got {scale_advantages!r}")
     unknown = sorted(set(hparams) - set(spec.defaults))
     if unknown:
         raise ValueError(
             f"unknown hyperparameter(s) {unknown} for objective {name!r}; "
-            f"expected some of {sorted(spec.defaults) + ['aggregation']}"
+            f"expected some of {sorted(spec.defaults) + list(COMMON_KEYS)}"
         )
     values = spec.check({**spec.defaults, **hparams})
-    return PolicyObjective(name=name, hparams=tuple(sorted(values.items())), aggregation=aggregation)
+    return PolicyObjective(
+        name=name,
+        hparams=tuple(sorted(values.items())),
+        aggregation=aggregation,
+        loss_scale_factor=loss_scale_factor,
+        scale_advantages=scale_advantages,
+    )
 
 
 respo_objective = get_objective("respo")
