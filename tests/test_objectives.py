@@ -204,7 +204,8 @@ def _case_modes():
     pairs = []
     for case in OBJECTIVE_CASES:
         name, hparams = case
-        modes = AGGREGATION_MODES if name in ("respo", "grpo") and not hparams else (OBJECTIVES[name].aggregation,)
+        every_mode = name in ("respo", "grpo") and not hparams
+        modes = AGGREGATION_MODES if every_mode else (OBJECTIVES[name].aggregation,)
         pairs += [(case, mode) for mode in modes]
     return pairs
 

@@ -125,8 +125,9 @@ def _token_ratio(logp, old_logp):
 def grpo_token_loss(
     logp, old_logp, advantages, mask, log_w, *, eps_low, eps_high, clip_ratio_c
 ) -> TokenLoss:
-    """GRPO/PPO, Eq. 1, as verl's ``compute_policy_loss_vanilla``: -min(w A, clip(w) A) per token, w = pi/pi_old,
-    plus the dual clip: for A < 0 and w > clip_ratio_c the loss is -clip_ratio_c A (gradient 0); None: off."""
+    """GRPO/PPO, Eq. 1, as verl's ``compute_policy_loss_vanilla``: -min(w A, clip(w) A) per token with
+    w = pi/pi_old, plus the dual clip: for A < 0 and w > clip_ratio_c the loss is the constant
+    -clip_ratio_c A (gradient 0); clip_ratio_c=None turns it off."""
     _, ratio, clamped = _token_ratio(logp, old_logp)
     adv = _broadcast_rows(advantages, logp)
     low, high = _clip_flags(sg(ratio), adv, eps_low, eps_high)
@@ -147,7 +148,9 @@ def grpo_token_loss(
     return TokenLoss(loss=loss, coefficient=coefficient, metrics=metrics)
 
 
-def gspo_token_loss(logp, old_logp, advantages, mask, log_w, *, eps_low, eps_high, log_ratio_cap) -> TokenLoss:
+def gspo_token_loss(
+    logp, old_logp, advantages, mask, log_w, *, eps_low, eps_high, log_ratio_cap
+) -> TokenLoss:
     """GSPO, Eq. 2, as verl's ``compute_policy_loss_gspo``, in token-level form s_it = sg(s_i) pi / sg(pi)
     with s_i = exp(mean_t log-ratio).
 
@@ -165,7 +168,9 @@ def gspo_token_loss(logp, old_logp, advantages, mask, log_w, *, eps_low, eps_hig
     token_ratio = seq_ratio[:, None] * jnp.exp(logp - sg(logp))
     bounded = _broadcast_rows(jnp.clip(seq_ratio, 1.0 - eps_low, 1.0 + eps_high), logp)
     # Clipped: the constant clip(s); capped (A < 0, s > e^cap): the constant e^cap; else s_it.
-    surrogate = jnp.where(_broadcast_rows(low | high, logp), bounded, jnp.where(no_grad, sg(token_ratio), token_ratio))
+    surrogate = jnp.where(
+        _broadcast_rows(low | high, logp), bounded, jnp.where(no_grad, sg(token_ratio), token_ratio)
+    )
     coefficient = jnp.where(no_grad, 0.0, _broadcast_rows(seq_ratio, logp))
     metrics = {
         "clip_fraction": _token_fraction(_broadcast_rows(low | high, logp), mask),
@@ -179,7 +184,7 @@ def gspo_token_loss(logp, old_logp, advantages, mask, log_w, *, eps_low, eps_hig
 
 
 def cispo_token_loss(logp, old_logp, advantages, mask, log_w, *, eps_max) -> TokenLoss:
-    """CISPO (MiniMax-M1; ScaleRL's form, TRL's ``loss_type="cispo"``): -sg(min(w, eps_max)) A log pi per token.
+    """CISPO (MiniMax-M1; ScaleRL's form, TRL's ``loss_type="cispo"``): -sg(min(w, eps_max)) A log pi.
 
     The importance weight itself is truncated and detached, so no token loses its gradient; w = pi/pi_old
     with verl's +-20 clamp of the token log-ratio.
@@ -318,8 +323,9 @@ def _checker_for_grpo(objective: str) -> Callable[[dict], dict]:
         if c is not None:
             c = _real(objective, "clip_ratio_c", c)
             if not c > 1.0:
-                raise ValueError(f"{objective}: clip_ratio_c must be > 1 (the dual clip's lower bound), or None; "
-                                 f"got {c}")
+                raise ValueError(
+                    f"{objective}: clip_ratio_c must be > 1 (the dual clip's lower bound), or None; got {c}"
+                )
         return {**out, "clip_ratio_c": c}
 
     return check
