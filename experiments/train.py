@@ -1,8 +1,11 @@
-"""Main job: train a policy with an RL objective and write metrics (JSONL), curves (PNG) and a checkpoint.
+"""Main job: train a policy with an RL objective and write metrics (JSONL), curves (PNG), per-iteration
+rollout files (rollouts/iteration_*.npz: per-response log W, advantage, length, phi, reward) and a checkpoint.
 
     python -m experiments.train                                    # the default ReSPO CPU experiment
     python -m experiments.train objective.name=grpo rollout.reuse=8 run.out_dir=runs/grpo_n8
     python -m experiments.train --config experiments/configs/respo_synthetic.py run.iterations=10
+    python -m experiments.train --config experiments/configs/qwen3_1p7b_dapo.py \
+        model.checkpoint_dir=/ckpt/Qwen3-1.7B-Base task.data_dir=/data task.tokenizer_dir=/ckpt/Qwen3-1.7B-Base
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 
 from tqdm import tqdm
 
+from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.host_allocator import configure_host_allocator
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.config import ExperimentConfig, apply_overrides
@@ -82,10 +86,11 @@ def main(argv: list[str] | None = None) -> dict:
             for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):
                 emit(record)
             evaluate()
-        remaining = config.run.iterations - trainer.state.iteration
+        remaining = config.num_iterations - trainer.state.iteration
         bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
         for _ in bar:
             record = trainer.iteration()
+            write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
             emit(record)
             bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",
                             len=f"{record['response_length']:.1f}")

@@ -20,6 +20,7 @@ import pytest
 
 from respo_jax.data import (
     BENCHMARKS,
+    INSTRUCTION,
     DataFileError,
     PromptBatches,
     PromptFormat,
@@ -240,9 +241,10 @@ def dapo():
 
 def test_dapo_dedup_counts(dapo):
     records, stats = dapo
-    # Independent count from the raw parquet: group rows by exact problem text.
+    # Independent count from the raw parquet: the official preparation strips each problem text (the
+    # local copy has no DAPO instruction left to remove), then group rows by exact text.
     table = pq.read_table(os.path.join(DATA, "dapo_math_17k", "dapo_math_17k.parquet"))
-    problems = [p[0]["content"] for p in table.column("prompt").to_pylist()]
+    problems = [p[0]["content"].strip() for p in table.column("prompt").to_pylist()]
     answers = [r["ground_truth"] for r in table.column("reward_model").to_pylist()]
     by_text = collections.defaultdict(list)
     for problem, answer in zip(problems, answers):
@@ -258,11 +260,28 @@ def test_dapo_dedup_counts(dapo):
         len(conflicting),
         dropped,
     )
-    assert (merged, len(conflicting), dropped) == (616, 11, 22)
-    assert len(records) == stats.kept == 17_917 - merged - dropped == 17_279
+    assert (merged, len(conflicting), dropped) == (650, 12, 24)
+    assert len(records) == stats.kept == 17_917 - merged - dropped == 17_243
     assert {r["problem"] for r in records} == consistent
+    assert all(r["problem"] == r["problem"].strip() for r in records)
     assert all(r["answer"] == by_text[r["problem"]][0] and r["answer"].strip() for r in records)
     assert len({r["id"] for r in records}) == len(records)
+
+
+def test_dapo_problem_text_mirrors_the_official_preparation():
+    problem = "Let $x$ be real. Find $x$."
+    raw = rec.DAPO_PROMPT_PREFIX + problem + rec.DAPO_PROMPT_SUFFIX
+    assert raw.startswith("Solve the following math problem step by step.")
+    assert rec.dapo_problem_text(raw) == problem
+    assert rec.dapo_problem_text("\n  " + problem + "  \n") == problem
+    assert rec.dapo_problem_text(problem) == problem
+
+
+def test_dapo_prompt_is_chat_rendered_with_the_box_instruction(dapo, qwen3):
+    record = dapo[0][0]
+    text = render_prompt(record["problem"], qwen3, PromptFormat())
+    assert text.startswith("<|im_start|>user\n" + record["problem"] + INSTRUCTION)
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_dapo_keeps_chinese_problems(dapo):

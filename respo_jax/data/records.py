@@ -16,7 +16,8 @@ Per-dataset answer rules (the reference an evaluator compares against):
                   "\\frac{41}{12}"). The unit, when the problem has one, is a separate field and is not
                   part of the answer.
   dapo_math       `reward_model.ground_truth` as is (an integer string; the strict-box verifier compares
-                  it exactly)
+                  it exactly); the problem text prepared as the official ReSPO recipe does
+                  (`dapo_problem_text`: DAPO's answer-format prefix and suffix removed, then stripped)
 """
 
 from __future__ import annotations
@@ -323,10 +324,27 @@ class DedupStats:
     conflicting_rows: int
 
 
+# DAPO-Math-17k wraps each problem in an instruction for an "Answer: ..." last line. The official ReSPO
+# preparation (its prepare-data script over open-r1/DAPO-Math-17k-Processed) removes this prefix and
+# suffix, strips the text and appends the boxed instruction as the user message (prompts.DEFAULT_TEMPLATE).
+DAPO_PROMPT_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+
+
+def dapo_problem_text(raw: str) -> str:
+    """The problem text of a DAPO-Math prompt as the official preparation makes it: DAPO's answer-format
+    prefix and suffix removed (wherever they occur), then surrounding whitespace stripped."""
+    return raw.replace(DAPO_PROMPT_PREFIX, "").replace(DAPO_PROMPT_SUFFIX, "").strip()
+
+
 def read_dapo_rows(path: str | os.PathLike) -> list[tuple[int, str, str, str]]:
     """(row, problem, answer, id) for each row of the DAPO-Math parquet (verl layout).
 
-    problem = prompt[0].content (the raw problem; the DAPO instruction template is already stripped),
+    problem = `dapo_problem_text(prompt[0].content)` (the local copy already lacks DAPO's instruction;
+    306 of its texts carry surrounding whitespace, which the official preparation strips),
     answer = reward_model.ground_truth, id = extra_info.index (else the row number). Rows are numbered
     from 0; a missing column or an empty field raises DataFileError naming the file and row.
     """
@@ -352,7 +370,7 @@ def read_dapo_rows(path: str | os.PathLike) -> list[tuple[int, str, str, str]]:
     for row, (prompt, reward, info) in enumerate(zip(prompts, rewards, extra)):
         if not prompt or not isinstance(prompt[0], dict) or not isinstance(prompt[0].get("content"), str):
             raise DataFileError(path, row, "prompt[0].content is missing", unit="row")
-        problem = prompt[0]["content"]
+        problem = dapo_problem_text(prompt[0]["content"])
         answer = (reward or {}).get("ground_truth")
         if not isinstance(answer, str) or not answer.strip():
             raise DataFileError(
@@ -396,9 +414,9 @@ def deduplicate(rows: list[tuple[int, str, str, str]]) -> tuple[list[Record], De
 def load_dapo_math(data_dir: str | os.PathLike, return_stats: bool = False):
     """DAPO-Math-17k, deduplicated (see `deduplicate`), Chinese problems kept.
 
-    On the paper's copy: 17,917 rows = 17,279 kept + 616 duplicate rows merged + 22 rows of 11 problems
-    with conflicting answers dropped. Texts are compared exactly: 35 kept texts equal another kept text
-    up to surrounding whitespace (102 up to any whitespace) and stay.
+    On the paper's copy: 17,917 rows = 17,243 kept + 650 duplicate rows merged + 24 rows of 12 problems
+    with conflicting answers dropped. Texts are compared exactly after `dapo_problem_text` (so texts
+    differing only in surrounding whitespace are one problem, as the model sees them).
 
     `data_dir`: the data root, the `dapo_math_17k/` folder, or the parquet file. Returns the records,
     or `(records, DedupStats)` with `return_stats=True`; the counts are also logged at INFO level.

@@ -80,12 +80,20 @@ def build_sequences(
     return input_ids, positions, attention_mask, response_mask, prompt_len
 
 
-def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: int) -> jnp.ndarray:
-    """log π(o_t | q, o_<t) of every response slot: [batch, response_len] float32.
+def response_logprobs(
+    model, input_ids, positions, attention_mask, prompt_len: int, temperature: float = 1.0,
+    return_entropy: bool = False,
+):
+    """log π(o_t | q, o_<t) of every response slot: [batch, response_len] float32, under the logits divided
+    by the rollout ``temperature`` (the distribution the responses were sampled from, before truncation).
 
     Slot t of the response is predicted by the logits at sequence position prompt_len - 1 + t.
+    ``return_entropy=True``: also the entropy of that full distribution at each slot, (logp, entropy).
     """
-    logp = model.token_logprobs(
-        input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1], attention_mask=attention_mask[:, :-1]
+    out = model.token_logprobs(
+        input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1],
+        attention_mask=attention_mask[:, :-1], temperature=temperature, return_entropy=return_entropy,
     )
-    return logp[:, prompt_len - 1 :]
+    if return_entropy:
+        return out[0][:, prompt_len - 1 :], out[1][:, prompt_len - 1 :]
+    return out[:, prompt_len - 1 :]

@@ -18,12 +18,19 @@ ConfigT = TypeVar("ConfigT")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Which Qwen3 to train: a preset name (`qwen3.Qwen3Config.preset`) plus field overrides, or a local HF dir."""
+    """Which Qwen3 to train: a preset name (`qwen3.Qwen3Config.preset`) plus field overrides, or a local HF dir.
+
+    preset "" means "no random initialisation": `checkpoint_dir` must then be set (the paper configs).
+    `dtype` is the compute dtype, `param_dtype` the parameters' storage dtype ("" = `dtype`); both apply
+    to presets and checkpoints. The paper's runs keep float32 parameters with bfloat16 compute (FSDP
+    mixed precision): bfloat16 parameters would round away AdamW updates of lr 1e-6.
+    """
 
     preset: str = "tiny"
     overrides: dict = dataclasses.field(default_factory=dict)
     checkpoint_dir: str = ""  # a Hugging Face-format directory; when set it wins over `preset`
     dtype: str = "float32"
+    param_dtype: str = ""
     remat: bool = False
     # Run the decoder layers as one lax.scan (compiles once per layer kind: large models, accelerators)
     # or unrolled (no per-layer slicing of stacked weights and activations: faster on CPU, e.g. the
@@ -33,6 +40,14 @@ class ModelConfig:
     def validate(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"model.dtype must be 'float32' or 'bfloat16'; got {self.dtype!r}")
+        if self.param_dtype not in ("", "float32", "bfloat16"):
+            raise ValueError(
+                f"model.param_dtype must be '', 'float32' or 'bfloat16'; got {self.param_dtype!r}"
+            )
+        if not self.preset and not self.checkpoint_dir:
+            raise ValueError(
+                "model.preset is empty: set model.checkpoint_dir to a Hugging Face Qwen3 checkpoint"
+            )
         own = sorted(set(self.overrides) & {"dtype", "param_dtype", "remat", "scan_layers"})
         if own:
             raise ValueError(f"model.overrides sets {own}: use the model.dtype / model.remat / "
@@ -54,7 +69,10 @@ class TaskConfig:
     num_records: int = 100_000  # synthetic only: size of the prompt pool the batches shuffle
     data_dir: str = ""  # dapo_math: data root, its dapo_math_17k/ folder or the parquet file
     tokenizer_dir: str = ""  # dapo_math: a directory with tokenizer.json
-    chat_template: bool = False  # render prompts with the tokenizer's chat template (chat models)
+    # dapo_math: render prompts with the tokenizer's chat template, as the official preparation does (it
+    # stores each prompt as a chat message, so verl templates even the Base model); the start-up fails
+    # when the tokenizer has none. The synthetic task has its own raw format.
+    chat_template: bool = True
     max_prompt_tokens: int = 1024  # prompts above this are dropped once, before batching (paper §4.1)
     overlong_buffer_length: int = 0
     overlong_penalty_factor: float = 1.0
@@ -80,16 +98,30 @@ class RolloutConfig:
     group_size: int = 8  # G
     reuse: int = 4  # N, the rollout-reuse ratio
     max_new_tokens: int = 8
-    temperature: float = 1.0
+    temperature: float = 1.0  # the trainer's log-probs use the same temperature (verl divides the logits)
     top_p: float = 1.0
     top_k: int = 0
+    # How the rollout batch is split into the N mini-batches: "consecutive" (the paper: prompt-major
+    # order, mini-batch k = prompts [kM, (k+1)M)) or "balanced" (verl's trainer.balance_batch: responses
+    # reordered by sequence-length workload over `balance_ranks` data-parallel ranks first).
+    minibatch_order: str = "consecutive"
+    balance_ranks: int = 1
 
     def validate(self) -> None:
-        for name in ("prompts_per_minibatch", "group_size", "reuse", "max_new_tokens"):
+        for name in ("prompts_per_minibatch", "group_size", "reuse", "max_new_tokens", "balance_ranks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1; got {getattr(self, name)}")
         if self.temperature <= 0:
             raise ValueError(f"rollout.temperature must be > 0 for training rollouts; got {self.temperature}")
+        if self.minibatch_order not in ("consecutive", "balanced"):
+            raise ValueError(
+                f"rollout.minibatch_order must be 'consecutive' or 'balanced'; got {self.minibatch_order!r}"
+            )
+        if (self.prompts_per_minibatch * self.group_size) % self.balance_ranks:
+            raise ValueError(
+                f"rollout.balance_ranks={self.balance_ranks} must divide a mini-batch's "
+                f"{self.prompts_per_minibatch * self.group_size} responses"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +138,14 @@ class ObjectiveConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with global-norm clipping and linear warm-up."""
+    """AdamW with global-norm clipping and a linear warm-up of the learning rate, then constant.
+
+    schedule_per: the schedule's step — "update" (each policy update) or "rollout" (each rollout batch,
+      as verl steps its scheduler once per `update_actor`: all N updates of rollout batch k run at
+      lr * min(1, k / W), so the first batch runs at lr 0 while Adam's moments still accumulate).
+    warmup_steps W in that unit, or warmup_ratio: W = int(warmup_ratio * total steps) (verl's
+      lr_warmup_steps_ratio); at most one of the two.
+    """
 
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
@@ -114,12 +153,20 @@ class OptimConfig:
     b2: float = 0.999
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    schedule_per: str = "update"
 
     def validate(self) -> None:
         if self.learning_rate <= 0:
             raise ValueError(f"optim.learning_rate must be > 0; got {self.learning_rate}")
         if self.max_grad_norm <= 0:
             raise ValueError(f"optim.max_grad_norm must be > 0; got {self.max_grad_norm}")
+        if self.warmup_steps < 0 or not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"optim.warmup_steps must be >= 0 and optim.warmup_ratio in [0, 1); got {self}")
+        if self.warmup_steps and self.warmup_ratio:
+            raise ValueError("set optim.warmup_steps or optim.warmup_ratio, not both")
+        if self.schedule_per not in ("update", "rollout"):
+            raise ValueError(f"optim.schedule_per must be 'update' or 'rollout'; got {self.schedule_per!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +187,10 @@ class WarmupConfig:
 class RunConfig:
     """Run length, seed and where results go."""
 
-    iterations: int = 40
+    iterations: int = 40  # rollout batches
+    # When > 0, the run length in policy updates instead (the paper fixes 1,024 for every N): the run
+    # has policy_updates / rollout.reuse iterations, and `iterations` is not read.
+    policy_updates: int = 0
     seed: int = 0
     out_dir: str = "runs/respo_synthetic"
     checkpoint_every: int = 0  # 0: only at the end
@@ -151,8 +201,8 @@ class RunConfig:
     host_allocator: bool = True
 
     def validate(self) -> None:
-        if self.iterations < 1:
-            raise ValueError(f"run.iterations must be >= 1; got {self.iterations}")
+        if self.iterations < 1 or self.policy_updates < 0:
+            raise ValueError(f"run.iterations must be >= 1 and run.policy_updates >= 0; got {self}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,8 +216,19 @@ class ExperimentConfig:
     run: RunConfig = RunConfig()
 
     def validate(self) -> "ExperimentConfig":
+        missing = self.missing_paths()
+        if missing:
+            raise ValueError(
+                "this configuration reads local files that are not set; pass them on the command line: "
+                + " ".join(missing)
+            )
         for field in dataclasses.fields(self):
             getattr(self, field.name).validate()
+        if self.run.policy_updates % self.rollout.reuse:
+            raise ValueError(
+                f"run.policy_updates={self.run.policy_updates} is not a multiple of rollout.reuse="
+                f"{self.rollout.reuse} (each rollout batch gives N updates)"
+            )
         if self.warmup.steps and self.task.name != "synthetic":
             raise ValueError("warmup.steps > 0 needs reference responses: only task.name='synthetic' has them")
         if self.task.overlong_buffer_length > self.rollout.max_new_tokens:
@@ -179,6 +240,33 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def missing_paths(self) -> list[str]:
+        """The `key=<what>` overrides this config needs before it can run (paper configs leave them unset)."""
+        missing = []
+        if not self.model.preset and not self.model.checkpoint_dir:
+            missing.append("model.checkpoint_dir=<a Hugging Face Qwen3 checkpoint directory>")
+        if self.task.name == "dapo_math":
+            if not self.task.data_dir:
+                missing.append("task.data_dir=<the data root, its dapo_math_17k/ folder or the parquet file>")
+            if not self.task.tokenizer_dir:
+                missing.append("task.tokenizer_dir=<a directory with tokenizer.json>")
+        return missing
+
+    @property
+    def num_iterations(self) -> int:
+        """Rollout batches in the run: run.policy_updates / rollout.reuse when set, else run.iterations."""
+        if self.run.policy_updates:
+            return self.run.policy_updates // self.rollout.reuse
+        return self.run.iterations
+
+    @property
+    def lr_warmup_steps(self) -> int:
+        """Warm-up length W in the schedule's unit (policy updates or rollout batches)."""
+        if self.optim.warmup_steps:
+            return self.optim.warmup_steps
+        total = self.num_iterations * (self.rollout.reuse if self.optim.schedule_per == "update" else 1)
+        return int(self.optim.warmup_ratio * total)
 
 
 def _parse_value(raw: str, annotation: Any, key: str) -> Any:

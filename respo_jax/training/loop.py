@@ -2,9 +2,11 @@
 
 One iteration = `reuse * prompts_per_minibatch` prompts × `group_size` responses from the jitted
 sampler, strict-box rewards, group-normalized advantages, log π_old recomputed by a forward pass of the
-rollout-time parameters, then `reuse` (N) consecutive mini-batch updates of the chosen objective. This
-module is the thin shell around the pure parts: it owns the loop, progress and the metric records;
-writing files is the caller's (`experiments/train.py`).
+rollout-time parameters (at the rollout temperature, with the entropy of the full distribution), then
+`reuse` (N) mini-batch updates of the chosen objective — consecutive, or in verl's length-balanced order.
+This module is the thin shell around the pure parts: it owns the loop, progress and the metric records
+(App. E.3 diagnostics pooled over the rollout batch) and keeps the per-response rollout of the last
+iteration (`last_rollout`); writing files is the caller's (`experiments/train.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
 from respo_jax.data.records import load_dapo_math
 from respo_jax.data.synthetic import CharTokenizer, get_task
 from respo_jax.data.tokenizer import load_tokenizer
+from respo_jax.eval.positive_branch import pooled_diagnostics
 from respo_jax.host_allocator import release_host_memory
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
@@ -30,7 +33,14 @@ from respo_jax.rewards import overlong_penalty, strict_box_score
 from respo_jax.sampling import SamplingParams, generate
 from respo_jax.training.batch import PolicyBatch, build_sequences
 from respo_jax.training.config import ExperimentConfig
-from respo_jax.training.step import make_logprob_fn, make_optimizer, make_policy_step, make_sft_step
+from respo_jax.training.minibatches import minibatch_rows
+from respo_jax.training.step import (
+    learning_rate_schedule,
+    make_logprob_fn,
+    make_optimizer,
+    make_policy_step,
+    make_sft_step,
+)
 
 
 @dataclasses.dataclass
@@ -53,6 +63,13 @@ def load_task(config: ExperimentConfig):
         held_out = task.make_records(num_eval, task_cfg.seed + 7919) if num_eval else []
         return CharTokenizer(), task.prompt_format, train, held_out, task
     tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
+    if task_cfg.chat_template and not tokenizer.has_chat_template:
+        raise ValueError(
+            f"task.chat_template=true (the default for dapo_math, as the official data preparation renders every "
+            f"prompt as a chat message) but the tokenizer in {task_cfg.tokenizer_dir!r} has no chat template "
+            "(tokenizer_config.json 'chat_template' or chat_template.jinja); set task.chat_template=false to "
+            "render raw prompts"
+        )
     prompt_format = PromptFormat(chat=task_cfg.chat_template)
     records = load_dapo_math(task_cfg.data_dir)
     records, _ = filter_overlong(records, lambda p: encode_prompt(p, tokenizer, prompt_format), task_cfg.max_prompt_tokens)
@@ -62,15 +79,19 @@ def load_task(config: ExperimentConfig):
 
 
 def build_model(config: ExperimentConfig, vocab_size: int) -> nnx.Module:
-    """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint."""
-    dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
+    """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint;
+    both in `model.dtype` compute with `model.param_dtype` parameters."""
+    dtype = config.model.dtype
+    param_dtype = config.model.param_dtype or dtype
     if config.model.checkpoint_dir:
-        return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=dtype, remat=config.model.remat,
+        return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=jnp.dtype(param_dtype),
+                                     compute_dtype=jnp.dtype(dtype), remat=config.model.remat,
                                      scan_layers=config.model.scan_layers)
     model_cfg = qwen3.Qwen3Config.preset(config.model.preset)
     overrides = dict(config.model.overrides)
     overrides.setdefault("vocab_size", vocab_size)
-    overrides.update(remat=config.model.remat, scan_layers=config.model.scan_layers)
+    overrides.update(remat=config.model.remat, scan_layers=config.model.scan_layers, dtype=dtype,
+                     param_dtype=param_dtype)
     model_cfg = dataclasses.replace(model_cfg, **overrides)
     if model_cfg.vocab_size < vocab_size:
         raise ValueError(f"model vocab_size {model_cfg.vocab_size} < tokenizer vocab {vocab_size}")
@@ -86,14 +107,22 @@ class RLTrainer:
         r = config.rollout
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.objective = get_objective(config.objective.name, **config.objective.hparams)
+        if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
+            # Dr.GRPO's constant is the generation budget, not the padded width of a batch.
+            self.objective = dataclasses.replace(self.objective, loss_scale_factor=float(r.max_new_tokens))
         self._last_batch_shape: tuple | None = None  # policy-batch shape of the last iteration
+        self.last_rollout: dict | None = None  # per-response arrays of the last iteration (rollout file)
         model = build_model(config, self.tokenizer.vocab_size)
         graphdef, params = nnx.split(model)
         opt = config.optim
-        self.tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm, opt.warmup_steps)
+        updates_per_step = r.reuse if opt.schedule_per == "rollout" else 1
+        self.learning_rate = learning_rate_schedule(opt.learning_rate, config.lr_warmup_steps, updates_per_step)
+        self.tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm,
+                                 config.lr_warmup_steps, updates_per_step)
         self.state = TrainState(graphdef, params, self.tx.init(params))
-        self._policy_step = make_policy_step(graphdef, self.objective, self.tx)
-        self._logprobs = make_logprob_fn(graphdef)
+        self._policy_step = make_policy_step(graphdef, self.objective, self.tx, temperature=r.temperature)
+        self._logprobs = make_logprob_fn(graphdef, temperature=r.temperature)
+        self._old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True)
         needed = self.task.max_response_tokens() + 1 if self.task else 1
         if config.rollout.max_new_tokens < needed:
             raise ValueError(
@@ -181,9 +210,11 @@ class RLTrainer:
         records = next(self.batches)
         prompts, out, scores = self.rollout(records, seed=cfg.run.seed * 1_000_003 + self.state.iteration)
         rollout_seconds = time.perf_counter() - started
-        advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(num_prompts, r.group_size)))).reshape(-1)
+        advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(num_prompts, r.group_size)),
+                                                 normalize_by_std=self.objective.scale_advantages)).reshape(-1)
+        lengths = np.asarray(out.lengths)
         ids, positions, attention, response_mask, prompt_len = build_sequences(
-            prompts, np.asarray(out.tokens), np.asarray(out.lengths), self.tokenizer.pad_id)
+            prompts, np.asarray(out.tokens), lengths, self.tokenizer.pad_id)
         if ids.shape != self._last_batch_shape:  # see respo_jax.host_allocator: holes from other shapes
             release_host_memory()
             self._last_batch_shape = ids.shape
@@ -192,28 +223,32 @@ class RLTrainer:
             response_mask=jnp.asarray(response_mask), old_logp=jnp.zeros(response_mask.shape, jnp.float32),
             advantages=jnp.asarray(advantages, jnp.float32), prompt_len=prompt_len,
         )
-        old_logp = self._logprobs(self.state.params, batch)
+        old_logp, entropy = self._old_logprobs(self.state.params, batch)
         batch = batch.replace(old_logp=old_logp)
+        tokens = max(float(response_mask.sum()), 1.0)
         sampler_logp = np.asarray(out.logprobs) * response_mask
-        gap = np.abs(sampler_logp - np.asarray(old_logp)).sum() / max(response_mask.sum(), 1.0)
+        gap = np.abs(sampler_logp - np.asarray(old_logp)).sum() / tokens
 
-        rows_per_minibatch = r.prompts_per_minibatch * r.group_size
-        step_metrics = []
-        for index in range(r.reuse):  # N consecutive mini-batches of M prompts × G responses (paper §4.1)
-            rows = np.arange(index * rows_per_minibatch, (index + 1) * rows_per_minibatch)
+        # N mini-batches of M prompts × G responses: consecutive (paper §4.1) or verl's balanced order.
+        minibatches = minibatch_rows(r.minibatch_order, attention.sum(axis=1), r.reuse, r.balance_ranks)
+        step_metrics, learning_rates = [], []
+        for index, rows in enumerate(minibatches):
+            learning_rates.append(float(self.learning_rate(self.state.policy_updates + index)))
             self.state.params, self.state.opt_state, metrics = self._policy_step(
                 self.state.params, self.state.opt_state, batch.take(rows))
             step_metrics.append(metrics)
         self.state.policy_updates += r.reuse
         self.state.iteration += 1
         step_metrics = jax.device_get(step_metrics)
+        rollout = self._collect_rollout(minibatches, [m.pop("responses") for m in step_metrics],
+                                        advantages, lengths, scores)
         record = {
             "phase": "rl",
             "iteration": self.state.iteration,
             "policy_updates": self.state.policy_updates,
             "score": float(scores.mean()),
             "train_accuracy": float((scores.mean() + 1.0) / 2.0),
-            "response_length": float(np.asarray(out.lengths).mean()),
+            "response_length": float(lengths.mean()),
             "sampler_trainer_logp_gap": float(gap),
             "rollout_seconds": rollout_seconds,
             "iteration_seconds": time.perf_counter() - started,
@@ -223,7 +258,39 @@ class RLTrainer:
             record[key] = float(values.mean())
             if key == "log_w_mean":
                 record["log_w_mean_last_minibatch"] = float(values[-1])
+        # Pooled over the whole rollout batch (not means of the N mini-batches' ratios).
+        diagnostics = pooled_diagnostics(rollout["log_w"], advantages, rollout["phi"], lengths)
+        record.update(diagnostics)
+        record["positive_low_w_fraction"] = diagnostics["positive_low_w_share"]
+        non_empty = lengths > 0
+        record["approx_kl"] = float(rollout.pop("approx_kl")[non_empty].mean()) if non_empty.any() else 0.0
+        record["entropy"] = float(np.asarray(entropy).sum() / tokens)
+        record["learning_rate"] = float(np.mean(learning_rates))
+        self.last_rollout = rollout
         return record
+
+    def _collect_rollout(self, minibatches, responses, advantages, lengths, scores) -> dict:
+        """The per-response arrays of one iteration in prompt-major row order (the rollout file's layout,
+        `respo_jax.eval.rollout_files`), plus the responses' k1 approx-KL under key "approx_kl"."""
+        rows = advantages.shape[0]
+        out = {key: np.zeros(rows, np.float32) for key in ("log_w", "phi", "approx_kl")}
+        minibatch = np.full(rows, -1, np.int32)
+        for index, (row_ids, values) in enumerate(zip(minibatches, responses)):
+            minibatch[row_ids] = index
+            for key in out:
+                out[key][row_ids] = np.asarray(values[key], np.float32)
+        if np.any(minibatch < 0):
+            raise AssertionError(f"rows {np.nonzero(minibatch < 0)[0][:5].tolist()} belong to no mini-batch")
+        return {
+            **out,
+            "advantage": advantages.astype(np.float32),
+            "length": lengths.astype(np.int32),
+            "reward": np.asarray(scores, np.float32),
+            "minibatch": minibatch,
+            "group": (np.arange(rows) // self.config.rollout.group_size).astype(np.int32),
+            "iteration": np.int64(self.state.iteration),
+            "policy_updates": np.int64(self.state.policy_updates),
+        }
 
     def evaluate(self) -> float | None:
         """Greedy accuracy (strict box) on the held-out records; None when there are none."""

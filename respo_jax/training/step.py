@@ -7,67 +7,113 @@ whose buffers are donated (updated in place).
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from respo_jax.objectives import PolicyObjective
 from respo_jax.training.batch import PolicyBatch, response_logprobs
 
 
+def learning_rate_schedule(learning_rate: float, warmup_steps: int, updates_per_step: int = 1):
+    """``lr(count)`` of the ``count``-th optimizer update (0-based): a linear warm-up from 0 over
+    ``warmup_steps`` schedule steps, then constant (verl's ``get_constant_schedule_with_warmup``).
+
+    A schedule step is ``updates_per_step`` updates: 1 steps per policy update; N (the rollout-reuse
+    ratio) steps per rollout batch, as verl steps its scheduler once per ``update_actor``, so every update
+    of rollout batch k runs at lr * min(1, k / warmup_steps) and the first batch at lr 0.
+    """
+    if updates_per_step < 1 or warmup_steps < 0:
+        raise ValueError(f"updates_per_step must be >= 1 and warmup_steps >= 0; got {updates_per_step}, "
+                         f"{warmup_steps}")
+
+    def schedule(count):
+        step = jnp.asarray(count) // updates_per_step
+        if warmup_steps == 0:
+            return jnp.full(jnp.shape(step), learning_rate, jnp.float32)
+        return learning_rate * jnp.minimum(1.0, step.astype(jnp.float32) / warmup_steps)
+
+    return schedule
+
+
 def make_optimizer(
-    learning_rate: float, weight_decay: float, b1: float, b2: float, max_grad_norm: float, warmup_steps: int
+    learning_rate: float, weight_decay: float, b1: float, b2: float, max_grad_norm: float, warmup_steps: int,
+    updates_per_step: int = 1,
 ) -> optax.GradientTransformation:
-    """AdamW with global-norm clipping and an optional linear warm-up of the learning rate."""
-    schedule = (
-        optax.linear_schedule(0.0, learning_rate, warmup_steps) if warmup_steps > 0 else learning_rate
-    )
+    """AdamW with global-norm clipping and the warm-up of ``learning_rate_schedule``. Adam's moments and
+    step count advance on every update, also while the learning rate is 0 (as torch's AdamW does)."""
+    schedule = learning_rate_schedule(learning_rate, warmup_steps, updates_per_step)
     return optax.chain(
         optax.clip_by_global_norm(max_grad_norm),
         optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay),
     )
 
 
-def make_policy_step(graphdef: nnx.GraphDef, objective: Callable, tx: optax.GradientTransformation):
+def sequence_approx_kl(logp, old_logp, mask) -> jnp.ndarray:
+    """k1 estimate of KL(pi_old || pi_theta) per response, [batch]: the token mean of old_logp - logp
+    (the official recipe's ``actor/approx_kl`` averages it over responses); 0 for empty responses."""
+    lengths = jnp.sum(mask, axis=-1)
+    total = jnp.sum(jnp.where(mask > 0, old_logp - logp, 0.0), axis=-1)
+    return jnp.where(lengths > 0, total / jnp.maximum(lengths, 1.0), 0.0)
+
+
+def make_policy_step(
+    graphdef: nnx.GraphDef,
+    objective: PolicyObjective,
+    tx: optax.GradientTransformation,
+    temperature: float = 1.0,
+):
     """Builds `step(params, opt_state, batch) -> (params, opt_state, metrics)` for a `PolicyBatch`.
 
-    `objective(logp, old_logp, advantages, mask) -> (loss, metrics)` is any registered objective
-    (`respo_jax.objectives.get_objective`), jitted together with the model and the Optax update.
+    `objective` is any registered objective (`respo_jax.objectives.get_objective`), jitted together with
+    the model and the Optax update; log-probs are taken at the rollout `temperature`. `metrics` holds
+    scalars plus `metrics["responses"]`: per-response `[batch]` arrays "log_w" and "phi" (what the
+    objective saw, for the rollout files and the App. E.3 diagnostics) and "approx_kl" (k1).
     """
 
     def loss_fn(params, batch: PolicyBatch):
         model = nnx.merge(graphdef, params)
-        logp = response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len)
-        loss, metrics = objective(logp, batch.old_logp, batch.advantages, batch.response_mask)
+        logp = response_logprobs(
+            model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
+            temperature=temperature,
+        )
+        out = objective.evaluate(logp, batch.old_logp, batch.advantages, batch.response_mask)
         mask = batch.response_mask
         tokens = jnp.maximum(jnp.sum(mask), 1.0)
-        # k3 estimator of KL(π_old || π_θ) over the response tokens, and the entropy proxy -E[log π].
-        log_ratio = jnp.where(mask > 0, batch.old_logp - logp, 0.0)
-        metrics = dict(metrics)
-        metrics["approx_kl"] = jnp.sum((jnp.exp(log_ratio) - 1.0 - log_ratio) * mask) / tokens
-        metrics["neg_logp"] = -jnp.sum(logp * mask) / tokens
-        return loss, metrics
+        kl = jax.lax.stop_gradient(sequence_approx_kl(logp, batch.old_logp, mask))
+        non_empty = jnp.sum(mask, axis=-1) > 0
+        metrics = dict(out.metrics)
+        metrics["approx_kl"] = jnp.sum(jnp.where(non_empty, kl, 0.0)) / jnp.maximum(jnp.sum(non_empty), 1.0)
+        metrics["neg_logp"] = -jnp.sum(jax.lax.stop_gradient(logp) * mask) / tokens  # an entropy proxy
+        return out.terms.loss(), (metrics, {**out.responses, "approx_kl": kl})
 
     def step(params, opt_state, batch: PolicyBatch):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        (loss, (metrics, responses)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
+        metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), responses=responses)
         return params, opt_state, metrics
 
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def make_logprob_fn(graphdef: nnx.GraphDef):
-    """Jitted `log π(response | prompt)` of a batch under `params`: [batch, response_len] float32."""
+def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_entropy: bool = False):
+    """Jitted `log π(response | prompt)` of a batch under `params`: [batch, response_len] float32 (0 where
+    masked), at the rollout `temperature`; `return_entropy`: also the entropy of the full distribution
+    at each response token, `(logp, entropy)` — verl logs its token mean from this pass (actor/entropy)."""
 
     @jax.jit
     def logprobs(params, batch: PolicyBatch):
         model = nnx.merge(graphdef, params)
-        logp = response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len)
-        return jnp.where(batch.response_mask > 0, logp, 0.0)
+        out = response_logprobs(
+            model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
+            temperature=temperature, return_entropy=return_entropy,
+        )
+        valid = batch.response_mask > 0
+        if return_entropy:
+            return jnp.where(valid, out[0], 0.0), jnp.where(valid, out[1], 0.0)
+        return jnp.where(valid, out, 0.0)
 
     return logprobs
 

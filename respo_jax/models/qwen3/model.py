@@ -214,14 +214,17 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def token_logprobs(self, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
                        attention_mask: jax.Array | None = None, routing: jax.Array | None = None,
-                       chunk_size: int = 512, return_aux: bool = False):
+                       chunk_size: int = 512, return_aux: bool = False, temperature: float = 1.0,
+                       return_entropy: bool = False):
         """log π(targets[b, t] | input_ids[b, :t+1]): [batch, seq] float32.
 
         The vocabulary projection and log-softmax run over ``chunk_size`` positions at a time under
         ``jax.checkpoint``, so neither the forward nor the backward pass holds float32 logits for the
-        whole [batch, seq, vocab] at once (the vocabulary is 151,936). ``return_aux=True`` returns
-        ``(logp, aux_loss)`` from the same forward (MoE trainers add ``router_aux_loss_coef · aux``;
-        ``aux_loss`` is None for dense models).
+        whole [batch, seq, vocab] at once (the vocabulary is 151,936). ``temperature`` divides the
+        logits first (π of the sampling temperature, as verl's actor does). ``return_entropy=True`` also
+        returns the entropy of the full distribution at each position, [batch, seq]: ``(logp, entropy)``.
+        ``return_aux=True`` appends ``aux_loss`` from the same forward (MoE trainers add
+        ``router_aux_loss_coef · aux``; ``aux_loss`` is None for dense models).
         """
         input_ids, positions, attention_mask, _, routing = _check_inputs(
             self.config, input_ids, positions, attention_mask, None, routing)
@@ -230,10 +233,15 @@ class Qwen3ForCausalLM(nnx.Module):
             raise ValueError(f"targets has shape {targets.shape}; input_ids has {input_ids.shape}")
         if int(chunk_size) <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if not float(temperature) > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         graphdef, state = nnx.split(self)
-        logp, aux = _token_logprobs_jit(graphdef, state, input_ids, targets, positions, attention_mask,
-                                        routing, chunk_size=int(chunk_size))
-        return (logp, aux) if return_aux else logp
+        logp, entropy, aux = _token_logprobs_jit(
+            graphdef, state, input_ids, targets, positions, attention_mask, routing,
+            chunk_size=int(chunk_size), temperature=float(temperature), return_entropy=bool(return_entropy))
+        out = (logp, entropy) if return_entropy else (logp,)
+        out = out + (aux,) if return_aux else out
+        return out if len(out) > 1 else logp
 
     # ----------------------------------------------------------------------------------------------
 
@@ -245,7 +253,8 @@ class Qwen3ForCausalLM(nnx.Module):
         return Qwen3Output(logits=logits, cache=cache, routing=indices if return_routing else None,
                            aux_loss=aux)
 
-    def _token_logprobs_impl(self, input_ids, targets, positions, attention_mask, routing, chunk_size):
+    def _token_logprobs_impl(self, input_ids, targets, positions, attention_mask, routing, chunk_size,
+                             temperature=1.0, return_entropy=False):
         hidden, _, _, aux = self._backbone(input_ids, positions, attention_mask, None, routing)
         b, s, e = hidden.shape
         chunk = min(chunk_size, s)
@@ -259,11 +268,23 @@ class Qwen3ForCausalLM(nnx.Module):
         def chunk_logprobs(args):
             h_c, t_c = args
             logits = _project_with(h_c, weight, tied)                       # [b, chunk, vocab] f32
+            if temperature != 1.0:
+                logits = logits / temperature
             picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
-            return picked - jax.nn.logsumexp(logits, axis=-1)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+            if not return_entropy:
+                return picked - lse
+            # H = logsumexp(z) - sum softmax(z) z, of the whole (untruncated) distribution
+            entropy = lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+            return picked - lse, entropy
+
+        def unchunk(x):
+            return x.swapaxes(0, 1).reshape(b, n * chunk)[:, :s]
 
         out = jax.lax.map(chunk_logprobs, (h, t))                           # [n, b, chunk]
-        return out.swapaxes(0, 1).reshape(b, n * chunk)[:, :s], aux
+        if return_entropy:
+            return unchunk(out[0]), unchunk(out[1]), aux
+        return unchunk(out), None, aux
 
     def _output_weight(self):
         dt = self.config.dtype
@@ -332,11 +353,12 @@ def _forward_jit(graphdef, state, input_ids, positions, attention_mask, cache, r
                                layers)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk_size"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk_size", "temperature", "return_entropy"))
 def _token_logprobs_jit(graphdef, state, input_ids, targets, positions, attention_mask, routing, *,
-                        chunk_size):
+                        chunk_size, temperature=1.0, return_entropy=False):
     model = nnx.merge(graphdef, state)
-    return model._token_logprobs_impl(input_ids, targets, positions, attention_mask, routing, chunk_size)
+    return model._token_logprobs_impl(input_ids, targets, positions, attention_mask, routing, chunk_size,
+                                      temperature, return_entropy)
 
 
 def _project_with(hidden: jax.Array, weight: jax.Array, tied: bool) -> jax.Array:

@@ -1,0 +1,17 @@
+"""Qwen3-30B-A3B-Base (MoE) with ReSPO on DAPO-Math-17k, as in the paper (§4.1, App. D.1): responses up to
+8,192 tokens with DAPO's soft overlong penalty (0 through 4,096 tokens, linear to -1 at 8,192).
+
+    python -m experiments.train --config experiments/configs/qwen3_30b_a3b_dapo.py \
+        model.checkpoint_dir=/ckpt/Qwen3-30B-A3B-Base task.data_dir=/data \
+        task.tokenizer_dir=/ckpt/Qwen3-30B-A3B-Base [rollout.reuse=16]
+"""
+
+from experiments.configs._paper_dapo import paper_dapo_config
+from respo_jax.training.config import ExperimentConfig
+
+
+def get_config() -> ExperimentConfig:
+    return paper_dapo_config(
+        max_new_tokens=8_192, out_dir="runs/qwen3_30b_a3b_dapo", overlong_buffer_length=4_096,
+        overlong_penalty_factor=1.0,
+    )

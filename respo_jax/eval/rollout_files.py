@@ -1,0 +1,129 @@
+"""Per-iteration rollout files: what each response of a rollout batch did in its policy update (App. E.3).
+
+The trainer writes one compressed ``.npz`` per iteration, ``<out_dir>/rollouts/iteration_000001.npz``
+(1-based, the metrics record's "iteration"), atomically (temporary file + rename), without pickle.
+One entry per response, rows prompt-major (N·M·G rows; row r is sample r % G of prompt r // G):
+
+  log_w      float32  clamped sequence log-weight log W that the objective saw at the update that used
+                      the response (pi_theta before that update vs pi_old)
+  advantage  float32  group-normalized advantage
+  length     int32    response tokens, EOS included
+  phi        float32  the objective's sequence coefficient (token mean of the gradient coefficient c;
+                      phi(W) for ReSPO and VESPO)
+  reward     float32  training reward (strict-box score + overlong penalty)
+  minibatch  int32    which of the N updates used the response
+  group      int32    prompt index within the rollout batch
+  iteration, policy_updates   int64 scalars: the counters after this iteration
+
+``load_rollout_files(run_dir)`` reads them all back, in iteration order, for the positive-branch tables
+(``respo_jax.eval.positive_branch``), reports and notebooks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from typing import Mapping
+
+import numpy as np
+
+ROLLOUT_DIR = "rollouts"
+FIELDS: dict[str, type] = {
+    "log_w": np.float32,
+    "advantage": np.float32,
+    "length": np.int32,
+    "phi": np.float32,
+    "reward": np.float32,
+    "minibatch": np.int32,
+    "group": np.int32,
+}
+SCALARS = ("iteration", "policy_updates")
+_NAME = re.compile(r"iteration_(\d{6,})\.npz")
+
+
+def rollout_path(out_dir: str | os.PathLike, iteration: int) -> str:
+    """``<out_dir>/rollouts/iteration_<iteration:06d>.npz``."""
+    return os.path.join(os.fspath(out_dir), ROLLOUT_DIR, f"iteration_{int(iteration):06d}.npz")
+
+
+def _checked(rollout: Mapping, source: str) -> dict[str, np.ndarray]:
+    """The rollout's arrays in their declared dtypes; ValueError naming `source` and the problem."""
+    missing = [key for key in (*FIELDS, *SCALARS) if key not in rollout]
+    if missing:
+        raise ValueError(f"{source}: missing {missing}; a rollout file holds {list(FIELDS) + list(SCALARS)}")
+    out: dict[str, np.ndarray] = {}
+    rows = None
+    for key, dtype in FIELDS.items():
+        value = np.asarray(rollout[key])
+        if value.ndim != 1:
+            raise ValueError(f"{source}: {key} must be one value per response, [rows]; got shape {value.shape}")
+        if rows is None:
+            rows = value.shape[0]
+        elif value.shape[0] != rows:
+            raise ValueError(f"{source}: {key} has {value.shape[0]} rows, log_w has {rows}")
+        if np.issubdtype(dtype, np.floating):
+            if not np.issubdtype(value.dtype, np.number) or not np.all(np.isfinite(value)):
+                raise ValueError(f"{source}: {key} must hold finite numbers")
+        elif not np.issubdtype(value.dtype, np.integer):
+            raise ValueError(f"{source}: {key} must hold integers; got dtype {value.dtype}")
+        out[key] = value.astype(dtype)
+    for key in SCALARS:
+        value = np.asarray(rollout[key])
+        if value.shape != () or not np.issubdtype(value.dtype, np.integer):
+            raise ValueError(f"{source}: {key} must be an integer scalar; got {value!r}")
+        out[key] = value.astype(np.int64)
+    if rows == 0:
+        raise ValueError(f"{source}: no responses")
+    if out["iteration"] < 1:
+        raise ValueError(f"{source}: iteration must be >= 1 (1-based); got {int(out['iteration'])}")
+    return out
+
+
+def write_rollout_file(out_dir: str | os.PathLike, rollout: Mapping) -> str:
+    """Writes `rollout` (the fields of the module docstring) to its iteration's file; returns the path.
+
+    The file appears complete or not at all: it is written to a temporary file in the same folder and
+    renamed, so a reader (or a crash) never sees a partial file.
+    """
+    arrays = _checked(rollout, "rollout")
+    path = rollout_path(out_dir, int(arrays["iteration"]))
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=".iteration_", suffix=".npz.partial", dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_rollout_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """One rollout file as a dict of arrays (scalars as 0-d int64 arrays)."""
+    path = os.fspath(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            raw = {key: data[key] for key in data.files}
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable rollout file ({err})") from None
+    return _checked(raw, path)
+
+
+def load_rollout_files(run_dir: str | os.PathLike) -> list[dict[str, np.ndarray]]:
+    """Every rollout file of a run, in iteration order. `run_dir`: the run's out_dir or its rollouts/."""
+    run_dir = os.fspath(run_dir)
+    folder = os.path.join(run_dir, ROLLOUT_DIR)
+    if not os.path.isdir(folder):
+        folder = run_dir
+    names = sorted(name for name in os.listdir(folder) if _NAME.fullmatch(name)) if os.path.isdir(folder) else []
+    if not names:
+        raise FileNotFoundError(f"no rollout files (rollouts/iteration_*.npz) under {run_dir!r}")
+    rollouts = [read_rollout_file(os.path.join(folder, name)) for name in names]
+    for name, rollout in zip(names, rollouts):
+        if int(_NAME.fullmatch(name).group(1)) != int(rollout["iteration"]):
+            raise ValueError(f"{os.path.join(folder, name)}: holds iteration {int(rollout['iteration'])}")
+    return sorted(rollouts, key=lambda r: int(r["iteration"]))
