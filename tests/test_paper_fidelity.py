@@ -493,3 +493,31 @@ def test_two_iterations_of_the_1p7b_config_scaled_down_run_on_cpu(tmp_path):
     np.testing.assert_allclose(rollouts[0]["log_w"], 0.0, atol=2e-2)
     trajectory = weight_length_trajectory(rollouts)  # Tab. 6 rows, one per rollout batch
     assert [row["iteration"] for row in trajectory] == [1, 2]
+
+
+def test_trainer_runs_drgrpo_in_verls_balanced_order():
+    """One synthetic iteration with rollout.minibatch_order=balanced and objective dr_grpo: the mini-batches
+    are verl's, Dr.GRPO's constant is the generation budget and its advantages are not std-scaled."""
+    config = apply_overrides(load_config(DEFAULT_CONFIG), [
+        "warmup.steps=0", "rollout.prompts_per_minibatch=2", "rollout.group_size=4", "rollout.reuse=2",
+        "rollout.minibatch_order=balanced", "rollout.balance_ranks=2", "objective.name=dr_grpo",
+        "run.eval_problems=0", "run.progress=false",
+    ])
+    trainer = RLTrainer(config)
+    assert trainer.objective.loss_scale_factor == config.rollout.max_new_tokens
+    records = trainer.batches.get_state()
+    record = trainer.iteration()
+    rollout = trainer.last_rollout
+    trainer.batches.set_state(records)
+    prompts = [trainer._encode(r) for r in next(trainer.batches) for _ in range(4)]
+    sequence_lengths = np.array([len(p) for p in prompts]) + rollout["length"]
+    expected = np.zeros(16, np.int32)
+    for index, rows in enumerate(balanced_minibatches(sequence_lengths, 2, 2)):
+        expected[rows] = index
+    np.testing.assert_array_equal(rollout["minibatch"], expected)
+    assert np.bincount(rollout["minibatch"]).tolist() == [8, 8]
+    assert trainer.objective.scale_advantages is False
+    rewards = rollout["reward"].reshape(4, 4)
+    centred = rewards - rewards.mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(rollout["advantage"].reshape(4, 4), centred, atol=1e-6)
+    assert record["policy_updates"] == 2 and np.isfinite(record["loss"])
