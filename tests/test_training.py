@@ -142,7 +142,8 @@ def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
     assert rl[0]["sampler_trainer_logp_gap"] < 1e-4
     assert (tmp_path / "training_curves.png").stat().st_size > 1000
     assert (tmp_path / "checkpoints").is_dir()
-    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["iteration_000001.npz", "iteration_000002.npz"]
+    rollout_files = sorted(p.name for p in (tmp_path / "rollouts").iterdir())
+    assert rollout_files == ["iteration_000001.npz", "iteration_000002.npz"]
     assert summary == summarize(records)
     assert json.loads((tmp_path / "config.json").read_text())["objective"]["name"] == "grpo"
 
