@@ -102,7 +102,7 @@ def ref_token_loss_and_coefficient(name, hp, logp, old_logp, adv, mask):
         lengths = mask.sum(axis=1)
         mean_diff = np.where(lengths > 0, diff.sum(axis=1) / np.maximum(lengths, 1.0), 0.0)
         capped = (mean_diff > hp["log_ratio_cap"])[:, None] * np.ones_like(logp, dtype=bool)
-        ratio = np.exp(np.clip(mean_diff, -20.0, hp["log_ratio_cap"]))[:, None] * np.ones_like(logp)
+        ratio = np.exp(np.minimum(mean_diff, hp["log_ratio_cap"]))[:, None] * np.ones_like(logp)
         assert np.min(np.abs(ratio[valid] - lo)) > 1e-5 and np.min(np.abs(ratio[valid] - hi)) > 1e-5
     surrogate = np.minimum(ratio * a, np.clip(ratio, lo, hi) * a)
     # d/dr min(r A, clip(r) A) is A where the unclipped term is the smaller one or r is inside the range.

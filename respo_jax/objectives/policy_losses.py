@@ -161,8 +161,7 @@ def gspo_token_loss(
     lengths = jnp.sum(mask, axis=-1)
     mean_log_ratio = sg(safe_divide(jnp.sum(jnp.where(mask > 0, logp - old_logp, 0.0), axis=-1), lengths))
     capped = mean_log_ratio > log_ratio_cap
-    # The lower clamp only keeps exp() finite: e^-20 and e^-inf both clip to 1 - eps_low.
-    seq_ratio = jnp.exp(jnp.clip(mean_log_ratio, -TOKEN_LOG_RATIO_CLAMP, log_ratio_cap))
+    seq_ratio = jnp.exp(jnp.minimum(mean_log_ratio, log_ratio_cap))
     low, high = _clip_flags(seq_ratio, advantages, eps_low, eps_high)
     no_grad = _broadcast_rows(low | high | capped, logp)
     token_ratio = seq_ratio[:, None] * jnp.exp(logp - sg(logp))
