@@ -577,9 +577,12 @@ def test_extreme_log_w_gives_finite_loss_gradient_and_metrics(name):
 
 
 def _value_and_grad_fns():
-    return {
-        name: jax.jit(jax.value_and_grad(get_objective(name), has_aux=True)) for name in sorted(OBJECTIVES)
-    }
+    # Dr.GRPO's constant L as the trainer sets it (the generation budget); without one it would be the
+    # padded width (verl's fallback), which padding columns change by design.
+    def objective(name):
+        return get_objective(name, loss_scale_factor=8.0) if name == "dr_grpo" else get_objective(name)
+
+    return {name: jax.jit(jax.value_and_grad(objective(name), has_aux=True)) for name in sorted(OBJECTIVES)}
 
 
 _JITTED = _value_and_grad_fns()
