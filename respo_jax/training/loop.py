@@ -231,9 +231,11 @@ class RLTrainer:
 
         # N mini-batches of M prompts × G responses: consecutive (paper §4.1) or verl's balanced order.
         minibatches = minibatch_rows(r.minibatch_order, attention.sum(axis=1), r.reuse, r.balance_ranks)
-        step_metrics, learning_rates = [], []
-        for index, rows in enumerate(minibatches):
-            learning_rates.append(float(self.learning_rate(self.state.policy_updates + index)))
+        # The optimizer's update count is policy_updates; the learning rate of each update, for the record.
+        learning_rates = np.asarray(self.learning_rate(np.arange(self.state.policy_updates,
+                                                                 self.state.policy_updates + r.reuse)))
+        step_metrics = []
+        for rows in minibatches:
             self.state.params, self.state.opt_state, metrics = self._policy_step(
                 self.state.params, self.state.opt_state, batch.take(rows))
             step_metrics.append(metrics)
