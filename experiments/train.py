@@ -6,6 +6,14 @@ rollout files (rollouts/iteration_*.npz: per-response log W, advantage, length, 
     python -m experiments.train --config experiments/configs/respo_synthetic.py run.iterations=10
     python -m experiments.train --config experiments/configs/qwen3_1p7b_dapo.py \
         model.checkpoint_dir=/ckpt/Qwen3-1.7B-Base task.data_dir=/data task.tokenizer_dir=/ckpt/Qwen3-1.7B-Base
+    python -m experiments.train run.resume=true                    # continue a killed or finished run
+    python -m experiments.train run.overwrite=true                 # replace the run in run.out_dir
+
+Everything is checked before anything is written: the config, the run directory (a directory holding
+another run is refused without run.resume or run.overwrite, see respo_jax.training.run_dir), the task
+data, the model and, on resume, the checkpoint. A user error prints one line to stderr and exits with
+status 2 (nothing written); a run that fails after it started (NaN/inf, no intact checkpoint, a
+damaged data file) prints one line and exits with status 1, its last good checkpoints kept.
 """
 
 from __future__ import annotations
@@ -18,12 +26,21 @@ import sys
 
 from tqdm import tqdm
 
+from respo_jax.data.records import DataFileError
 from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.host_allocator import configure_host_allocator
-from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
-from respo_jax.training.config import ExperimentConfig, apply_overrides
+from respo_jax.training import run_dir
+from respo_jax.training.checkpoint import (
+    CheckpointError,
+    Restored,
+    restore_latest_intact,
+    save_checkpoint,
+    set_aside,
+)
+from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
+from respo_jax.training.step import NonFiniteError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
 
@@ -32,15 +49,16 @@ def load_config(path: str, expected: type = ExperimentConfig):
     """Imports a config file and calls its `get_config()`, which must return an `expected` instance
     (`ExperimentConfig` for training, `respo_jax.eval.config.EvalConfig` for evaluation)."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"config file {path!r} does not exist")
+        raise ConfigError(f"--config {path!r}: no such file")
     spec = importlib.util.spec_from_file_location("experiment_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
-        raise AttributeError(f"config file {path!r} has no get_config()")
+        raise ConfigError(f"--config {path!r}: the file has no get_config()")
     config = module.get_config()
     if not isinstance(config, expected):
-        raise TypeError(f"{path}: get_config() returned {type(config).__name__}, expected {expected.__name__}")
+        raise ConfigError(f"--config {path!r}: get_config() returned {type(config).__name__}, "
+                          f"expected {expected.__name__}")
     return config
 
 
@@ -49,67 +67,92 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
-    config = apply_overrides(load_config(args.config), args.overrides)
+    config = apply_overrides(load_config(args.config), args.overrides).check_paths()
+    plan = run_dir.plan_run_dir(config)
     if config.run.host_allocator:  # before the first JAX computation starts XLA's threads
         configure_host_allocator()
     out_dir = config.run.out_dir
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f, indent=2)
-
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    checkpoint_dir = os.path.join(out_dir, run_dir.CHECKPOINT_DIR)
     trainer = RLTrainer(config)
-    checkpoint_dir = os.path.join(out_dir, "checkpoints")
-    resumed = config.run.resume and os.path.isdir(checkpoint_dir)
-    if resumed:
-        s = trainer.state
-        s.params, s.opt_state, meta = restore_checkpoint(checkpoint_dir, s.params, s.opt_state)
-        trainer.restore_meta(meta)
+    restored = _restore(trainer, checkpoint_dir) if plan.mode == "resume" else None
+    kept_records = restored.meta["metrics_records"] if restored else 0
+    if plan.mode == "resume":  # a log that lacks records the checkpoint counts fails here, unchanged
+        run_dir.read_metrics(os.path.join(out_dir, run_dir.METRICS_FILE), kept_records)
+
+    # -- nothing was written above this line: a failed start leaves an existing run untouched ---------
+    run_dir.start_run_dir(plan, config)
     records: list[dict] = []
-    if resumed and os.path.isfile(metrics_path):
-        with open(metrics_path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+    last_saved = None
+    if restored is not None:
+        s = trainer.state
+        s.params, s.opt_state, last_saved = restored.params, restored.opt_state, restored.step
+        trainer.restore_meta(restored.meta)
+        for step in restored.damaged:
+            moved = set_aside(checkpoint_dir, step)
+            print(f"moved damaged checkpoint step {step} to {moved}", file=sys.stderr)
+    if plan.mode == "resume":  # the log as an uninterrupted run would have it at this checkpoint
+        records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
     show = config.run.progress
-    with open(metrics_path, "a" if resumed else "w") as log:
+    with run_dir.MetricsLog(out_dir) as log:
 
         def emit(record: dict) -> None:
+            log.append(record)
             records.append(record)
-            log.write(json.dumps(record) + "\n")
-            log.flush()
+
+        def checkpoint() -> None:
+            nonlocal last_saved
+            s = trainer.state
+            meta = dict(trainer.checkpoint_meta(), metrics_records=len(records))
+            save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta)
+            last_saved = s.iteration
 
         def evaluate() -> None:
             accuracy = trainer.evaluate()
             if accuracy is not None:
                 emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, "greedy_accuracy": accuracy})
 
-        if not resumed:
+        if restored is None:
             for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):
                 emit(record)
             evaluate()
         remaining = config.num_iterations - trainer.state.iteration
         bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
         for _ in bar:
-            record = trainer.iteration()
+            record = trainer.iteration()  # raises NonFiniteError before anything of a diverged step is kept
             write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
             emit(record)
             bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",
                             len=f"{record['response_length']:.1f}")
             every = config.run.checkpoint_every
             if every and trainer.state.iteration % every == 0:
-                _checkpoint(trainer, checkpoint_dir)
-        evaluate()
-    _checkpoint(trainer, checkpoint_dir)
-    plot_path = plot_training_curves(records, os.path.join(out_dir, "training_curves.png"),
+                checkpoint()
+        if last_saved != trainer.state.iteration:
+            checkpoint()
+        evaluate()  # after the last checkpoint: a resumed finished run re-evaluates instead of repeating it
+    plot_path = plot_training_curves(records, os.path.join(out_dir, run_dir.CURVES_FILE),
                                      title=f"{config.objective.name}, N={config.rollout.reuse}")
     summary = summarize(records)
+    run_dir.atomic_write_json(os.path.join(out_dir, run_dir.SUMMARY_FILE), summary)
     print(json.dumps(summary, indent=2))
-    print(f"metrics: {metrics_path}\ncurves:  {plot_path}")
+    print(f"metrics: {log.path}\ncurves:  {plot_path}")
     return summary
 
 
-def _checkpoint(trainer: RLTrainer, checkpoint_dir: str) -> None:
-    s = trainer.state
-    save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, trainer.checkpoint_meta())
+def _restore(trainer: RLTrainer, checkpoint_dir: str) -> Restored | None:
+    """The latest intact checkpoint of the run being resumed (None: none yet), checked against the config."""
+    s, config = trainer.state, trainer.config
+    restored = restore_latest_intact(checkpoint_dir, s.params, s.opt_state)
+    if restored is None:
+        return None
+    if "metrics_records" not in restored.meta:
+        raise CheckpointError(f"checkpoint step {restored.step} in {checkpoint_dir} has no metrics_records "
+                              "(written by an older trainer); it cannot resume this run's log exactly")
+    if restored.meta["iteration"] > config.num_iterations:
+        length = (f"run.policy_updates={config.run.policy_updates}" if config.run.policy_updates
+                  else f"run.iterations={config.run.iterations}")
+        raise ConfigError(f"{length}: expected at least the {restored.meta['iteration']} iterations the run in "
+                          f"{config.run.out_dir!r} has done")
+    return restored
 
 
 def summarize(records: list[dict]) -> dict:
@@ -127,5 +170,18 @@ def summarize(records: list[dict]) -> dict:
     }
 
 
+def cli(argv: list[str]) -> int:
+    """`main` for the command line: a user error is one line on stderr and an exit status, no traceback."""
+    try:
+        main(argv)
+    except ConfigError as err:  # includes run-directory refusals; nothing was written
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (CheckpointError, NonFiniteError, DataFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(cli(sys.argv[1:]))

@@ -235,7 +235,8 @@ def test_a_runs_config_json_round_trips_and_unknown_fields_are_named():
     from experiments.train import DEFAULT_CONFIG, load_config
     from respo_jax.training.config import ExperimentConfig, config_from_dict
 
-    config = apply_overrides(load_config(DEFAULT_CONFIG), ["objective.hparams.eps_high=0.28"])
+    overrides = ["objective.name=grpo", "objective.hparams.eps_high=0.28"]  # respo has no eps_high
+    config = apply_overrides(load_config(DEFAULT_CONFIG), overrides)
     assert config_from_dict(ExperimentConfig, json.loads(json.dumps(config.to_dict()))) == config
     data = config.to_dict()
     del data["optim"]  # a field or section written before it existed takes its default

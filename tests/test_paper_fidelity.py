@@ -94,7 +94,7 @@ def test_a_paper_config_without_paths_stops_at_start_up_naming_them(path, tmp_pa
 
 
 def test_run_length_in_policy_updates_must_divide_by_n():
-    with pytest.raises(ValueError, match="run.policy_updates=10 is not a multiple of rollout.reuse=4"):
+    with pytest.raises(ValueError, match="run.policy_updates=10: expected a multiple of rollout.reuse=4"):
         apply_overrides(load_config(DEFAULT_CONFIG), ["run.policy_updates=10"])
 
 
@@ -182,7 +182,7 @@ def test_config_warmup_ratio_counts_the_schedules_unit():
     assert (per_rollout.lr_warmup_steps, per_update.lr_warmup_steps) == (15, 60)
     with pytest.raises(ValueError, match="not both"):
         apply_overrides(base, ["optim.warmup_ratio=0.05", "optim.warmup_steps=3"])
-    with pytest.raises(ValueError, match="optim.schedule_per must be"):
+    with pytest.raises(ValueError, match="optim.schedule_per='epoch': expected 'update' or 'rollout'"):
         apply_overrides(base, ["optim.schedule_per=epoch"])
 
 

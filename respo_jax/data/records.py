@@ -149,11 +149,18 @@ def fix_aime25_escapes(text: str) -> str:
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; bad JSON, a non-object or an empty file raise
-    DataFileError naming the file and line."""
+    """(line number, object) for each non-blank line; bad JSON, a byte that is not UTF-8, a non-object or
+    an empty file raise DataFileError naming the file and line."""
     count = 0
-    with open(path, "r", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataFileError(
+                    path, lineno,
+                    f"invalid UTF-8 byte {raw[err.start]:#04x} at byte {err.start + 1} of the line",
+                ) from None
             if not line.strip():
                 continue
             try:

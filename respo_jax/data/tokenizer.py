@@ -60,11 +60,15 @@ def _token_content(value: Any) -> str | None:
 def _read_json(path: str) -> dict:
     if not os.path.isfile(path):
         return {}
-    with open(path, "r", encoding="utf-8") as handle:
-        try:
-            return json.load(handle)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: invalid UTF-8 byte {data[err.start]:#04x}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
 
 
 def _select_template(raw: Any, path: str) -> str | None:

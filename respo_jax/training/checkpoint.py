@@ -1,58 +1,267 @@
-"""Orbax checkpoints of a training run: parameters, optimizer state and the data position.
+"""Orbax checkpoints of a training run: parameters, optimizer state and the data position, verified.
 
 A checkpoint must let a run resume exactly: the pytrees (params, opt_state) go through Orbax's
 StandardSave, the counters and the prompt-stream position through JSON, both under one step folder.
+Hours of compute depend on it, so a checkpoint is also checked on the way in and out:
+
+- `save_checkpoint` refuses non-finite values (a diverged run must not replace good checkpoints) and a
+  step Orbax would silently skip (one that already exists), and writes a manifest of SHA-256 digests of
+  every file of the step once Orbax has finished it.
+- `restore_checkpoint` accepts a step only if its manifest matches the files byte for byte (a bit flip
+  or a save cut short by a kill is caught before Orbax reads anything), Orbax can read it, every array
+  has the shape and dtype the run expects, and every value is finite.
+- `restore_latest_intact` walks back from the newest step to the newest intact one, reporting each
+  damaged step in one line.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
 import os
+import sys
+from typing import Any, Callable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+
+from respo_jax.training.step import NonFiniteError, tree_all_finite
+
+MANIFEST = "respo_manifest.json"  # inside each step folder, next to Orbax's own files
+_all_finite = jax.jit(tree_all_finite)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written, or no intact checkpoint to restore; the message is one line."""
 
 
 def _manager(directory: str, max_to_keep: int | None = 3) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
         os.path.abspath(directory),
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True),
         item_names=("state", "meta"),
     )
 
 
+def list_steps(directory: str) -> list[int]:
+    """The steps under `directory`, oldest first (empty when there is none or no directory): the folders
+    named by a step number. Orbax writes a step under a temporary name and renames it when finished;
+    set-aside damaged steps are named `<step>.damaged`."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory)
+                  if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
+
+
+def step_dir(directory: str, step: int) -> str:
+    return os.path.join(os.path.abspath(directory), str(step))
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_digests(folder: str) -> dict[str, str]:
+    """{relative path: SHA-256} of every file under `folder` except the manifest. Files are hashed on
+    several threads (hashlib releases the GIL): about 1 GB/s per core."""
+    paths = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            relative = os.path.relpath(os.path.join(root, name), folder)
+            if relative != MANIFEST:
+                paths[relative] = os.path.join(root, name)
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        return dict(zip(paths, pool.map(_sha256, paths.values())))
+
+
+def write_manifest(folder: str, step: int) -> None:
+    """Writes `MANIFEST` (the SHA-256 of each file of a finished step folder) atomically."""
+    manifest = {"step": step, "files": _file_digests(folder)}
+    temp = os.path.join(folder, f".{MANIFEST}.tmp")
+    with open(temp, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, os.path.join(folder, MANIFEST))
+
+
+def verify_files(folder: str) -> str | None:
+    """None when the step folder matches its manifest; else what is wrong, in a few words."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        return f"no {MANIFEST} (the save did not finish)"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            expected = json.load(handle)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"unreadable {MANIFEST} ({err})"
+    actual = _file_digests(folder)
+    for name in sorted(expected):
+        if name not in actual:
+            return f"file {name} is missing"
+        if actual[name] != expected[name]:
+            return f"file {name} does not match its SHA-256 in {MANIFEST}"
+    extra = sorted(set(actual) - set(expected))
+    if extra:
+        return f"unexpected file {extra[0]}"
+    return None
+
+
 def save_checkpoint(directory: str, step: int, params, opt_state, meta: dict) -> None:
-    """Writes `{params, opt_state}` and the JSON-able `meta` (counters, data position) as step `step`."""
+    """Writes `{params, opt_state}` and the JSON-able `meta` (counters, data position) as step `step`.
+
+    Raises NonFiniteError (nothing written) when a value is NaN/inf, CheckpointError when `step`
+    already exists (Orbax would skip it silently).
+    """
+    state = {"params": params, "opt_state": opt_state}
+    if not bool(_all_finite(state)):
+        raise NonFiniteError(f"checkpoint step {step}: parameters or optimizer state hold NaN/inf; not saved")
     with _manager(directory) as manager:
-        manager.save(
+        saved = manager.save(
             step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-                meta=ocp.args.JsonSave(meta),
-            ),
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
         )
         manager.wait_until_finished()
+    if not saved:
+        raise CheckpointError(f"checkpoint step {step} was not saved: {directory} already holds step "
+                              f"{max(list_steps(directory), default=None)}")
+    if jax.process_index() == 0:  # one writer; the step folder is shared by all processes
+        write_manifest(step_dir(directory, step), step)
+
+
+def _leaf_name(path) -> str:
+    return "/".join(_key_names(path))
+
+
+def _key_names(path) -> tuple[str, ...]:
+    """A pytree path as plain names: dict keys, attribute names and sequence indices alike (Orbax's
+    metadata spells a namedtuple field or an nnx.State entry as a dict key)."""
+    return tuple(str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))) for key in path)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _compare_with_stored(folder: str, expected) -> str | None:
+    """None when the arrays stored in a step (Orbax's metadata: names, shapes, dtypes) are exactly those
+    of `expected` (`tree_flatten_with_path` of ShapeDtypeStructs); else what differs, in a few words."""
+    try:
+        stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(folder) / "state").tree
+        stored = {_key_names(path): meta for path, meta in jax.tree_util.tree_flatten_with_path(stored)[0]}
+    except Exception as err:  # noqa: BLE001
+        return f"unreadable array metadata ({_first_line(err)})"
+    names = {_key_names(path) for path, _ in expected}
+    extra = sorted(set(stored) - names)
+    if extra:
+        return f"holds {'/'.join(extra[0])}, which this run's state does not have"
+    for path, spec in expected:
+        meta = stored.get(_key_names(path))
+        if meta is None:
+            return f"lacks {_leaf_name(path)}"
+        if tuple(meta.shape) != tuple(spec.shape) or np.dtype(meta.dtype) != np.dtype(spec.dtype):
+            return (f"{_leaf_name(path)} is {np.dtype(meta.dtype)}{list(meta.shape)}; this run expects "
+                    f"{np.dtype(spec.dtype)}{list(spec.shape)}")
+    return None
 
 
 def restore_checkpoint(directory: str, params_like, opt_state_like, step: int | None = None):
-    """Restores (params, opt_state, meta) of `step` (default: the latest) onto the given pytree structure."""
-    with _manager(directory) as manager:
-        step = manager.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint under {directory!r}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params_like, "opt_state": opt_state_like})
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
-        )
-    return restored["state"]["params"], restored["state"]["opt_state"], restored["meta"]
+    """Restores and verifies (params, opt_state, meta) of `step` (default: the latest) onto the given
+    pytree structure. Raises FileNotFoundError when there is no checkpoint, CheckpointError (one line)
+    when the step is damaged: files that do not match the manifest, unreadable, wrong shapes or dtypes,
+    non-finite values."""
+    steps = list_steps(directory)
+    step = (steps[-1] if steps else None) if step is None else step
+    if step is None or step not in steps:
+        raise FileNotFoundError(f"no checkpoint {'' if step is None else f'step {step} '}under {directory!r}")
+    where = f"checkpoint step {step} in {directory}"
+    problem = verify_files(step_dir(directory, step))
+    if problem:
+        raise CheckpointError(f"{where} is damaged: {problem}")
+    like = {"params": params_like, "opt_state": opt_state_like}
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    expected = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    problem = _compare_with_stored(step_dir(directory, step), expected)  # before Orbax reads any array
+    if problem:
+        raise CheckpointError(f"{where}: {problem}")
+    try:
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            restored = checkpointer.restore(
+                step_dir(directory, step),
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
+            )
+    except Exception as err:  # noqa: BLE001 (Orbax and TensorStore raise many types for a bad file)
+        raise CheckpointError(f"{where} is unreadable: {_first_line(err)}") from None
+    state, meta = restored["state"], restored["meta"]
+    if not bool(_all_finite(state)):  # one fused reduction; name the first bad array only when needed
+        for (path, _), value in zip(expected, jax.tree.leaves(state)):
+            if not bool(_all_finite(value)):
+                raise CheckpointError(f"{where}: {_leaf_name(path)} holds NaN/inf")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{where}: its meta item is {type(meta).__name__}, expected a JSON object")
+    return state["params"], state["opt_state"], meta
+
+
+@dataclasses.dataclass
+class Restored:
+    """The newest intact checkpoint and the newer, damaged steps skipped on the way to it."""
+
+    params: Any
+    opt_state: Any
+    meta: dict
+    step: int
+    damaged: list[int]
+
+
+def restore_latest_intact(directory: str, params_like, opt_state_like,
+                          report: Callable[[str], None] | None = None) -> Restored | None:
+    """The newest intact checkpoint, or None when there is no checkpoint at all. Each damaged step newer
+    than it is reported (one line each) through `report` (default: stderr) and listed in `damaged`;
+    CheckpointError when no step is intact."""
+    report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    steps = list_steps(directory)
+    damaged: list[int] = []
+    for step in reversed(steps):
+        try:
+            params, opt_state, meta = restore_checkpoint(directory, params_like, opt_state_like, step)
+        except CheckpointError as err:
+            report(f"warning: {err}; falling back to an earlier checkpoint")
+            damaged.append(step)
+            continue
+        return Restored(params, opt_state, meta, step, damaged)
+    if steps:
+        raise CheckpointError(f"no intact checkpoint under {directory} (steps {steps} are all damaged; "
+                              "run.overwrite=true starts the run afresh)")
+    return None
+
+
+def set_aside(directory: str, step: int) -> str:
+    """Renames a damaged step folder to `<step>.damaged` (Orbax ignores it; a new save of the step can
+    proceed) and returns the new path; the files are kept for inspection."""
+    source = step_dir(directory, step)
+    target = source + ".damaged"
+    suffix = 1
+    while os.path.exists(target):
+        suffix += 1
+        target = f"{source}.damaged{suffix}"
+    os.replace(source, target)
+    return target
 
 
 def latest_step(directory: str) -> int | None:
     """The newest checkpoint step under `directory`, or None when it holds none (or does not exist)."""
-    if not os.path.isdir(directory):
-        return None
-    with ocp.CheckpointManager(os.path.abspath(directory), item_names=("state", "meta")) as manager:
-        return manager.latest_step()
+    steps = list_steps(directory)
+    return steps[-1] if steps else None
 
 
 def restore_params(directory: str, params_like, step: int | None = None):
@@ -60,15 +269,19 @@ def restore_params(directory: str, params_like, step: int | None = None):
 
     For evaluation: the optimizer state is left on disk (never materialized). `params_like` may be
     abstract (`jax.ShapeDtypeStruct` leaves, e.g. from `nnx.eval_shape`); arrays come back in its
-    dtypes and shardings. Returns (params, meta, step).
+    dtypes and shardings. The step's files are checked against its manifest first (CheckpointError
+    when damaged). Reads only: a run that is still training can be evaluated. Returns (params, meta, step).
     """
     step = latest_step(directory) if step is None else step
     if step is None:
         raise FileNotFoundError(f"no checkpoint under {directory!r}")
+    problem = verify_files(step_dir(directory, step))
+    if problem:
+        raise CheckpointError(f"checkpoint step {step} in {directory} is damaged: {problem}")
     abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params_like)}
-    with _manager(directory) as manager:
-        restored = manager.restore(
-            step,
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+        restored = checkpointer.restore(
+            step_dir(directory, step),
             args=ocp.args.Composite(
                 state=ocp.args.PyTreeRestore(
                     abstract,

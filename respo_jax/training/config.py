@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import typing
 from typing import Any, TypeVar
 
@@ -16,8 +18,54 @@ from typing import Any, TypeVar
 ConfigT = TypeVar("ConfigT")
 
 
+class ConfigError(ValueError):
+    """A configuration a run cannot start with. The message is one line that names the key, the value
+    and what is allowed; `experiments/train.py` prints it without a traceback."""
+
+
+class ConfigKeyError(ConfigError, KeyError):
+    """An unknown config key (also a KeyError, so `except KeyError` callers keep working)."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0])
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raises `ConfigError("key=value: expected <allowed>")` unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: expected {allowed}")
+
+
+class _Section:
+    """What every config section shares: its key prefix and the checks of its fields."""
+
+    section: typing.ClassVar[str] = ""
+
+    def _need(self, name: str, ok: bool, allowed: str) -> None:
+        """Raises `ConfigError("section.name=value: expected <allowed>")` unless `ok`."""
+        _require(ok, f"{self.section}.{name}", getattr(self, name), allowed)
+
+    def _check_types(self) -> None:
+        """Every field has its declared type (a config file can pass anything); floats are finite."""
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            annotation, value = hints[field.name], getattr(self, field.name)
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if annotation is bool:
+                self._need(field.name, isinstance(value, bool), "true or false")
+            elif annotation is int:
+                self._need(field.name, is_number and isinstance(value, int), "an integer")
+            elif annotation is float:
+                self._need(field.name, is_number, "a number")
+                self._need(field.name, math.isfinite(value), "a finite number")
+            elif annotation is str:
+                self._need(field.name, isinstance(value, str), "a string")
+            elif annotation is dict:
+                self._need(field.name, isinstance(value, dict), "a dict (JSON object)")
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Section):
     """Which Qwen3 to train: a preset name (`qwen3.Qwen3Config.preset`) plus field overrides, or a local HF dir.
 
     preset "" means "no random initialisation": `checkpoint_dir` must then be set (the paper configs).
@@ -26,6 +74,7 @@ class ModelConfig:
     mixed precision): bfloat16 parameters would round away AdamW updates of lr 1e-6.
     """
 
+    section = "model"
     preset: str = "tiny"
     overrides: dict = dataclasses.field(default_factory=dict)
     checkpoint_dir: str = ""  # a Hugging Face-format directory; when set it wins over `preset`
@@ -38,24 +87,46 @@ class ModelConfig:
     scan_layers: bool = True
 
     def validate(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"model.dtype must be 'float32' or 'bfloat16'; got {self.dtype!r}")
-        if self.param_dtype not in ("", "float32", "bfloat16"):
-            raise ValueError(
-                f"model.param_dtype must be '', 'float32' or 'bfloat16'; got {self.param_dtype!r}"
-            )
-        if not self.preset and not self.checkpoint_dir:
-            raise ValueError(
-                "model.preset is empty: set model.checkpoint_dir to a Hugging Face Qwen3 checkpoint"
-            )
+        from respo_jax.models import qwen3  # local: the model package is heavy to import
+
+        self._check_types()
+        self._need("dtype", self.dtype in ("float32", "bfloat16"), "'float32' or 'bfloat16'")
+        self._need("param_dtype", self.param_dtype in ("", "float32", "bfloat16"),
+                   "'', 'float32' or 'bfloat16' ('': model.dtype)")
+        self._need("preset", bool(self.preset or self.checkpoint_dir),
+                   "a preset name, or model.checkpoint_dir=<a Hugging Face Qwen3 checkpoint directory>")
         own = sorted(set(self.overrides) & {"dtype", "param_dtype", "remat", "scan_layers"})
-        if own:
-            raise ValueError(f"model.overrides sets {own}: use the model.dtype / model.remat / "
-                             "model.scan_layers fields instead")
+        self._need("overrides", not own, f"no {own}: use the model.dtype / model.remat / model.scan_layers "
+                   "fields instead")
+        if self.checkpoint_dir:
+            self._need("overrides", not self.overrides,
+                       "{} with model.checkpoint_dir (the checkpoint's config.json defines the model)")
+            return
+        try:
+            qwen3.Qwen3Config.preset(self.preset)
+        except KeyError as err:
+            raise ConfigError(f"model.preset={self.preset!r}: expected a known preset ({_one_line(err)})") \
+                from None
+        try:
+            qwen3.Qwen3Config.preset(self.preset, **self.overrides)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"model.overrides={self.overrides!r}: {_one_line(err)}") from None
+
+    def check_paths(self) -> None:
+        """The checkpoint directory exists and its config.json parses (see `ExperimentConfig.check_paths`)."""
+        from respo_jax.models import qwen3
+
+        if not self.checkpoint_dir:
+            return
+        self._need("checkpoint_dir", os.path.isdir(self.checkpoint_dir), "a Hugging Face checkpoint directory")
+        try:
+            qwen3.load_config(self.checkpoint_dir)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"model.checkpoint_dir={self.checkpoint_dir!r}: {_one_line(err)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskConfig:
+class TaskConfig(_Section):
     """The verifiable task and its reward.
 
     name: "synthetic" (arithmetic in `\\boxed{}`, in-process tokenizer: the CPU experiment) or "dapo_math"
@@ -64,6 +135,7 @@ class TaskConfig:
     overlong penalty (0 up to max_new_tokens − buffer, linear to −`overlong_penalty_factor` at the limit).
     """
 
+    section = "task"
     name: str = "synthetic"
     difficulty: str = "easy"  # synthetic only
     num_records: int = 100_000  # synthetic only: size of the prompt pool the batches shuffle
@@ -79,21 +151,42 @@ class TaskConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.name not in ("synthetic", "dapo_math"):
-            raise ValueError(f"task.name must be 'synthetic' or 'dapo_math'; got {self.name!r}")
-        if self.name == "dapo_math" and not (self.data_dir and self.tokenizer_dir):
-            raise ValueError("task.name='dapo_math' needs task.data_dir and task.tokenizer_dir")
-        if self.num_records < 1 or self.max_prompt_tokens < 1:
-            raise ValueError(f"task.num_records and task.max_prompt_tokens must be >= 1; got {self}")
-        if self.overlong_buffer_length < 0 or self.overlong_penalty_factor < 0:
-            raise ValueError("task.overlong_buffer_length and task.overlong_penalty_factor must be >= 0")
+        from respo_jax.data.synthetic import DIFFICULTIES
+
+        self._check_types()
+        self._need("name", self.name in ("synthetic", "dapo_math"), "'synthetic' or 'dapo_math'")
+        if self.name == "synthetic":
+            self._need("difficulty", self.difficulty in DIFFICULTIES, f"one of {sorted(DIFFICULTIES)}")
+        else:
+            self._need("data_dir", bool(self.data_dir), "a data directory for task.name='dapo_math'")
+            self._need("tokenizer_dir", bool(self.tokenizer_dir), "a tokenizer directory for task.name='dapo_math'")
+        self._need("num_records", self.num_records >= 1, "an integer >= 1")
+        self._need("max_prompt_tokens", self.max_prompt_tokens >= 1, "an integer >= 1")
+        self._need("overlong_buffer_length", self.overlong_buffer_length >= 0,
+                   "an integer >= 0 (0: no overlong penalty)")
+        self._need("overlong_penalty_factor", self.overlong_penalty_factor >= 0, "a number >= 0")
+        self._need("seed", self.seed >= 0, "an integer >= 0")
+
+    def check_paths(self) -> None:
+        """dapo_math: the data file and tokenizer.json exist (see `ExperimentConfig.check_paths`)."""
+        from respo_jax.data.records import resolve_data_file
+
+        if self.name != "dapo_math":
+            return
+        try:
+            resolve_data_file("dapo_math", self.data_dir)
+        except FileNotFoundError as err:
+            raise ConfigError(f"task.data_dir={self.data_dir!r}: {_one_line(err)}") from None
+        self._need("tokenizer_dir", os.path.isfile(os.path.join(self.tokenizer_dir, "tokenizer.json")),
+                   "a directory with tokenizer.json")
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
+class RolloutConfig(_Section):
     """Rollout sizes of paper §4.1: a rollout batch of `reuse * prompts_per_minibatch` prompts, `group_size`
     responses each, split into `reuse` (= N) consecutive mini-batches, one policy update each."""
 
+    section = "rollout"
     prompts_per_minibatch: int = 8  # M
     group_size: int = 8  # G
     reuse: int = 4  # N, the rollout-reuse ratio
@@ -108,36 +201,50 @@ class RolloutConfig:
     balance_ranks: int = 1
 
     def validate(self) -> None:
-        for name in ("prompts_per_minibatch", "group_size", "reuse", "max_new_tokens", "balance_ranks"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.{name} must be >= 1; got {getattr(self, name)}")
-        if self.temperature <= 0:
-            raise ValueError(f"rollout.temperature must be > 0 for training rollouts; got {self.temperature}")
-        if self.minibatch_order not in ("consecutive", "balanced"):
-            raise ValueError(
-                f"rollout.minibatch_order must be 'consecutive' or 'balanced'; got {self.minibatch_order!r}"
-            )
-        if (self.prompts_per_minibatch * self.group_size) % self.balance_ranks:
-            raise ValueError(
-                f"rollout.balance_ranks={self.balance_ranks} must divide a mini-batch's "
-                f"{self.prompts_per_minibatch * self.group_size} responses"
-            )
+        from respo_jax.sampling import SamplingParams
+
+        self._check_types()
+        for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks"):
+            self._need(name, getattr(self, name) >= 1, "an integer >= 1")
+        self._need("minibatch_order", self.minibatch_order in ("consecutive", "balanced"),
+                   "'consecutive' or 'balanced'")
+        responses = self.prompts_per_minibatch * self.group_size
+        self._need("balance_ranks", responses % self.balance_ranks == 0,
+                   f"a divisor of a mini-batch's {responses} responses")
+        self._need("group_size", self.group_size >= 2,
+                   "an integer >= 2 (a group of one response always gets advantage 0)")
+        self._need("temperature", self.temperature > 0,
+                   "a number > 0 (training rollouts sample; greedy decoding has no log-probs)")
+        self._need("top_p", 0 < self.top_p <= 1, "a number in (0, 1] (1: no nucleus truncation)")
+        self._need("top_k", self.top_k >= 0, "an integer >= 0 (0: no top-k truncation)")
+        try:  # the sampler's own checks, so a rollout never fails after warm-up
+            SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                           top_k=self.top_k, num_samples=self.group_size)
+        except ValueError as err:
+            raise ConfigError(f"rollout: {_one_line(err)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
-class ObjectiveConfig:
+class ObjectiveConfig(_Section):
     """The policy objective by registry name, its hyperparameters and the loss aggregation mode."""
 
+    section = "objective"
     name: str = "respo"
     hparams: dict = dataclasses.field(default_factory=dict)
 
     def validate(self) -> None:
-        if not self.name:
-            raise ValueError("objective.name must be set")
+        from respo_jax.objectives import OBJECTIVES, get_objective
+
+        self._check_types()
+        self._need("name", self.name in OBJECTIVES, f"one of {sorted(OBJECTIVES)}")
+        try:  # the registry checks names and ranges of the hyperparameters
+            get_objective(self.name, **self.hparams)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"objective.hparams={self.hparams!r}: {_one_line(err)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(_Section):
     """AdamW with global-norm clipping and a linear warm-up of the learning rate, then constant.
 
     schedule_per: the schedule's step — "update" (each policy update) or "rollout" (each rollout batch,
@@ -147,6 +254,7 @@ class OptimConfig:
       lr_warmup_steps_ratio); at most one of the two.
     """
 
+    section = "optim"
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
     b1: float = 0.9
@@ -157,36 +265,41 @@ class OptimConfig:
     schedule_per: str = "update"
 
     def validate(self) -> None:
-        if self.learning_rate <= 0:
-            raise ValueError(f"optim.learning_rate must be > 0; got {self.learning_rate}")
-        if self.max_grad_norm <= 0:
-            raise ValueError(f"optim.max_grad_norm must be > 0; got {self.max_grad_norm}")
-        if self.warmup_steps < 0 or not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"optim.warmup_steps must be >= 0 and optim.warmup_ratio in [0, 1); got {self}")
-        if self.warmup_steps and self.warmup_ratio:
-            raise ValueError("set optim.warmup_steps or optim.warmup_ratio, not both")
-        if self.schedule_per not in ("update", "rollout"):
-            raise ValueError(f"optim.schedule_per must be 'update' or 'rollout'; got {self.schedule_per!r}")
+        self._check_types()
+        self._need("learning_rate", self.learning_rate > 0, "a finite number > 0")
+        self._need("weight_decay", self.weight_decay >= 0, "a finite number >= 0")
+        self._need("b1", 0 <= self.b1 < 1, "a number in [0, 1)")
+        self._need("b2", 0 <= self.b2 < 1, "a number in [0, 1)")
+        self._need("max_grad_norm", self.max_grad_norm > 0, "a finite number > 0")
+        self._need("warmup_steps", self.warmup_steps >= 0, "an integer >= 0")
+        self._need("warmup_ratio", 0 <= self.warmup_ratio < 1, "a number in [0, 1)")
+        self._need("warmup_ratio", not (self.warmup_steps and self.warmup_ratio),
+                   "0 with optim.warmup_steps > 0 (set one of the two, not both)")
+        self._need("schedule_per", self.schedule_per in ("update", "rollout"), "'update' or 'rollout'")
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmupConfig:
+class WarmupConfig(_Section):
     """Supervised warm-up that turns a random init into a weak "base model" with non-zero reward,
     so that RL has a signal (the paper starts from a pretrained base model)."""
 
+    section = "warmup"
     steps: int = 0
     batch_size: int = 64
     learning_rate: float = 3e-3
 
     def validate(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.learning_rate <= 0:
-            raise ValueError(f"warmup fields out of range: {self}")
+        self._check_types()
+        self._need("steps", self.steps >= 0, "an integer >= 0 (0: no warm-up)")
+        self._need("batch_size", self.batch_size >= 1, "an integer >= 1")
+        self._need("learning_rate", self.learning_rate > 0, "a finite number > 0")
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
+class RunConfig(_Section):
     """Run length, seed and where results go."""
 
+    section = "run"
     iterations: int = 40  # rollout batches
     # When > 0, the run length in policy updates instead (the paper fixes 1,024 for every N): the run
     # has policy_updates / rollout.reuse iterations, and `iterations` is not read.
@@ -194,15 +307,23 @@ class RunConfig:
     seed: int = 0
     out_dir: str = "runs/respo_synthetic"
     checkpoint_every: int = 0  # 0: only at the end
-    resume: bool = False  # continue from the latest checkpoint under out_dir/checkpoints
+    resume: bool = False  # continue the run in out_dir from its latest intact checkpoint (see run_dir)
+    overwrite: bool = False  # delete the run in out_dir first (its config, metrics, checkpoints, ...)
     eval_problems: int = 128  # held-out problems for the greedy accuracy before and after (0: none)
     progress: bool = True
     # Keep XLA's host buffers mapped between steps (respo_jax.host_allocator); applied at start-up.
     host_allocator: bool = True
 
     def validate(self) -> None:
-        if self.iterations < 1 or self.policy_updates < 0:
-            raise ValueError(f"run.iterations must be >= 1 and run.policy_updates >= 0; got {self}")
+        self._check_types()
+        self._need("iterations", self.iterations >= 1, "an integer >= 1")
+        self._need("policy_updates", self.policy_updates >= 0, "an integer >= 0 (0: run.iterations decides)")
+        self._need("seed", 0 <= self.seed < 2**32, "an integer in [0, 2**32)")
+        self._need("out_dir", bool(self.out_dir.strip()), "a directory path")
+        self._need("checkpoint_every", self.checkpoint_every >= 0, "an integer >= 0 (0: only at the end)")
+        self._need("eval_problems", self.eval_problems >= 0, "an integer >= 0 (0: no eval)")
+        self._need("overwrite", not (self.resume and self.overwrite),
+                   "false with run.resume=true (continue the run, or replace it: not both)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,30 +337,44 @@ class ExperimentConfig:
     run: RunConfig = RunConfig()
 
     def validate(self) -> "ExperimentConfig":
+        """Checks every field and the relations between them; raises `ConfigError` (one line) or returns
+        self."""
+        from respo_jax.data.synthetic import get_task
+
         missing = self.missing_paths()
         if missing:
-            raise ValueError(
-                "this configuration reads local files that are not set; pass them on the command line: "
-                + " ".join(missing)
-            )
+            raise ConfigError("this configuration reads local files that are not set; pass them on the "
+                              "command line: " + " ".join(missing))
+        section_types = typing.get_type_hints(ExperimentConfig)
         for field in dataclasses.fields(self):
-            getattr(self, field.name).validate()
-        if self.run.policy_updates % self.rollout.reuse:
-            raise ValueError(
-                f"run.policy_updates={self.run.policy_updates} is not a multiple of rollout.reuse="
-                f"{self.rollout.reuse} (each rollout batch gives N updates)"
-            )
-        if self.warmup.steps and self.task.name != "synthetic":
-            raise ValueError("warmup.steps > 0 needs reference responses: only task.name='synthetic' has them")
-        if self.task.overlong_buffer_length > self.rollout.max_new_tokens:
-            raise ValueError(
-                f"task.overlong_buffer_length={self.task.overlong_buffer_length} exceeds "
-                f"rollout.max_new_tokens={self.rollout.max_new_tokens}"
-            )
+            section, cls = getattr(self, field.name), section_types[field.name]
+            _require(isinstance(section, cls), field.name, section, f"a {cls.__name__}")
+            section.validate()
+        task, rollout = self.task, self.rollout
+        self.run._need("policy_updates", self.run.policy_updates % rollout.reuse == 0,
+                       f"a multiple of rollout.reuse={rollout.reuse} (each rollout batch gives N updates)")
+        self.warmup._need("steps", not (self.warmup.steps and task.name != "synthetic"),
+                          "0 with task.name='dapo_math' (the warm-up needs the reference responses "
+                          "of 'synthetic')")
+        task._need("overlong_buffer_length", task.overlong_buffer_length <= rollout.max_new_tokens,
+                   f"at most rollout.max_new_tokens={rollout.max_new_tokens}")
+        if task.name == "synthetic":
+            needed = get_task(task.difficulty).max_response_tokens() + 1
+            rollout._need("max_new_tokens", rollout.max_new_tokens >= needed,
+                          f">= {needed}: a correct answer of the {task.difficulty!r} task takes {needed} "
+                          "tokens with EOS")
         return self
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def check_paths(self) -> "ExperimentConfig":
+        """Checks the local files the config names (model checkpoint, task data, tokenizer) exist and
+        parse; `ConfigError` otherwise. Separate from `validate`, which is pure: a saved config stays
+        valid where its files are not (e.g. evaluated on another machine). The trainer calls both."""
+        self.model.check_paths()
+        self.task.check_paths()
+        return self
 
     def missing_paths(self) -> list[str]:
         """The `key=<what>` overrides this config needs before it can run (paper configs leave them unset)."""
@@ -290,12 +425,14 @@ def _parse_value(raw: str, annotation: Any, key: str) -> Any:
                 raise ValueError(raw)
             return value
     except ValueError as err:
-        raise ValueError(f"override {key}={raw!r}: cannot parse as {getattr(target, '__name__', target)}") from err
+        raise ConfigError(f"{key}={raw!r}: cannot parse as {getattr(target, '__name__', target)}") from None
     raise TypeError(f"override {key}: unsupported field type {annotation!r}")
 
 
 def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
-    """Returns `config` with `section.field=value` overrides applied; unknown keys raise KeyError.
+    """Returns `config` with `section.field=value` overrides applied and validated.
+
+    Unknown keys raise `ConfigKeyError` (a KeyError), bad values `ConfigError` (a ValueError).
 
     `config` is any frozen dataclass whose fields are frozen section dataclasses and which has a
     `validate()` returning itself (`ExperimentConfig`, `respo_jax.eval.config.EvalConfig`).
@@ -306,19 +443,19 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
     hints = {name: typing.get_type_hints(cls) for name, cls in sections.items()}
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r} is not of the form section.field=value")
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
         key, raw = item.split("=", 1)
         parts = key.strip().split(".")
         if len(parts) < 2 or parts[0] not in sections:
-            raise KeyError(f"unknown config key {key!r}; sections are {sorted(sections)}")
+            raise ConfigKeyError(f"unknown config key {key!r}; sections are {sorted(sections)}")
         section_name, field_name, rest = parts[0], parts[1], parts[2:]
         section = getattr(config, section_name)
         field_types = hints[section_name]
         if field_name not in field_types:
-            raise KeyError(f"unknown config key {key!r}; {section_name} has {sorted(field_types)}")
+            raise ConfigKeyError(f"unknown config key {key!r}; {section_name} has {sorted(field_types)}")
         if rest:
             if field_types[field_name] is not dict and typing.get_origin(field_types[field_name]) is not dict:
-                raise KeyError(f"config key {key!r}: {section_name}.{field_name} is not a dict field")
+                raise ConfigKeyError(f"config key {key!r}: {section_name}.{field_name} is not a dict field")
             try:
                 sub_value = json.loads(raw)
             except json.JSONDecodeError:
@@ -331,28 +468,36 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
     return config.validate()
 
 
-def config_from_dict(config_type: type[ConfigT], data: dict) -> ConfigT:
-    """Rebuilds a config from its `to_dict()` form (e.g. a run's `config.json`), then validates it.
+def config_from_dict(config_type: type[ConfigT], data: dict, validate: bool = True) -> ConfigT:
+    """Rebuilds a config from its `to_dict()` form (e.g. a run's `config.json`), then validates it
+    (`validate=False`: only its structure, e.g. to compare a saved config with a new one).
 
     A section or field missing from `data` takes its default (a file written before the field existed);
-    an unknown section or field raises KeyError naming it.
+    an unknown section or field raises ConfigKeyError (a KeyError) naming it.
     """
     if not isinstance(data, dict):
-        raise ValueError(f"a {config_type.__name__} dict must be a JSON object; got {type(data).__name__}")
+        raise ConfigError(f"a {config_type.__name__} dict must be a JSON object; got {type(data).__name__}")
     section_types = typing.get_type_hints(config_type)
     unknown = sorted(set(data) - set(section_types))
     if unknown:
-        raise KeyError(
+        raise ConfigKeyError(
             f"unknown config sections {unknown}; {config_type.__name__} has {sorted(section_types)}"
         )
     sections = {}
     for name, section_type in section_types.items():
         values = data.get(name, {})
         if not isinstance(values, dict):
-            raise ValueError(f"config section {name!r} must be an object; got {values!r}")
+            raise ConfigError(f"config section {name!r} must be an object; got {values!r}")
         known = {field.name for field in dataclasses.fields(section_type)}
         extra = sorted(set(values) - known)
         if extra:
-            raise KeyError(f"unknown config fields {name}.{extra}; {name} has {sorted(known)}")
+            raise ConfigKeyError(f"unknown config fields {name}.{extra}; {name} has {sorted(known)}")
         sections[name] = section_type(**values)
-    return config_type(**sections).validate()
+    config = config_type(**sections)
+    return config.validate() if validate else config
+
+
+def _one_line(err: BaseException) -> str:
+    """An exception's message on one line (KeyError's quotes removed)."""
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    return " ".join(str(text).split())

@@ -32,9 +32,10 @@ from respo_jax.objectives import get_objective, group_advantages
 from respo_jax.rewards import overlong_penalty, strict_box_score
 from respo_jax.sampling import SamplingParams, generate
 from respo_jax.training.batch import PolicyBatch, build_sequences
-from respo_jax.training.config import ExperimentConfig
+from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.step import (
+    NonFiniteError,
     learning_rate_schedule,
     make_logprob_fn,
     make_optimizer,
@@ -62,9 +63,12 @@ def load_task(config: ExperimentConfig):
         train = task.make_records(task_cfg.num_records, task_cfg.seed)
         held_out = task.make_records(num_eval, task_cfg.seed + 7919) if num_eval else []
         return CharTokenizer(), task.prompt_format, train, held_out, task
-    tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
+    try:
+        tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"task.tokenizer_dir={task_cfg.tokenizer_dir!r}: {err}") from None
     if task_cfg.chat_template and not tokenizer.has_chat_template:
-        raise ValueError(
+        raise ConfigError(
             f"task.chat_template=true (the default for dapo_math, as the official data preparation renders every "
             f"prompt as a chat message) but the tokenizer in {task_cfg.tokenizer_dir!r} has no chat template "
             "(tokenizer_config.json 'chat_template' or chat_template.jinja); set task.chat_template=false to "
@@ -73,6 +77,9 @@ def load_task(config: ExperimentConfig):
     prompt_format = PromptFormat(chat=task_cfg.chat_template)
     records = load_dapo_math(task_cfg.data_dir)
     records, _ = filter_overlong(records, lambda p: encode_prompt(p, tokenizer, prompt_format), task_cfg.max_prompt_tokens)
+    if len(records) <= num_eval:
+        raise ConfigError(f"run.eval_problems={num_eval}: expected fewer than the task's {len(records)} "
+                          f"prompts of at most task.max_prompt_tokens={task_cfg.max_prompt_tokens} tokens")
     order = np.random.default_rng(task_cfg.seed).permutation(len(records))
     records = [records[i] for i in order]
     return tokenizer, prompt_format, records[num_eval:], records[:num_eval], None
@@ -84,9 +91,12 @@ def build_model(config: ExperimentConfig, vocab_size: int) -> nnx.Module:
     dtype = config.model.dtype
     param_dtype = config.model.param_dtype or dtype
     if config.model.checkpoint_dir:
-        return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=jnp.dtype(param_dtype),
-                                     compute_dtype=jnp.dtype(dtype), remat=config.model.remat,
-                                     scan_layers=config.model.scan_layers)
+        try:
+            return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=jnp.dtype(param_dtype),
+                                         compute_dtype=jnp.dtype(dtype), remat=config.model.remat,
+                                         scan_layers=config.model.scan_layers)
+        except (OSError, ValueError, KeyError) as err:  # a damaged or foreign checkpoint: the user's to fix
+            raise ConfigError(f"model.checkpoint_dir={config.model.checkpoint_dir!r}: {err}") from None
     model_cfg = qwen3.Qwen3Config.preset(config.model.preset)
     overrides = dict(config.model.overrides)
     overrides.setdefault("vocab_size", vocab_size)
@@ -94,7 +104,8 @@ def build_model(config: ExperimentConfig, vocab_size: int) -> nnx.Module:
                      param_dtype=param_dtype)
     model_cfg = dataclasses.replace(model_cfg, **overrides)
     if model_cfg.vocab_size < vocab_size:
-        raise ValueError(f"model vocab_size {model_cfg.vocab_size} < tokenizer vocab {vocab_size}")
+        raise ConfigError(f"model.overrides.vocab_size={model_cfg.vocab_size}: expected at least the "
+                          f"tokenizer's {vocab_size}")
     return qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(config.run.seed))
 
 
@@ -102,7 +113,7 @@ class RLTrainer:
     """Runs warm-up and RL iterations for an `ExperimentConfig`; yields one metrics record per step."""
 
     def __init__(self, config: ExperimentConfig):
-        self.config = config.validate()
+        self.config = config.validate().check_paths()
         self.tokenizer, self.prompt_format, train_records, self.held_out, self.task = load_task(config)
         r = config.rollout
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
@@ -123,12 +134,6 @@ class RLTrainer:
         self._policy_step = make_policy_step(graphdef, self.objective, self.tx, temperature=r.temperature)
         self._logprobs = make_logprob_fn(graphdef, temperature=r.temperature)
         self._old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True)
-        needed = self.task.max_response_tokens() + 1 if self.task else 1
-        if config.rollout.max_new_tokens < needed:
-            raise ValueError(
-                f"rollout.max_new_tokens={config.rollout.max_new_tokens} cannot hold a correct answer of the "
-                f"{config.task.difficulty!r} task ({needed} tokens with EOS)"
-            )
 
     # -- data ------------------------------------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
@@ -183,8 +188,14 @@ class RLTrainer:
                 prompts, padded, lengths, self.tokenizer.pad_id)
             loss_mask = np.zeros(ids.shape, np.float32)
             loss_mask[:, prompt_len:] = response_mask
-            self.state.params, opt_state, loss = step(self.state.params, opt_state, ids, positions, attention, loss_mask)
-            yield {"phase": "warmup", "step": index + 1, "sft_loss": float(loss)}
+            self.state.params, opt_state, loss, finite = step(
+                self.state.params, opt_state, ids, positions, attention, loss_mask)
+            loss = float(loss)
+            if not (np.isfinite(loss) and bool(finite)):
+                quantity = f"sft_loss is {loss}" if not np.isfinite(loss) else "the parameters hold NaN/inf"
+                raise NonFiniteError(f"warm-up step {index + 1}: {quantity}; the run stops before any "
+                                     "checkpoint")
+            yield {"phase": "warmup", "step": index + 1, "sft_loss": loss}
 
     # -- RL --------------------------------------------------------------------------------------------
     def rollout(self, records: list[dict], seed: int):
@@ -242,6 +253,7 @@ class RLTrainer:
         self.state.policy_updates += r.reuse
         self.state.iteration += 1
         step_metrics = jax.device_get(step_metrics)
+        check_finite_steps(step_metrics, self.state.iteration)
         rollout = self._collect_rollout(minibatches, [m.pop("responses") for m in step_metrics],
                                         advantages, lengths, scores)
         record = {
@@ -304,3 +316,23 @@ class RLTrainer:
         out = generate(self.model(), prompts, params)
         scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), [rec["answer"] for rec in self.held_out])
         return float(np.mean(scores > 0))
+
+
+def check_finite_steps(step_metrics: list[dict], iteration: int) -> None:
+    """Raises NonFiniteError naming the first mini-batch of `iteration` whose loss, gradient norm or updated
+    parameters are not finite; removes the `params_finite` flags (not a metric) from `step_metrics`."""
+    problem = None
+    for index, metrics in enumerate(step_metrics, start=1):
+        finite = bool(metrics.pop("params_finite", True))
+        if problem is not None:
+            continue
+        for key in ("loss", "grad_norm"):
+            if not np.isfinite(float(metrics[key])):
+                problem = f"mini-batch {index}/{len(step_metrics)}: {key} is {float(metrics[key])}"
+                break
+        else:
+            if not finite:
+                problem = f"mini-batch {index}/{len(step_metrics)}: the updated parameters hold NaN/inf"
+    if problem is not None:
+        raise NonFiniteError(f"iteration {iteration}, {problem}; the run stops before any checkpoint is "
+                             "written")

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import io
+
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from respo_jax.training.run_dir import atomic_write_bytes  # noqa: E402
+
 
 def plot_training_curves(records: list[dict], path: str, title: str = "") -> str:
     """Training accuracy ((score+1)/2, paper §4.1), mean log W, response length, approximate KL (k1) and
-    rollout-time entropy (the paper's Figs. 5-6) vs policy updates; panels for keys the records have."""
+    rollout-time entropy (the paper's Figs. 5-6) vs policy updates; panels for keys the records have.
+    Written atomically to `path` (PNG)."""
     rl = [r for r in records if r.get("phase") == "rl"]
     if not rl:
         raise ValueError("no RL records to plot")
@@ -28,6 +33,8 @@ def plot_training_curves(records: list[dict], path: str, title: str = "") -> str
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())  # a kill never leaves half a PNG
     return path

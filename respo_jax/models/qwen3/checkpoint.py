@@ -23,7 +23,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from respo_jax.models.qwen3.config import Qwen3Config
+from respo_jax.models.qwen3.config import Qwen3Config, read_json_file
 from respo_jax.models.qwen3.model import Qwen3ForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,21 +31,34 @@ SINGLE_FILE = "model.safetensors"
 
 
 class SafetensorsReader:
-    """Lazy access to the tensors of a checkpoint directory, remembering which ones were read."""
+    """Lazy access to the tensors of a checkpoint directory, remembering which ones were read.
+
+    Every tensor is checked on read: its shape against the config, its values for NaN/inf (a damaged
+    or diverged checkpoint must not load silently)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         index_path = os.path.join(self.path, INDEX_FILE)
         if os.path.exists(index_path):
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
+            index = read_json_file(index_path)
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError(f"{index_path}: expected a 'weight_map' object of tensor name -> file name")
             files = sorted(set(weight_map.values()))
         else:
             files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(self.path, "*.safetensors")))
             weight_map = None
         if not files:
             raise FileNotFoundError(f"no *.safetensors files (or {INDEX_FILE}) in {self.path}")
-        self._handles = {name: safe_open(os.path.join(self.path, name), framework="numpy") for name in files}
+        self._handles = {}
+        for name in files:
+            file_path = os.path.join(self.path, name)
+            if not os.path.isfile(file_path):
+                raise FileNotFoundError(f"{file_path} is listed in {INDEX_FILE} but missing")
+            try:
+                self._handles[name] = safe_open(file_path, framework="numpy")
+            except Exception as err:  # noqa: BLE001 (safetensors raises its own SafetensorError)
+                raise ValueError(f"{file_path}: not a readable safetensors file ({err})") from None
         if weight_map is None:
             weight_map = {key: name for name, handle in self._handles.items() for key in handle.keys()}
         self._where: dict[str, str] = dict(weight_map)
@@ -66,7 +79,15 @@ class SafetensorsReader:
         if got != tuple(shape):
             raise ValueError(f"tensor {name!r} has shape {got}; this config expects {tuple(shape)}")
         self.used.add(name)
-        return handle.get_tensor(name)
+        tensor = handle.get_tensor(name)
+        if tensor.dtype.kind in "fcV":  # floats (V: bfloat16 and other ml_dtypes)
+            finite = np.isfinite(tensor)
+            if not finite.all():
+                bad = np.argwhere(~finite)[0].tolist()
+                raise ValueError(f"tensor {name!r} in {os.path.join(self.path, self._where[name])} holds "
+                                 f"{int(np.size(finite) - np.count_nonzero(finite))} NaN/inf values "
+                                 f"(first at index {bad})")
+        return tensor
 
 
 # --------------------------------------------------------------------------------------------------
@@ -228,8 +249,20 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, compute_dtype
                              f"model expects {tuple(var.shape)}")
         var.set_value(jnp.asarray(value.astype(param_dtype)))
     unexpected = reader.names() - reader.used
-    if cfg.tie_word_embeddings:
-        unexpected.discard("lm_head.weight")  # some tied checkpoints store the shared matrix twice
+    if cfg.tie_word_embeddings and "lm_head.weight" in reader:
+        # Some tied checkpoints store the shared matrix twice; a different one means the config is wrong.
+        shape = (cfg.vocab_size, cfg.hidden_size)
+        lm_head = reader.get("lm_head.weight", shape)
+        embed = reader.get("model.embed_tokens.weight", shape)
+        if not np.array_equal(lm_head, embed):
+            diff = float(np.max(np.abs(lm_head.astype(np.float32) - embed.astype(np.float32))))
+            raise ValueError(
+                f"{os.path.join(reader.path, 'config.json')} sets tie_word_embeddings=true, but "
+                f"lm_head.weight differs from model.embed_tokens.weight (max |diff| {diff:.3g}): loading "
+                "would use the wrong output layer; set tie_word_embeddings to false if the checkpoint has "
+                "its own lm_head"
+            )
+        unexpected.discard("lm_head.weight")
     if unexpected:
         raise ValueError(f"checkpoint at {reader.path} has tensors this config does not use: "
                          f"{sorted(unexpected)[:8]}{' ...' if len(unexpected) > 8 else ''}")

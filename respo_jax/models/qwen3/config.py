@@ -19,6 +19,21 @@ import jax.numpy as jnp
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
+def read_json_file(path: str | os.PathLike) -> Any:
+    """A JSON file (config.json, the safetensors index); a syntax error or a bad UTF-8 byte raises
+    ValueError naming the file and line."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: invalid UTF-8 byte {data[err.start]:#04x}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}:{err.colno}: invalid JSON ({err.msg})") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
     """Architecture + run-time options of a Qwen3 causal LM.
@@ -221,8 +236,14 @@ class Qwen3Config:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> "Qwen3Config":
-        with open(path, encoding="utf-8") as f:
-            return cls.from_hf_dict(json.load(f), **overrides)
+        """From a ``config.json``; invalid JSON raises ValueError naming the file and line."""
+        hf = read_json_file(path)
+        if not isinstance(hf, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(hf).__name__}")
+        try:
+            return cls.from_hf_dict(hf, **overrides)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` transformers (4.51+ and 5.x) reads back into the same model (classic
