@@ -150,8 +150,8 @@ def _restore(trainer: RLTrainer, checkpoint_dir: str) -> Restored | None:
     if restored.meta["iteration"] > config.num_iterations:
         length = (f"run.policy_updates={config.run.policy_updates}" if config.run.policy_updates
                   else f"run.iterations={config.run.iterations}")
-        raise ConfigError(f"{length}: expected at least the {restored.meta['iteration']} iterations the run in "
-                          f"{config.run.out_dir!r} has done")
+        raise ConfigError(f"{length}: expected at least the {restored.meta['iteration']} iterations the run "
+                          f"in {config.run.out_dir!r} has done")
     return restored
 
 

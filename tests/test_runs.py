@@ -186,8 +186,8 @@ def test_bad_values_fail_validation_with_key_value_and_what_is_allowed(override,
 
 def _float_keys() -> list[str]:
     sections = typing.get_type_hints(ExperimentConfig)
-    return [f"{section}.{field.name}" for section, cls in sections.items() for field in dataclasses.fields(cls)
-            if typing.get_type_hints(cls)[field.name] is float]
+    return [f"{section}.{field.name}" for section, cls in sections.items()
+            for field in dataclasses.fields(cls) if typing.get_type_hints(cls)[field.name] is float]
 
 
 @pytest.mark.parametrize("key", _float_keys())
@@ -198,7 +198,8 @@ def test_every_float_field_rejects_nan_and_inf(key, value):
 
 
 def test_missing_files_fail_the_start_up_check_not_the_pure_validation(tmp_path):
-    paths = ["task.name=dapo_math", "warmup.steps=0", f"task.data_dir={tmp_path}", f"task.tokenizer_dir={tmp_path}"]
+    paths = ["task.name=dapo_math", "warmup.steps=0", f"task.data_dir={tmp_path}",
+             f"task.tokenizer_dir={tmp_path}"]
     config = apply_overrides(load_config(DEFAULT_CONFIG), paths)  # a saved config stays valid anywhere
     with pytest.raises(ConfigError, match=f"^task.data_dir='{tmp_path}': no data file for 'dapo_math'"):
         config.check_paths()

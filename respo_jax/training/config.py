@@ -118,7 +118,8 @@ class ModelConfig(_Section):
 
         if not self.checkpoint_dir:
             return
-        self._need("checkpoint_dir", os.path.isdir(self.checkpoint_dir), "a Hugging Face checkpoint directory")
+        self._need("checkpoint_dir", os.path.isdir(self.checkpoint_dir),
+                   "a Hugging Face checkpoint directory")
         try:
             qwen3.load_config(self.checkpoint_dir)
         except (OSError, ValueError, KeyError, TypeError) as err:
@@ -159,7 +160,8 @@ class TaskConfig(_Section):
             self._need("difficulty", self.difficulty in DIFFICULTIES, f"one of {sorted(DIFFICULTIES)}")
         else:
             self._need("data_dir", bool(self.data_dir), "a data directory for task.name='dapo_math'")
-            self._need("tokenizer_dir", bool(self.tokenizer_dir), "a tokenizer directory for task.name='dapo_math'")
+            self._need("tokenizer_dir", bool(self.tokenizer_dir),
+                       "a tokenizer directory for task.name='dapo_math'")
         self._need("num_records", self.num_records >= 1, "an integer >= 1")
         self._need("max_prompt_tokens", self.max_prompt_tokens >= 1, "an integer >= 1")
         self._need("overlong_buffer_length", self.overlong_buffer_length >= 0,
