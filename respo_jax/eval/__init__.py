@@ -5,6 +5,8 @@
   completions      the `completions.jsonl` records `experiments.evaluate` writes, read back and summarized
   rollout_files    the per-iteration rollout files the trainer writes (App. E.3 inputs)
   positive_branch  App. E.3's positive-branch weight and length tables (Tabs. 5-7) from those files
+  report           run reports: load run directories, the paper's curves and tables as figures and markdown
+                   (imported as `respo_jax.eval.report`; it needs matplotlib, so it is not re-exported here)
 """
 
 from respo_jax.eval.positive_branch import (
