@@ -862,6 +862,8 @@ class Report:
 
 
 def _jsonable(value):
+    if isinstance(value, LengthBins):  # a NamedTuple: as a mapping, before tuples become lists
+        return {field: _jsonable(getattr(value, field)) for field in value._fields}
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -873,8 +875,6 @@ def _jsonable(value):
     if isinstance(value, (float, np.floating)):
         value = float(value)
         return None if math.isnan(value) else (str(value) if math.isinf(value) else value)
-    if isinstance(value, LengthBins):
-        return {field: _jsonable(getattr(value, field)) for field in value._fields}
     return value
 
 
