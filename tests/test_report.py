@@ -106,8 +106,9 @@ def _write_run(path: pathlib.Path, objective="respo", reuse=2, iterations=4, sco
 def _write_evaluation(eval_dir: pathlib.Path, records: list[dict], cap: int, run_dir=None, step=None):
     """An evaluation directory as `experiments.evaluate` writes it, for the given completion records."""
     eval_dir.mkdir(parents=True, exist_ok=True)
-    protocol = {"checkpoint": str(run_dir or eval_dir), "checkpoint_kind": "run" if run_dir else "huggingface",
-                "checkpoint_step": step, "max_new_tokens": cap, "samples": 0, "seed": 0}
+    protocol = {"checkpoint": str(run_dir or eval_dir),
+                "checkpoint_kind": "run" if run_dir else "huggingface", "checkpoint_step": step,
+                "max_new_tokens": cap, "samples": 0, "seed": 0}
     summary = {"checkpoint": "x", "protocol": protocol, **summarize_completions(records, num_resamples=200)}
     (eval_dir / "summary.json").write_text(json.dumps(summary))
     (eval_dir / "eval_config.json").write_text(json.dumps({"config": {}, "protocol": protocol}))
@@ -188,7 +189,8 @@ def test_report_over_two_trained_runs_matches_respo_jax_eval(tmp_path):
         records = load_completions(eval_dir / "completions.jsonl")
         expected = summarize_completions(records, ["synthetic"], num_resamples=200, seed=0)
         assert row["label"] == label and row["step"] == (4 if label.startswith("ReSPO") else 3)
-        assert row["pass_at_1"]["synthetic"] == pytest.approx(expected["benchmarks"]["synthetic"]["pass_at_1"])
+        pass_at_1 = expected["benchmarks"]["synthetic"]["pass_at_1"]
+        assert row["pass_at_1"]["synthetic"] == pytest.approx(pass_at_1)
         assert (row["average"], row["se"]) == pytest.approx(
             (expected["macro_average"]["pass_at_1"], expected["macro_average"]["se"]))
         cells = [c for c in _rows_of(markdown, "## Evaluation") if c[1] == label][0]
@@ -229,7 +231,8 @@ def test_report_over_two_trained_runs_matches_respo_jax_eval(tmp_path):
         tab7 = length_by_bin(rollouts, 1, 3)
         assert tables["length"][label]["branch_count"] == tab7["branch_count"]
         assert tables["length"][label]["branch_mean"] == pytest.approx(tab7["branch_mean"])
-        assert [row["count"] for row in tables["length"][label]["bins"]] == [row["count"] for row in tab7["bins"]]
+        counts = [row["count"] for row in tab7["bins"]]
+        assert [row["count"] for row in tables["length"][label]["bins"]] == counts
         mean_row = _table_row(markdown, "**Tab. 7**", "Positive-branch mean")
         assert mean_row[2 + 2 * labels.index(label):4 + 2 * labels.index(label)] == [
             f"{tab7['branch_mean']:.1f}", str(tab7["branch_count"])]
@@ -282,13 +285,14 @@ def test_paper_windows_on_a_run_of_the_papers_length_by_hand(tmp_path):
     outside). Late window [896, 1024] = iterations 112..128, knots 8 updates apart, both ends even (0.25):
     trapezoid weights 4 at the ends and 8 inside; 8 odd knots (0.75) weigh 64, the 0.25s weigh 4+4+7*8 = 64,
     so the mean is 0.5 and the weighted std 0.25."""
-    run = load_run(_write_run(tmp_path / "long", reuse=8, iterations=128, scores=_alternating, rollouts=False))
+    run = load_run(_write_run(tmp_path / "long", reuse=8, iterations=128, scores=_alternating,
+                              rollouts=False))
     windows = summary_windows([run])
     assert (windows.early_until, windows.late_window, windows.scale) == (256, 128, 1.0)
     (row,) = training_summary([run], windows)
     assert row["early_peak"] == 0.9
     assert (row["late_start"], row["late_end"]) == (896, 1024)
-    assert row["late_mean"] == pytest.approx(0.5, abs=1e-15) and row["late_std"] == pytest.approx(0.25, abs=1e-15)
+    assert (row["late_mean"], row["late_std"]) == pytest.approx((0.5, 0.25), abs=1e-15)
     assert row["final"] == 0.25 and row["final_step"] == 1024
     line = training_summary_markdown([row], windows).splitlines()[2]
     assert line == "| ReSPO N=8 seed=0 | 8 | 0.900 | 0.500 ± 0.250 | [896, 1024] | 0.250 (1024) |"
@@ -322,7 +326,8 @@ def run_curve(run):
 
 def test_e3_window_follows_the_paper_and_cuts_to_the_shortest_run(tmp_path):
     long = load_run(_write_run(tmp_path / "a", iterations=20))
-    assert e3_window([long]) == {"batches": 16, "allocation": (9, 16), "length": (1, 16), "trajectory": [1, 8, 16]}
+    assert e3_window([long]) == {"batches": 16, "allocation": (9, 16), "length": (1, 16),
+                                 "trajectory": [1, 8, 16]}
     short = load_run(_write_run(tmp_path / "b", objective="vespo", iterations=5))
     bare = load_run(_write_run(tmp_path / "c", objective="grpo", iterations=2, rollouts=False))
     assert e3_window([long, short, bare]) == {"batches": 5, "allocation": (3, 5), "length": (1, 5),
@@ -404,8 +409,8 @@ def test_not_a_run_and_mismatched_files_are_named(tmp_path, capsys):
 
     config = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps(dict(config, rollout=dict(config["rollout"], reuse=4))))
-    with pytest.raises(ReportError, match=r"metrics.jsonl:2: policy_updates=2 at iteration 1, but config.json's "
-                                          r"rollout.reuse=4 gives 4"):
+    with pytest.raises(ReportError, match=r"metrics.jsonl:2: policy_updates=2 at iteration 1, but "
+                                          r"config.json's rollout.reuse=4 gives 4"):
         load_run(run)
     del config["objective"]
     (run / "config.json").write_text(json.dumps(config))
@@ -420,7 +425,8 @@ def test_not_a_run_and_mismatched_files_are_named(tmp_path, capsys):
     wide = _write_run(tmp_path / "wide", reuse=4, iterations=1)
     os.replace(wide / "rollouts" / "iteration_000001.npz", run / "rollouts" / "iteration_000001.npz")
     os.remove(run / "rollouts" / "iteration_000004.npz")
-    with pytest.raises(ReportError, match=r"iteration_000001.npz: policy_updates=4, but metrics.jsonl logs 2"):
+    with pytest.raises(ReportError, match=r"iteration_000001.npz: policy_updates=4, but metrics.jsonl "
+                                          r"logs 2"):
         load_run(run)
 
     # Evaluation files that disagree with each other.
@@ -430,7 +436,8 @@ def test_not_a_run_and_mismatched_files_are_named(tmp_path, capsys):
     assert load_run(run).evaluation.step == 2
     flipped = [dict(r, score=1.0 - r["score"]) if i == 0 else r for i, r in enumerate(records)]
     (run / "eval" / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flipped))
-    with pytest.raises(ReportError, match=r"summary.json gives 'math500' pass@1 .* the files are from different"):
+    with pytest.raises(ReportError, match=r"summary.json gives 'math500' pass@1 .* the files are from "
+                                          r"different"):
         load_run(run)
     (run / "eval" / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[1:]))
     with pytest.raises(ReportError, match=r"summary.json counts 10 completions of 'math500'; .* holds 9"):
@@ -439,7 +446,8 @@ def test_not_a_run_and_mismatched_files_are_named(tmp_path, capsys):
     recorded = json.loads((run / "eval" / "eval_config.json").read_text())
     recorded["protocol"]["max_new_tokens"] = 64
     (run / "eval" / "eval_config.json").write_text(json.dumps(recorded))
-    with pytest.raises(ReportError, match=r"describe different evaluations \(they differ in \['max_new_tokens'\]"):
+    with pytest.raises(ReportError, match=r"describe different evaluations \(they differ in "
+                                          r"\['max_new_tokens'\]"):
         load_run(run)
     os.remove(run / "eval" / "summary.json")
     assert load_run(run).evaluation is None and "no summary.json" in load_run(run).notes[0]
@@ -455,12 +463,17 @@ def test_not_a_run_and_mismatched_files_are_named(tmp_path, capsys):
 def test_labels_are_unique_and_the_default_out_dir(tmp_path):
     a = _write_run(tmp_path / "x" / "seed_a", iterations=2)
     b = _write_run(tmp_path / "y" / "seed_b", iterations=2)
-    assert [run.label for run in load_runs([a, b])] == ["ReSPO N=2 seed=0 (seed_a)", "ReSPO N=2 seed=0 (seed_b)"]
+    assert [run.label for run in load_runs([a, b])] == ["ReSPO N=2 seed=0 (seed_a)",
+                                                        "ReSPO N=2 seed=0 (seed_b)"]
     assert default_out_dir([str(a)]) == os.path.join(str(a), "report")
     assert default_out_dir([str(a), str(b)]) == str(tmp_path / "report")
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "length_bins.png").write_bytes(b"from an earlier report with evaluations")
     path = report_main([str(a), str(b)])
-    assert path == str(tmp_path / "report" / "report.md") and os.path.isfile(tmp_path / "report" / "training_curves.png")
-    # A run without approx_kl / entropy (logged before they existed) has no line there, and the report says so.
+    assert not (tmp_path / "report" / "length_bins.png").exists()  # no stale figure next to the new report
+    assert path == str(tmp_path / "report" / "report.md")
+    assert os.path.isfile(tmp_path / "report" / "training_curves.png")
+    # A run without approx_kl / entropy (logged before they existed) has no line there; the report says so.
     old = _write_run(tmp_path / "old", iterations=2)
     records = [{k: v for k, v in r.items() if k not in ("approx_kl", "entropy")} for r in _metrics(old)]
     (old / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -60,6 +60,8 @@ CURVE_PANELS = (
 OBJECTIVE_NAMES = {"respo": "ReSPO", "vespo": "VESPO", "grpo": "GRPO", "gspo": "GSPO", "cispo": "CISPO",
                    "sapo": "SAPO", "luspo": "LUSPO", "dr_grpo": "Dr.GRPO"}
 DASH = "–"
+CURVES_FIGURE, LENGTH_BINS_FIGURE = "training_curves.png", "length_bins.png"  # build_report's figures
+REPORT_FIGURES = (CURVES_FIGURE, LENGTH_BINS_FIGURE)
 
 
 class ReportError(ValueError):
@@ -292,6 +294,10 @@ def load_evaluation(eval_dir: str) -> Evaluation:
             and isinstance(summary.get("protocol"), dict)):
         raise ReportError(f"{summary_path}: expected the summary python -m experiments.evaluate writes "
                           "(benchmarks, macro_average, protocol)")
+    for name, row in summary["benchmarks"].items():
+        fields = ("pass_at_1", "problems", "samples_per_problem", "completions")
+        if not isinstance(row, dict) or any(field not in row for field in fields):
+            raise ReportError(f"{summary_path}: benchmark {name!r} needs {', '.join(fields)}; got {row!r}")
     protocol = summary["protocol"]
     if not isinstance(protocol.get("max_new_tokens"), int):
         raise ReportError(f"{summary_path}: protocol.max_new_tokens must be an integer")
@@ -908,8 +914,8 @@ def build_report(runs: Sequence[Run], *, windows: SummaryWindows | None = None,
     if notes:
         md += [""] + [f"- {note}" for note in notes]
 
-    figures["training_curves.png"] = curves_figure(runs)
-    md += ["", "## Training curves (Figs. 3, 5)", "", "![training curves](training_curves.png)", "",
+    figures[CURVES_FIGURE] = curves_figure(runs)
+    md += ["", "## Training curves (Figs. 3, 5)", "", f"![training curves]({CURVES_FIGURE})", "",
            "Training score (score+1)/2 (§4.1), mean response length, approximate KL (k1) and rollout-time "
            "entropy per RL iteration, against policy updates."]
     md += [f"- {note}" for note in missing_curves(runs)]
@@ -928,9 +934,9 @@ def build_report(runs: Sequence[Run], *, windows: SummaryWindows | None = None,
         groups = length_bin_groups(runs, num_bins)
         data["length_bins"] = [{"reuse": g.reuse, "cap": g.cap, "edges": g.edges, "bins": g.bins}
                                for g in groups]
-        figures["length_bins.png"] = length_bins_figure(groups)
+        figures[LENGTH_BINS_FIGURE] = length_bins_figure(groups)
         md += ["## Accuracy across response lengths (App. E.2, Tab. 4, Fig. 3 right)", "",
-               "![accuracy per length bin](length_bins.png)", "", length_bins_markdown(groups)]
+               f"![accuracy per length bin]({LENGTH_BINS_FIGURE})", "", length_bins_markdown(groups)]
     else:
         md += ["No run has evaluation outputs (run_dir/eval/summary.json from python -m "
                "experiments.evaluate, or --eval RUN_DIR=EVAL_DIR): no Tab. 1 and no length bins.", ""]
@@ -963,11 +969,15 @@ def _write_atomic(path: str, payload: bytes) -> None:
 
 def write_report(report: Report, out_dir: str | os.PathLike, dpi: int = 120) -> str:
     """Writes report.md, report.json and the figures (PNG) into `out_dir` (created; files replaced
-    atomically); returns the path of report.md."""
+    atomically; a figure of an earlier report that this one lacks is removed, so no stale PNG stays
+    next to it); returns the path of report.md."""
     import io
 
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    for name in REPORT_FIGURES:
+        if name not in report.figures and os.path.isfile(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
     for name, fig in report.figures.items():
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=dpi)
