@@ -303,7 +303,7 @@ def test_paper_windows_on_a_run_of_the_papers_length_by_hand(tmp_path):
                                 rollouts=False))
     windows = summary_windows([run, short])
     assert (windows.early_until, windows.late_window, windows.scale) == (128, 64, 0.5)
-    assert "scaled to the shortest run: 512 policy updates" in windows.note
+    assert "scaled to the shortest run (512 policy updates, 50% of the paper's)" in windows.note
     long_row, short_row = training_summary([run, short], windows)
     assert short_row["early_peak"] == 0.75 and long_row["early_peak"] == 0.75
     assert (short_row["late_start"], short_row["late_end"]) == (448, 512)
@@ -312,6 +312,8 @@ def test_paper_windows_on_a_run_of_the_papers_length_by_hand(tmp_path):
 
     # Explicit windows are used as given; a late window longer than the run is clipped at its first update.
     windows = summary_windows([short], early_until=300, late_window=600)
+    assert windows.note == ("Windows: early peak through update 300, late mean over each run's last 600 "
+                            "updates (early window as given; late window as given).")
     (row,) = training_summary([short], windows)
     assert row["early_peak"] == 0.95 and row["late_start"] == 8
     assert row["late_mean"] == pytest.approx(late_mean(*run_curve(short), 8, 512)[0])

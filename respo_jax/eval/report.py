@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 import os
 import tempfile
@@ -33,8 +32,6 @@ from respo_jax.eval.completions import load_completions, scores_by_problem
 from respo_jax.eval.config import DISPLAY_NAMES, PAPER_BENCHMARKS
 from respo_jax.eval.rollout_files import ROLLOUT_DIR, load_rollout_files
 from respo_jax.eval.statistics import LengthBins, early_peak, late_mean, shared_length_bins
-
-logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -433,12 +430,13 @@ class SummaryWindows:
 
     early_until: the early peak is the maximum logged score at updates <= early_until.
     late_window: the late mean covers each run's last `late_window` updates [T - late_window, T].
-    scale: the factor applied to the paper's windows (1.0: the paper's); note: says how they were chosen.
+    scale: the factor applied to the paper's windows (1.0: the paper's; None: both windows given
+    explicitly); note: says how they were chosen, for the report.
     """
 
     early_until: float
     late_window: float
-    scale: float
+    scale: float | None
     note: str
 
 
@@ -459,27 +457,31 @@ def summary_windows(runs: Sequence[Run], early_until: float | None = None,
     shortest = min(run.policy_updates for run in runs)
     scale = min(1.0, shortest / PAPER_POLICY_UPDATES)
     first_points = max(run.rl_records[0]["policy_updates"] for run in runs)
-    parts = []
+    paper = f"the paper's {PAPER_EARLY_UNTIL} and {PAPER_LATE_WINDOW} of {PAPER_POLICY_UPDATES:,} updates"
+    reasons = []
+    defaults = early_until is None or late_window is None
     if early_until is None:
         early_until = PAPER_EARLY_UNTIL * scale
         if early_until < first_points:
             early_until = float(first_points)
-            parts.append(f"the early window is widened to update {first_points:g}, the latest first logged "
-                         "update among the runs")
+            reasons.append(f"early window widened to {first_points:g}, the latest first logged update "
+                           "among the runs")
+    else:
+        reasons.append("early window as given")
     if late_window is None:
         late_window = PAPER_LATE_WINDOW * scale
-    if scale < 1.0:
-        note = (f"Windows scaled to the shortest run: {shortest} policy updates, {100 * scale:.3g}% of the "
-                f"paper's {PAPER_POLICY_UPDATES:,} (paper: early peak through update {PAPER_EARLY_UNTIL}, "
-                f"late mean over the last {PAPER_LATE_WINDOW} updates)")
     else:
-        note = (f"The paper's windows (§4.1): early peak through update {PAPER_EARLY_UNTIL}, late mean over "
-                f"the last {PAPER_LATE_WINDOW} updates")
-        if shortest > PAPER_POLICY_UPDATES:
-            note += f" (the runs are longer than the paper's {PAPER_POLICY_UPDATES:,} updates)"
-    note += "; " + "; ".join(parts) if parts else ""
-    return SummaryWindows(early_until=float(early_until), late_window=float(late_window), scale=scale,
-                          note=note + ".")
+        reasons.append("late window as given")
+    if defaults and scale < 1.0:
+        reasons.insert(0, f"{paper} scaled to the shortest run ({shortest} policy updates, "
+                          f"{100 * scale:.3g}% of the paper's)")
+    elif defaults:
+        reasons.insert(0, paper + (" (§4.1)" if shortest == PAPER_POLICY_UPDATES
+                                   else f"; the shortest run has {shortest:,}"))
+    note = (f"Windows: early peak through update {early_until:g}, late mean over each run's last "
+            f"{late_window:g} updates ({'; '.join(reasons)}).")
+    return SummaryWindows(early_until=float(early_until), late_window=float(late_window),
+                          scale=scale if defaults else None, note=note)
 
 
 def training_summary(runs: Sequence[Run], windows: SummaryWindows | None = None,
