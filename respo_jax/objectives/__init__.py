@@ -4,6 +4,10 @@ VESPO, GSPO, GRPO as verl runs them, and TRL's CISPO, SAPO, LUSPO, Dr.GRPO.
 from respo_jax.objectives import get_objective, group_advantages
 objective = get_objective("respo")                   # any key of OBJECTIVES; hparams as kwargs
 loss, metrics = objective(logp, old_logp, advantages, mask)
+
+New objectives are registered without editing the package (``registry``: ``register_objective`` with
+``kernel_objective`` / ``reshaping_objective``); ``response_gradient_weight`` measures any objective's
+per-response gradient weight (Fig. 1) by differentiating it.
 """
 
 from respo_jax.objectives.advantages import group_advantages
@@ -14,6 +18,11 @@ from respo_jax.objectives.aggregation import (
     aggregation_terms,
     combine_loss_terms,
     loss_denominator,
+)
+from respo_jax.objectives.gradient_weight import (
+    plot_gradient_weights,
+    response_gradient_weight,
+    weight_table,
 )
 from respo_jax.objectives.kernels import (
     log_power_mean_kernel,
@@ -30,36 +39,53 @@ from respo_jax.objectives.policy_losses import (
     ObjectiveOutput,
     ObjectiveSpec,
     PolicyObjective,
+    TokenLoss,
     get_objective,
     grpo_objective,
     gspo_objective,
     respo_objective,
     vespo_objective,
 )
+from respo_jax.objectives.registry import (
+    BUILTIN_OBJECTIVES,
+    kernel_objective,
+    register_objective,
+    reshaping_objective,
+    unregister_objective,
+)
 
 __all__ = [
     "AGGREGATION_MODES",
+    "BUILTIN_OBJECTIVES",
     "COMMON_KEYS",
     "LossTerms",
     "OBJECTIVES",
     "ObjectiveOutput",
     "ObjectiveSpec",
     "PolicyObjective",
+    "TokenLoss",
     "aggregate_loss",
     "aggregation_terms",
     "combine_loss_terms",
     "get_objective",
     "group_advantages",
+    "kernel_objective",
     "grpo_objective",
     "gspo_objective",
     "log_power_mean_kernel",
     "log_reshaping_kernel",
     "loss_denominator",
+    "plot_gradient_weights",
     "power_mean_kernel",
+    "register_objective",
     "reshaping_kernel",
+    "reshaping_objective",
     "respo_kernel",
     "respo_objective",
+    "response_gradient_weight",
     "sequence_log_ratio",
+    "unregister_objective",
     "vespo_kernel",
     "vespo_objective",
+    "weight_table",
 ]

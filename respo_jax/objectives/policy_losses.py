@@ -281,15 +281,22 @@ def _pair(objective: str, name: str, value) -> tuple[float, float]:
     return (_real(objective, f"{name}[0]", value[0]), _real(objective, f"{name}[1]", value[1]))
 
 
-def _check_respo(h: dict) -> dict:
-    out = {key: _pair("respo", key, h[key]) for key in ("alpha", "beta", "lam")}
-    for branch, side in enumerate(("positive", "negative")):
-        alpha, beta, lam = out["alpha"][branch], out["beta"][branch], out["lam"][branch]
-        try:
-            kernels.check_kernel_params(alpha, beta, lam)
-        except ValueError as err:
-            raise ValueError(f"respo, {side} branch: {err}") from None
-    return out
+def checker_for_reshaping_family(objective: str) -> Callable[[dict], dict]:
+    """The check of a two-branch (alpha, beta, lam) objective of Eq. 12 (ReSPO and user members of the
+    family, ``respo_jax.objectives.registry.reshaping_objective``): each hyperparameter a (A >= 0, A < 0)
+    pair, each branch inside the family."""
+
+    def check(h: dict) -> dict:
+        out = {key: _pair(objective, key, h[key]) for key in ("alpha", "beta", "lam")}
+        for branch, side in enumerate(("positive", "negative")):
+            alpha, beta, lam = out["alpha"][branch], out["beta"][branch], out["lam"][branch]
+            try:
+                kernels.check_kernel_params(alpha, beta, lam)
+            except ValueError as err:
+                raise ValueError(f"{objective}, {side} branch: {err}") from None
+        return out
+
+    return check
 
 
 def _check_vespo(h: dict) -> dict:
@@ -346,11 +353,22 @@ def _check_sapo(h: dict) -> dict:
     return {key: _positive("sapo", key, h[key]) for key in ("tau_pos", "tau_neg")}
 
 
+# The keys every objective accepts besides its own hyperparameters.
+COMMON_KEYS = ("aggregation", "loss_scale_factor", "scale_advantages")
+
+
 @dataclasses.dataclass(frozen=True)
 class ObjectiveSpec:
     """A registered objective: its token-level loss, hyperparameter defaults and their check, plus the
     settings its paper (or the reference code) pairs it with: aggregation mode, the clamp of each token's
-    log-ratio inside log W (None: the raw sum), and whether advantages are divided by the group std."""
+    log-ratio inside log W (None: the raw sum), and whether advantages are divided by the group std.
+
+    ``token_loss(logp, old_logp, advantages, mask, log_w, **hparams) -> TokenLoss`` (arrays as in the
+    module docstring, ``log_w: [batch]`` the clamped sequence log-weight, stop-gradient);
+    ``check(hparams) -> hparams`` validates a full hyperparameter dict and returns it normalized to
+    hashable values (a configured objective is a static argument of ``jax.jit``). New objectives are
+    added with ``respo_jax.objectives.register_objective``; the fields are checked on construction.
+    """
 
     token_loss: Callable[..., TokenLoss]
     defaults: Mapping[str, Any]
@@ -359,12 +377,34 @@ class ObjectiveSpec:
     token_log_ratio_clamp: float | None = None
     scale_advantages: bool = True
 
+    def __post_init__(self):
+        if not callable(self.token_loss):
+            raise TypeError(f"ObjectiveSpec.token_loss must be callable; got {self.token_loss!r}")
+        if not callable(self.check):
+            raise TypeError(f"ObjectiveSpec.check must be callable; got {self.check!r}")
+        if not isinstance(self.defaults, Mapping) or not all(isinstance(k, str) for k in self.defaults):
+            raise TypeError(
+                f"ObjectiveSpec.defaults must map hyperparameter names to values; got {self.defaults!r}"
+            )
+        shadowed = sorted(set(self.defaults) & set(COMMON_KEYS))
+        if shadowed:
+            raise ValueError(f"ObjectiveSpec.defaults may not define the common keys {shadowed}")
+        check_aggregation_mode(self.aggregation)
+        clamp = self.token_log_ratio_clamp
+        if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, (int, float))
+                                  or not math.isfinite(clamp) or clamp <= 0):
+            raise ValueError(
+                f"ObjectiveSpec.token_log_ratio_clamp must be None or a number > 0; got {clamp!r}"
+            )
+        if not isinstance(self.scale_advantages, bool):
+            raise TypeError(f"ObjectiveSpec.scale_advantages must be a bool; got {self.scale_advantages!r}")
+
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     "respo": ObjectiveSpec(
         respo_token_loss,
         {"alpha": kernels.RESPO_ALPHA, "beta": kernels.RESPO_BETA, "lam": kernels.RESPO_LAMBDA},
-        _check_respo,
+        checker_for_reshaping_family("respo"),
     ),
     "vespo": ObjectiveSpec(
         vespo_token_loss,
@@ -401,9 +441,6 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
         scale_advantages=False,
     ),
 }
-
-# The keys every objective accepts besides its own hyperparameters.
-COMMON_KEYS = ("aggregation", "loss_scale_factor", "scale_advantages")
 
 
 class ObjectiveOutput(NamedTuple):
