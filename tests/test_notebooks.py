@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -25,14 +26,20 @@ NOTEBOOKS = ["derivations.ipynb", "objectives.ipynb", "toy_rl.ipynb", "analysis.
 # What a notebook may import: the package, the standard library pieces they use, and the array/plot stack.
 ALLOWED_IMPORTS = {"respo_jax", "experiments", "os", "io", "pathlib", "numpy", "jax", "sympy", "matplotlib",
                    "IPython"}
-# Every notebook run shares one XLA compilation cache within a test session (same worker): the tiny
-# model's sampler, warm-up and update programs are the same across notebooks.
-pytestmark = pytest.mark.xdist_group("notebooks")
 
 
 @pytest.fixture(scope="session")
 def kernel_env(tmp_path_factory):
-    return {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("notebook_jax_cache"))}
+    """The notebooks' kernels share one persistent XLA compilation cache in a test session, across
+    pytest-xdist workers (the session's base temp directory is shared): the tiny model's warm-up,
+    sampler and update programs recur across notebooks and runs. JAX reads entries under a file lock
+    and recompiles on any unreadable one, so concurrent kernels are safe."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # popen-gwN -> the session's directory, shared by the workers
+    cache = root / "notebook_jax_cache"
+    cache.mkdir(exist_ok=True)
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_COMPILATION_CACHE_MAX_SIZE": str(2**30)}
 
 
 def markdown_rows(markdown: str, first_cell: str) -> list[list[str]]:
@@ -191,3 +198,36 @@ def test_analysis_notebook_rebuilds_tab1_length_bins_and_e3_from_runs_it_makes(t
     report = (tmp_path / "analysis" / "report" / "report.md").read_text()
     assert "## Evaluation (Tab. 1)" in report and (tmp_path / "analysis" / "report" / "length_bins.png").is_file()
     print(f"analysis.ipynb executed in {run.seconds:.1f} s")
+
+
+def test_analysis_notebook_analyses_user_supplied_run_directories(tmp_path, kernel_env):
+    """RESPO_ANALYSIS_RUNS: the notebook trains nothing and reports the given directories; a run without
+    evaluation outputs or rollout files is reported without those sections instead of failing."""
+    from test_report import _completions, _write_evaluation, _write_run
+
+    respo = _write_run(tmp_path / "given" / "respo", objective="respo", reuse=2, iterations=5)
+    grpo = _write_run(tmp_path / "given" / "grpo", objective="grpo", reuse=2, iterations=5, rollouts=False)
+    records = _completions(np.random.default_rng(3), benchmarks=("math500", "aime25"), problems=6, samples=2)
+    _write_evaluation(respo / "eval", records, cap=20, run_dir=respo, step=5)
+    env = dict(kernel_env, RESPO_ANALYSIS_RUNS=os.pathsep.join([str(respo), str(grpo)]))
+    run = execute_notebook("analysis.ipynb", tmp_path, env)
+    assert not (tmp_path / "analysis" / "grpo_n4").exists() and not (tmp_path / "analysis" / "respo_n4").exists()
+    stdout = run.stdout()
+    assert "ReSPO N=2 seed=0: 5 iterations, 10 updates, 5 rollout files, evaluation ['math500', 'aime25']" in stdout
+    assert "GRPO N=2 seed=0: 5 iterations, 10 updates, 0 rollout files, no evaluation" in stdout
+    summary = json.loads((respo / "eval" / "summary.json").read_text())
+    tab1 = next(md for md in run.markdown() if md.startswith("| N | Run | Step |"))
+    header = table_header(tab1)
+    assert sorted(header[3:-1]) == ["AIME25", "MATH-500"] and header[-1] == "Avg."
+    (row,) = markdown_rows(tab1, "2")
+    assert row[1] == "ReSPO N=2 seed=0" and row[2] == "5"
+    macro = summary["macro_average"]
+    assert row[-1] == f"{100 * macro['pass_at_1']:.1f} ± {100 * macro['se']:.1f}"
+    bins = next(md for md in run.markdown() if md.startswith("**N = 2**"))
+    (counts,) = markdown_rows(bins, "ReSPO N=2 seed=0 count")
+    assert sum(int(c.replace(",", "")) for c in counts[1:]) == len(records)
+    e3 = next(md for md in run.markdown() if md.startswith("**Tab. 5**"))
+    assert "ReSPO N=2 seed=0" in e3 and "GRPO" not in e3
+    report = (tmp_path / "analysis" / "report" / "report.md").read_text()
+    assert "No rollout files (rollouts/iteration_*.npz): GRPO N=2 seed=0." in report
+    print(f"analysis.ipynb (given runs) executed in {run.seconds:.1f} s")

@@ -40,6 +40,8 @@ from respo_jax.eval.report import (
     length_bin_groups,
     load_run,
     load_runs,
+    metrics_comparison,
+    metrics_comparison_markdown,
     summary_windows,
     training_summary,
     training_summary_markdown,
@@ -324,6 +326,39 @@ def test_paper_windows_on_a_run_of_the_papers_length_by_hand(tmp_path):
 
 def run_curve(run):
     return run.curve("train_accuracy")
+
+
+def test_metrics_comparison_means_every_logged_key_per_run_side_by_side(tmp_path):
+    a = _write_run(tmp_path / "a", objective="respo", reuse=2, iterations=3,
+                   extra={"log_w_mean": -0.5, "clip_fraction": 0.25})
+    b = _write_run(tmp_path / "b", objective="grpo", reuse=2, iterations=4, extra={"log_w_mean": 0.125})
+    runs = load_runs([a, b])
+    comparison = metrics_comparison(runs)
+    assert comparison["labels"] == ["ReSPO N=2 seed=0", "GRPO N=2 seed=0"]
+    # Numeric keys in the order the first run logs them; counters are not compared.
+    assert comparison["keys"] == ["score", "train_accuracy", "response_length", "approx_kl", "entropy",
+                                  "log_w_mean", "clip_fraction"]
+    means = comparison["means"]
+    assert means["response_length"] == [pytest.approx(np.mean([4, 5, 6])), pytest.approx(np.mean([4, 5, 6, 7]))]
+    assert means["approx_kl"] == [pytest.approx(0.02), pytest.approx(0.025)]
+    assert means["log_w_mean"] == [-0.5, 0.125]
+    assert means["clip_fraction"] == [0.25, None]  # GRPO's run never logs it
+    for run, mean in zip(runs, means["train_accuracy"]):
+        assert mean == pytest.approx(np.mean(run.curve("train_accuracy")[1]))
+    markdown = metrics_comparison_markdown(comparison)
+    assert markdown.splitlines()[0] == "| Metric | ReSPO N=2 seed=0 | GRPO N=2 seed=0 |"
+    assert "| log_w_mean | -0.5000 | 0.1250 |" in markdown and "| clip_fraction | 0.2500 | – |" in markdown
+    assert "ReSPO N=2 seed=0: 3, GRPO N=2 seed=0: 4" in markdown
+
+    only = metrics_comparison(runs, keys=["approx_kl"])
+    assert only["keys"] == ["approx_kl"] and list(only["means"]) == ["approx_kl"]
+    with pytest.raises(ReportError, match=r"no run logs \['log_w_mena'\]"):
+        metrics_comparison(runs, keys=["log_w_mena"])
+    c = _write_run(tmp_path / "c", iterations=2, extra={"log_w_mean": float("nan")})
+    with pytest.raises(ReportError, match="'log_w_mean' holds a non-finite"):
+        metrics_comparison(load_runs([c]))
+    with pytest.raises(ReportError, match="no runs"):
+        metrics_comparison([])
 
 
 def test_e3_window_follows_the_paper_and_cuts_to_the_shortest_run(tmp_path):

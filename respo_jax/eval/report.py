@@ -6,6 +6,7 @@ matplotlib `Figure`s (no pyplot state), so notebooks display them and `experimen
 
   load_run / load_runs         a run directory: config.json, metrics.jsonl, rollouts/, eval/ (checked)
   training_summary             early peak and late mean ± temporal std of the training score (§4.1, Tab. 8)
+  metrics_comparison           every logged metric's mean per run, side by side (comparing objectives)
   curves_figure                score, response length, approx. KL, entropy vs policy updates (Figs. 3, 5)
   length_bin_groups            accuracy in shared response-length bins per N (App. E.2, Tab. 4, Fig. 3)
   evaluation_table             Tab. 1: pass@1 per benchmark and the macro average ± bootstrap SE
@@ -542,6 +543,65 @@ def training_summary_markdown(rows: Sequence[dict], windows: SummaryWindows, key
                if row["late_end"] - row["late_start"] < windows.late_window - 1e-9]
     if clipped:
         lines.append(f"The late window of {', '.join(clipped)} is clipped at its first logged update.")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Metrics side by side
+
+
+# Counters and bookkeeping of an RL record: not quantities to compare between runs.
+_NOT_COMPARED = frozenset({"iteration", "policy_updates", "phase", "compiles"})
+
+
+def metrics_comparison(runs: Sequence[Run], keys: Sequence[str] | None = None) -> dict:
+    """Every run's mean over its RL records of each metrics key, for comparing objectives side by side.
+
+    keys: the metrics keys to compare (default: every numeric key some run logs, counters left out, in
+    the order the first run that logs a key logs it). Returns {"labels": [run labels], "keys": [...],
+    "means": {key: [mean per run, or None where the run never logs the key]}, "records": [RL records
+    per run]}. A key a run logs at some iterations only is averaged over those; non-finite values are
+    refused (ReportError naming the run and key), not averaged away.
+    """
+    if not runs:
+        raise ReportError("no runs to compare")
+    if keys is None:
+        keys = []
+        for run in runs:
+            for record in run.rl_records:
+                for key, value in record.items():
+                    if (key not in _NOT_COMPARED and key not in keys and isinstance(value, (int, float))
+                            and not isinstance(value, bool)):
+                        keys.append(key)
+    else:
+        keys = list(keys)
+        unknown = [key for key in keys if not any(key in record for run in runs for record in run.rl_records)]
+        if unknown:
+            raise ReportError(f"no run logs {unknown} in its RL records")
+    means: dict[str, list] = {}
+    for key in keys:
+        means[key] = []
+        for run in runs:
+            values = [record[key] for record in run.rl_records if key in record]
+            if not values:
+                means[key].append(None)
+                continue
+            if any(not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                   for v in values):
+                raise ReportError(f"{run.path}: metrics key {key!r} holds a non-finite or non-numeric value")
+            means[key].append(float(np.mean(values)))
+    return {"labels": [run.label for run in runs], "keys": keys, "means": means,
+            "records": [len(run.rl_records) for run in runs]}
+
+
+def metrics_comparison_markdown(comparison: dict, digits: int = 4) -> str:
+    """`metrics_comparison` as a markdown table: one row per metrics key, one column per run."""
+    labels = comparison["labels"]
+    lines = ["| Metric | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for key in comparison["keys"]:
+        lines.append(f"| {key} | " + " | ".join(_number(v, digits) for v in comparison["means"][key]) + " |")
+    counts = ", ".join(f"{label}: {n}" for label, n in zip(labels, comparison["records"]))
+    lines += ["", f"Means over each run's RL iterations ({counts}). {DASH}: the run does not log the key."]
     return "\n".join(lines) + "\n"
 
 
