@@ -41,6 +41,8 @@ def _as_objective(objective: PolicyObjective | str) -> PolicyObjective:
     return objective
 
 
+_CHUNK = 1024  # responses per call of a compiled weight function (inputs are padded to whole chunks)
+
 # (objective, length) -> (the registry spec it was built from, jitted omega): a replaced user objective
 # of the same name and hyperparameters gets a fresh function.
 _WEIGHT_FNS: dict[tuple[PolicyObjective, int], tuple[ObjectiveSpec, Callable]] = {}
@@ -89,10 +91,17 @@ def response_gradient_weight(
     shape = log_w.shape
     if log_w.size == 0:
         return np.zeros(shape)
-    values = _weight_fn(objective, int(length))(
-        jnp.asarray(log_w.reshape(-1), jnp.float32), jnp.asarray(advantage.reshape(-1), jnp.float32)
-    )
-    return np.asarray(values, np.float64).reshape(shape) + 0.0  # + 0.0: no -0.0 where a clip binds
+    # Padded to whole chunks (with log W = 0, A = 1) so that plots and tables of any size share one
+    # compiled program per (objective, length).
+    flat_w, flat_a = log_w.reshape(-1), advantage.reshape(-1)
+    padded = -(-flat_w.size // _CHUNK) * _CHUNK
+    flat_w = np.pad(flat_w, (0, padded - flat_w.size))
+    flat_a = np.pad(flat_a, (0, padded - flat_a.size), constant_values=1.0)
+    fn = _weight_fn(objective, int(length))
+    chunks = [fn(jnp.asarray(flat_w[i:i + _CHUNK], jnp.float32), jnp.asarray(flat_a[i:i + _CHUNK], jnp.float32))
+              for i in range(0, padded, _CHUNK)]
+    values = np.concatenate([np.asarray(chunk, np.float64) for chunk in chunks])[: log_w.size]
+    return values.reshape(shape) + 0.0  # + 0.0: no -0.0 where a clip binds
 
 
 def plot_gradient_weights(
@@ -139,7 +148,9 @@ def plot_gradient_weights(
             ax.axvline(1.0 if ax is axes[row, 0] else 0.0, color="k", lw=0.6, ls=":")
             ax.set_ylim(-0.05, y_max)
             ax.grid(alpha=0.3)
-    axes[0, 0].set_xlim(0, w_max)
+    for row in axes:
+        row[0].set_xlim(0, w_max)
+        row[1].set_xlim(*log_w_range)
     axes[0, 1].legend(fontsize=8, loc="upper right")
     if title:
         fig.suptitle(title)
