@@ -125,19 +125,22 @@ def test_objectives_notebook_plots_weights_registers_kernels_and_trains_them_sid
     # The side-by-side table compares both trained objectives on every key they log.
     comparison = next(md for md in run.markdown() if md.startswith("| Metric |"))
     labels = table_header(comparison)[1:]
-    assert labels == ["ReSPO N=4 seed=0", "log_gauss N=4 seed=0"]
+    assert labels == ["ReSPO N=16 seed=0", "log_gauss N=16 seed=0"]
     for key in ("train_accuracy", "log_w_mean", "coef_mean_pos", "approx_kl", "entropy"):
         (row,) = markdown_rows(comparison, key)
         assert all(re.fullmatch(r"-?\d+\.\d{4}", cell) for cell in row[1:]), row
+    # N = 16 drifts log W far enough from 0 that the two kernels weigh the responses differently.
+    (row,) = markdown_rows(comparison, "coef_mean_pos")
+    assert row[1] != row[2], row
     for name in ("respo", "log_gauss"):
         run_dir = tmp_path / "objectives" / name
         config = json.loads((run_dir / "config.json").read_text())
         assert config["objective"]["name"] == name
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         rl = [record for record in records if record["phase"] == "rl"]
-        assert [record["policy_updates"] for record in rl] == [4, 8, 12]
+        assert [record["policy_updates"] for record in rl] == [16, 32, 48]
         (row,) = markdown_rows(comparison, "log_w_mean")
-        shown = float(row[labels.index(f"{'ReSPO' if name == 'respo' else name} N=4 seed=0") + 1])
+        shown = float(row[labels.index(f"{'ReSPO' if name == 'respo' else name} N=16 seed=0") + 1])
         assert shown == pytest.approx(np.mean([record["log_w_mean"] for record in rl]), abs=1e-4)
     # The user kernel is what weighed the log_gauss run's responses (read back from its rollout files).
     for rollout in load_rollout_files(tmp_path / "objectives" / "log_gauss"):
@@ -180,16 +183,16 @@ def test_toy_rl_notebook_runs_two_objectives_at_n16_with_curves_and_e3_tables(tm
 def test_analysis_notebook_rebuilds_tab1_length_bins_and_e3_from_runs_it_makes(tmp_path, kernel_env):
     run = execute_notebook("analysis.ipynb", tmp_path, kernel_env)
     assert len(run.images()) == 2  # curves, length bins
-    labels = ["GRPO N=4 seed=0", "ReSPO N=4 seed=0"]
+    labels = ["GRPO N=16 seed=0", "ReSPO N=16 seed=0"]
     tab1 = next(md for md in run.markdown() if md.startswith("| N | Run | Step |"))
     assert table_header(tab1)[3:] == ["Synthetic", "Avg."]
     for name, label in zip(("grpo", "respo"), labels):
-        summary = json.loads((tmp_path / "analysis" / f"{name}_n4" / "eval" / "summary.json").read_text())
-        (row,) = [cells for cells in markdown_rows(tab1, "4") if cells[1] == label]
+        summary = json.loads((tmp_path / "analysis" / f"{name}_n16" / "eval" / "summary.json").read_text())
+        (row,) = [cells for cells in markdown_rows(tab1, "16") if cells[1] == label]
         macro = summary["macro_average"]
         assert row[4] == f"{100 * macro['pass_at_1']:.1f} ± {100 * macro['se']:.1f}"
         assert summary["benchmarks"]["synthetic"]["completions"] == 32 * 4
-    bins = next(md for md in run.markdown() if md.startswith("**N = 4**"))
+    bins = next(md for md in run.markdown() if md.startswith("**N = 16**"))
     assert table_header(bins.split("\n\n")[1]) == ["Entry"] + [f"Q{i}" for i in range(1, 11)]
     for label in labels:
         (counts,) = markdown_rows(bins, f"{label} count")

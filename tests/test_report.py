@@ -330,12 +330,12 @@ def run_curve(run):
 
 def test_metrics_comparison_means_every_logged_key_per_run_side_by_side(tmp_path):
     a = _write_run(tmp_path / "a", objective="respo", reuse=2, iterations=3,
-                   extra={"log_w_mean": -0.5, "clip_fraction": 0.25})
+                   extra={"log_w_mean": -0.5, "clip_fraction": 0.25, "rollout_seconds": 2.0, "compiles": 3})
     b = _write_run(tmp_path / "b", objective="grpo", reuse=2, iterations=4, extra={"log_w_mean": 0.125})
     runs = load_runs([a, b])
     comparison = metrics_comparison(runs)
     assert comparison["labels"] == ["ReSPO N=2 seed=0", "GRPO N=2 seed=0"]
-    # Numeric keys in the order the first run logs them; counters are not compared.
+    # Numeric keys in the order the first run logs them; counters and wall-clock times are not compared.
     assert comparison["keys"] == ["score", "train_accuracy", "response_length", "approx_kl", "entropy",
                                   "log_w_mean", "clip_fraction"]
     means = comparison["means"]
@@ -350,8 +350,8 @@ def test_metrics_comparison_means_every_logged_key_per_run_side_by_side(tmp_path
     assert "| log_w_mean | -0.5000 | 0.1250 |" in markdown and "| clip_fraction | 0.2500 | – |" in markdown
     assert "ReSPO N=2 seed=0: 3, GRPO N=2 seed=0: 4" in markdown
 
-    only = metrics_comparison(runs, keys=["approx_kl"])
-    assert only["keys"] == ["approx_kl"] and list(only["means"]) == ["approx_kl"]
+    only = metrics_comparison(runs, keys=["approx_kl", "rollout_seconds"])  # asked for: compared
+    assert only["keys"] == ["approx_kl", "rollout_seconds"] and only["means"]["rollout_seconds"] == [2.0, None]
     with pytest.raises(ReportError, match=r"no run logs \['log_w_mena'\]"):
         metrics_comparison(runs, keys=["log_w_mena"])
     c = _write_run(tmp_path / "c", iterations=2, extra={"log_w_mean": float("nan")})

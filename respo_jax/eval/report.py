@@ -550,15 +550,21 @@ def training_summary_markdown(rows: Sequence[dict], windows: SummaryWindows, key
 # Metrics side by side
 
 
-# Counters and bookkeeping of an RL record: not quantities to compare between runs.
+# Counters and wall-clock bookkeeping of an RL record (*_seconds too): not what an objective changes.
 _NOT_COMPARED = frozenset({"iteration", "policy_updates", "phase", "compiles"})
+
+
+def _compared_by_default(key: str, value) -> bool:
+    return (key not in _NOT_COMPARED and not key.endswith("_seconds") and isinstance(value, (int, float))
+            and not isinstance(value, bool))
 
 
 def metrics_comparison(runs: Sequence[Run], keys: Sequence[str] | None = None) -> dict:
     """Every run's mean over its RL records of each metrics key, for comparing objectives side by side.
 
-    keys: the metrics keys to compare (default: every numeric key some run logs, counters left out, in
-    the order the first run that logs a key logs it). Returns {"labels": [run labels], "keys": [...],
+    keys: the metrics keys to compare (default: every numeric key some run logs, in the order the first
+    run that logs a key logs it, except counters and wall-clock times (iteration, policy_updates,
+    compiles, *_seconds), which depend on the machine and the compile cache rather than the objective). Returns {"labels": [run labels], "keys": [...],
     "means": {key: [mean per run, or None where the run never logs the key]}, "records": [RL records
     per run]}. A key a run logs at some iterations only is averaged over those; non-finite values are
     refused (ReportError naming the run and key), not averaged away.
@@ -570,8 +576,7 @@ def metrics_comparison(runs: Sequence[Run], keys: Sequence[str] | None = None) -
         for run in runs:
             for record in run.rl_records:
                 for key, value in record.items():
-                    if (key not in _NOT_COMPARED and key not in keys and isinstance(value, (int, float))
-                            and not isinstance(value, bool)):
+                    if key not in keys and _compared_by_default(key, value):
                         keys.append(key)
     else:
         keys = list(keys)
