@@ -191,7 +191,7 @@ def test_the_trainer_resolves_a_user_registered_objective(tmp_path):
     """objective.name / objective.hparams of the config reach a user kernel inside the jitted update."""
     from experiments.train import DEFAULT_CONFIG, load_config
     from respo_jax.training.batch import PolicyBatch, build_sequences
-    from respo_jax.training.config import apply_overrides
+    from respo_jax.training.config import ConfigError, apply_overrides
     from respo_jax.training.loop import RLTrainer
 
     register_objective("sech", kernel_objective(sech_kernel, defaults={"width": 2.0, "negative_scale": 1.0}))
@@ -218,5 +218,6 @@ def test_the_trainer_resolves_a_user_registered_objective(tmp_path):
     assert np.all(np.abs(log_w) > 1e-3), log_w
     expected = np.where(advantages >= 0, 1.0, 0.5) / np.cosh(log_w / 0.25)
     np.testing.assert_allclose(np.asarray(metrics["responses"]["phi"]), expected, rtol=1e-5, atol=1e-7)
-    with pytest.raises(KeyError, match="unknown objective 'sehc'"):
-        RLTrainer(apply_overrides(config, ["objective.name=sehc"]))
+    # A typo fails at start-up (config validation), naming the registered objectives, the user's included.
+    with pytest.raises(ConfigError, match=r"objective.name='sehc': expected one of \[.*'sech'"):
+        apply_overrides(config, ["objective.name=sehc"])
