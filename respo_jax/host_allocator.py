@@ -54,12 +54,14 @@ def _glibc():
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
-def configure_host_allocator() -> dict:
-    """Applies `MALLOPT_SETTINGS` through glibc's `mallopt` and synchronous CPU dispatch, once per process.
+def configure_host_allocator(jax_dispatch: bool = True) -> dict:
+    """Applies `MALLOPT_SETTINGS` through glibc's `mallopt` and, with `jax_dispatch`, synchronous CPU
+    dispatch, once per process (a process that runs no JAX, e.g. a PyTorch baseline given the same
+    malloc settings, passes `jax_dispatch=False` and never imports JAX).
 
-    Returns {"applied": True, "mallopt": {name: value}, "jax_cpu_enable_async_dispatch": False} or,
-    where there is no glibc (macOS, musl) and nothing was changed, {"applied": False, "reason": ...}.
-    Raises RuntimeError if glibc refuses a setting.
+    Returns {"applied": True, "mallopt": {name: value}, "jax_cpu_enable_async_dispatch": False} (the
+    last key only with `jax_dispatch`) or, where there is no glibc (macOS, musl) and nothing was
+    changed, {"applied": False, "reason": ...}. Raises RuntimeError if glibc refuses a setting.
     """
     global _applied
     if _applied is not None:
@@ -74,11 +76,12 @@ def configure_host_allocator() -> dict:
     for name, (parameter, value) in MALLOPT_SETTINGS.items():
         if libc.mallopt(parameter, value) != 1:
             raise RuntimeError(f"glibc mallopt refused {name}={value}")
-    import jax
+    _applied = {"applied": True, "mallopt": {name: value for name, (_, value) in MALLOPT_SETTINGS.items()}}
+    if jax_dispatch:
+        import jax
 
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
-    _applied = {"applied": True, "mallopt": {name: value for name, (_, value) in MALLOPT_SETTINGS.items()},
-                "jax_cpu_enable_async_dispatch": False}
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+        _applied["jax_cpu_enable_async_dispatch"] = False
     return _applied
 
 

@@ -1,6 +1,7 @@
 """Smoke test of the benchmark harness (experiments/benchmarks): the whole `--micro` pipeline runs and
-writes well-formed, self-consistent JSON and markdown; the measurement helpers do what they say. No
-timing is asserted — only structure, arithmetic and that both train-step sides compute the same loss."""
+writes well-formed, self-consistent JSON and markdown, the RL-iteration race runs both sides on a micro
+model; the measurement helpers do what they say. No timing is asserted — only structure, arithmetic,
+the sides' settings and that both train-step sides compute the same loss."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from flax import nnx
 
 from experiments.benchmarks import __main__ as bench_main
-from experiments.benchmarks import accelerator, common, roofline, scaling
+from experiments.benchmarks import accelerator, common, rl_iteration, roofline, scaling
 from respo_jax import host_allocator
 from respo_jax.models import qwen3
 
@@ -50,11 +51,7 @@ def test_micro_pipeline_writes_headline_keys(micro_report):
     for key in QUICK_KEYS:
         value = report[key]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
-    assert set(bench_main.TARGETS) <= set(report["targets"])
-    for key, target in report["targets"].items():
-        assert target["met"] == (target["value"] >= float(target["target"].split()[1])
-                                 if target["target"].startswith(">=")
-                                 else target["value"] < float(target["target"].split()[1])), key
+    assert "targets" not in report  # a benchmark reports measurements, not an issue's targets
     markdown = (out / "micro.md").read_text(encoding="utf-8")
     assert "| train_step_speedup |" in markdown and "Decode" in markdown and "Matmul peak" in markdown
 
@@ -88,12 +85,35 @@ def test_micro_ratios_are_consistent_with_recorded_times(micro_report):
 
 def test_side_processes_run_with_their_declared_settings(micro_report):
     # The respo-jax side runs as the CPU trainer does (host allocator configured in its own process);
-    # the PyTorch baseline keeps glibc's defaults.
+    # the PyTorch baseline gets the same malloc settings (and no JAX flag: it runs no JAX).
     _, report, _ = micro_report
     small = report["train_step"]["small"]
     assert small["jax"]["host_allocator"]["applied"] is True
     assert small["jax"]["host_allocator"]["jax_cpu_enable_async_dispatch"] is False
-    assert small["torch_eager"]["host_allocator"] == {"applied": False, "reason": "not configured"}
+    assert small["torch_eager"]["host_allocator"]["applied"] is True
+    assert small["torch_eager"]["host_allocator"]["mallopt"] == small["jax"]["host_allocator"]["mallopt"]
+    assert "jax_cpu_enable_async_dispatch" not in small["torch_eager"]["host_allocator"]
+
+
+def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
+    # The race on a micro model (vocabulary 151,936, one tiny layer): both sides run in their own
+    # processes with the same malloc settings, see the same prompts (the harness checks their token
+    # counts agree), and the record's ratio, RSS and compile counts are consistent.
+    status = rl_iteration.main(["--micro", "--iterations", "3", "--out", str(tmp_path)])
+    assert status == 0
+    with open(tmp_path / "rl_iteration_micro.json", encoding="utf-8") as f:
+        (result,) = json.load(f)["results"]
+    jax_side, trl_side = result["jax"], result["trl"]
+    assert len(jax_side["times_s"]) == len(trl_side["times_s"]) == 3
+    expected = float(np.median([t / j for t, j in zip(trl_side["times_s"][1:], jax_side["times_s"][1:])]))
+    assert result["speedup"] == pytest.approx(expected, rel=1e-12)
+    assert jax_side["median_s"] == pytest.approx(float(np.median(jax_side["times_s"][1:])))
+    for side in (jax_side, trl_side):
+        assert side["peak_rss_mib"] > 100 and side["host_allocator"]["applied"] is True
+        assert side["response_length"] == [4.0] * 3  # a random policy never samples EOS in 4 tokens
+    assert jax_side["compiles"][0] > 0 and len(jax_side["compile_seconds"]) == 3
+    assert 0 <= jax_side["compile_fraction_after_two"] < 1
+    assert "respo-jax s/iter" in (tmp_path / "rl_iteration_micro.md").read_text(encoding="utf-8")
 
 
 def test_both_train_step_sides_compute_the_same_loss(micro_report):

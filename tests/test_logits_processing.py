@@ -145,7 +145,12 @@ def test_two_stage_draw_matches_the_distribution_across_blocks(vocab, block):
     assert np.all(freq[~np.isfinite(logprobs)] == 0)
     tolerance = 4 * np.sqrt(probs * (1 - probs) / draws) + 1e-12
     assert np.all(np.abs(freq - probs) <= tolerance), np.abs(freq - probs).max()
-    np.testing.assert_array_equal(np.asarray(token_logprobs), logprobs[tokens])
+    np.testing.assert_allclose(np.asarray(token_logprobs), logprobs[tokens], rtol=0, atol=1e-6)
+    # Unnormalized log-weights (the processed logits shifted by a constant) give the same draw and the
+    # same normalized log-prob.
+    shifted_tokens, shifted_logprobs = jax.jit(lambda k, r: lp.sample_from_logprobs(k, r + 3.5, block))(keys, rows)
+    np.testing.assert_array_equal(np.asarray(shifted_tokens), tokens)
+    np.testing.assert_allclose(np.asarray(shifted_logprobs), logprobs[tokens], rtol=0, atol=1e-5)
 
 
 def test_rows_with_equal_keys_draw_equal_tokens_whatever_the_batch():

@@ -194,6 +194,46 @@ def test_token_logprobs_equal_log_softmax_of_full_logits(checkpoints):
         model.token_logprobs(ids, targets[:, :-1])
 
 
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_response_only_chunked_logprobs_equal_the_dense_computation_in_values_and_gradients(checkpoints, tie):
+    """token_logprobs(start=, temperature=) — the LM head and log-softmax over positions start: only,
+    a few tokens per chunk, with its hand-written backward — equals the dense path (full [b, s, vocab]
+    logits, log_softmax(logits / T), autodiff) in values and in the gradients of every parameter."""
+    _, path = checkpoints[tie]
+    model = qwen3.from_pretrained(path)
+    ids, mask, positions = (jnp.asarray(t.numpy()) for t in _left_padded_batch(seed=11))
+    targets = jax.random.randint(jax.random.key(1), ids.shape, 0, VOCAB)
+    weights = jax.random.normal(jax.random.key(2), ids.shape)  # a generic cotangent
+
+    def dense(model, start, temperature):
+        logits = model(ids, positions, mask)[:, start:] / temperature
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return jnp.take_along_axis(logp, targets[:, start:, None], axis=-1)[..., 0]
+
+    def chunked(model, start, temperature, chunk):
+        return model.token_logprobs(ids, targets, positions, mask, chunk_size=chunk, start=start,
+                                    temperature=temperature)
+
+    for start, temperature, chunk in ((0, 1.0, 64), (6, 1.0, 4), (6, 0.6, 7), (10, 1.7, 1)):
+        want = dense(model, start, temperature)
+        got = chunked(model, start, temperature, chunk)
+        assert got.shape == (3, 11 - start) and got.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+        def loss(fn, model):
+            return jnp.sum(fn(model) * weights[:, start:])
+
+        grads_want = nnx.grad(lambda m: loss(lambda m: dense(m, start, temperature), m))(model)
+        grads_got = nnx.grad(lambda m: loss(lambda m: chunked(m, start, temperature, chunk), m))(model)
+        pairs = list(zip(jax.tree.leaves(nnx.to_pure_dict(grads_got)), jax.tree.leaves(nnx.to_pure_dict(grads_want))))
+        assert len(pairs) == (13 if tie else 14) and all(np.abs(np.asarray(r)).max() > 0 for _, r in pairs)
+        for g, r in pairs:
+            assert _rel_err(g, r) < 1e-4
+    for bad, match in ((dict(start=11), "start must lie"), (dict(temperature=0.0), "temperature must be")):
+        with pytest.raises(ValueError, match=match):
+            model.token_logprobs(ids, targets, positions, mask, **bad)
+
+
 def test_bf16_forward_close_to_fp32(checkpoints):
     """bf16 parameters + compute: max |Δlogit| below 3% of the largest fp32 logit and mean
     |Δ log p| below 0.02 nats (float32 softmax/norm statistics, bf16 matmuls)."""

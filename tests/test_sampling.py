@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -189,6 +190,42 @@ def test_same_seed_same_samples_other_seed_other_samples_chunking_changes_nothin
     np.testing.assert_allclose(np.asarray(first.logprobs), np.asarray(chunked.logprobs), atol=1e-5)
     assert not np.array_equal(np.asarray(first.tokens), np.asarray(other.tokens))
     assert not np.array_equal(np.asarray(first.tokens), np.asarray(high.tokens))  # all 64 seed bits count
+
+
+def test_a_batch_generated_in_row_chunks_equals_one_batch(moe, moe_sampled):
+    # 4 prompts x 2 samples = 8 rows in chunks of at most 3 (3 + 3 + 2 and a filler row): a row's keys
+    # depend on its index in the whole batch, so tokens, log-probs and routing are those of one batch.
+    model = moe[1]
+    params = dataclasses.replace(MOE_PARAMS, num_samples=2)
+    whole = generate(model, PROMPTS, params, return_routing=True, engine=EngineConfig(max_batch_rows=None))
+    chunked = generate(model, PROMPTS, params, return_routing=True, engine=EngineConfig(max_batch_rows=3))
+    for field in ("tokens", "lengths", "routing", "prompt_routing", "prompt_mask"):
+        np.testing.assert_array_equal(np.asarray(getattr(chunked, field)), np.asarray(getattr(whole, field)))
+    # (log-probs to round-off: the batch size changes the matmuls' summation order)
+    np.testing.assert_allclose(np.asarray(chunked.logprobs), np.asarray(whole.logprobs), atol=1e-5)
+    assert chunked.tokens.shape == (8, MOE_PARAMS.max_new_tokens)
+    with pytest.raises(ValueError, match="max_batch_rows"):
+        EngineConfig(max_batch_rows=0)
+
+
+def test_decoding_stops_when_every_row_is_done(dense, monkeypatch):
+    # Count the decode loop's steps on the device: with every row done after its first EOS, the loop
+    # runs as many steps as the longest response, not max_new_tokens.
+    generate_module = sys.modules[generate.__module__]
+    steps = []
+    record = generate_module._record
+
+    def counting_record(state, tokens, token_logprobs, params):
+        jax.debug.callback(lambda: steps.append(1))
+        return record(state, tokens, token_logprobs, params)
+
+    monkeypatch.setattr(generate_module, "_record", counting_record)
+    hf, model = dense
+    eos = _hf_greedy(hf, [PROMPTS[0]], eos=None)[0][2]
+    params = SamplingParams(max_new_tokens=200, temperature=0.0, eos_token_ids=(eos,))
+    out = generate(model, [PROMPTS[0], PROMPTS[0]], params)
+    jax.effects_barrier()
+    assert int(np.asarray(out.lengths).max()) == 3 and len(steps) == 3
 
 
 def test_routing_equals_teacher_forced_routing(moe, moe_sampled):

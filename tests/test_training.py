@@ -6,13 +6,26 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from flax import nnx
+
 from experiments.train import DEFAULT_CONFIG, load_config, main, summarize
-from respo_jax.training.batch import PolicyBatch, build_sequences, response_logprobs
+from respo_jax.models import qwen3
+from respo_jax.objectives import get_objective
+from respo_jax.training.batch import (
+    PolicyBatch,
+    bucket_length,
+    build_sequences,
+    microbatch_size,
+    response_logprobs,
+)
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
+from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.config import ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer, build_model
+from respo_jax.training.step import make_logprob_fn, make_optimizer, make_policy_step
 
 TINY = [
     "warmup.steps=3",
@@ -84,6 +97,139 @@ def test_build_sequences_layout():
         build_sequences([[1], []], responses, np.array([2, 3]), 0)
 
 
+def test_bucketed_layout_and_microbatch_sizes():
+    assert [bucket_length(n, 128) for n in (1, 128, 129, 300)] == [128, 128, 256, 384]
+    assert bucket_length(40, 64, limit=48) == 48 and bucket_length(0, 8) == 0
+    with pytest.raises(ValueError, match="length <= limit"):
+        bucket_length(50, 64, limit=48)
+    # Rows per micro-batch: within the budget, balanced, never more micro-batches than needed.
+    assert microbatch_size(32, 320, 16384) == 32  # fits: one shot
+    assert microbatch_size(256, 320, 16384) == 43  # 51 rows fit; 6 micro-batches of 43 (the last 41)
+    assert microbatch_size(5, 100, 50) == 1  # a row longer than the budget still runs alone
+    prompts = [[5, 6, 7], [8]]
+    responses = np.array([[1, 2, 9, 9], [3, 4, 5, 9]])
+    exact = build_sequences(prompts, responses, np.array([2, 3]), 0)
+    padded = build_sequences(prompts, responses, np.array([2, 3]), 0, prompt_len=8, response_len=6)
+    assert padded[4] == 8 and padded[0].shape == (2, 14) and padded[3].shape == (2, 6)
+    for got, want in zip(padded[:3], exact[:3]):  # the same sequences, more padding on both ends
+        np.testing.assert_array_equal(got[:, 5:8 + 3], want[:, :3 + 3])
+    np.testing.assert_array_equal(padded[3][:, :3], exact[3][:, :3])
+    assert padded[3][:, 3:].sum() == 0 and padded[2][:, :5].sum() == 0 and padded[2][:, 11:].sum() == 0
+    with pytest.raises(ValueError, match="shorter than the longest prompt"):
+        build_sequences(prompts, responses, np.array([2, 3]), 0, prompt_len=2)
+    with pytest.raises(ValueError, match="shorter than the longest response"):
+        build_sequences(prompts, responses, np.array([2, 3]), 0, response_len=2)
+
+
+def _policy_setup(seed: int = 0, rows: int = 6, prompt_len: int | None = None, response_len: int | None = None):
+    """A tiny model's (graphdef, params) and a ragged mini-batch whose old log-probs are the model's own
+    plus noise (so log W, clip flags and φ are non-trivial), with ±1.5 / ±0.5 advantages."""
+    cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=64, num_hidden_layers=2)
+    graphdef, params = nnx.split(qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(seed)))
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, 64, size=int(n)).tolist() for n in rng.integers(2, 9, size=rows)]
+    lengths = rng.integers(1, 7, size=rows)
+    responses = rng.integers(1, 64, size=(rows, 6))
+    ids, positions, attention, response_mask, p_len = build_sequences(
+        prompts, responses, lengths, 0, prompt_len=prompt_len, response_len=response_len)
+    batch = PolicyBatch(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention), jnp.asarray(response_mask),
+                        jnp.zeros(response_mask.shape), jnp.asarray(np.resize([1.5, -0.5, 0.5, -1.5], rows), jnp.float32),
+                        p_len)
+    old = make_logprob_fn(graphdef)(params, batch)
+    noise = 0.3 * rng.standard_normal(response_mask.shape).astype(np.float32)
+    return graphdef, params, batch.replace(old_logp=(old + noise) * batch.response_mask)
+
+
+@pytest.mark.parametrize("name, aggregation", [("grpo", "token-mean"), ("gspo", "seq-mean-token-mean"),
+                                               ("respo", "seq-mean-token-sum")])
+def test_microbatched_update_equals_the_one_shot_update(name, aggregation):
+    """Every aggregation mode: the micro-batched step (gradients accumulated over micro-batches of 1 and
+    4 rows, the last padded with filler rows) gives the one-shot gradient (read off an SGD step with a
+    learning rate large enough that float32 spacing of the parameters does not hide it), the one-shot parameters after AdamW, loss and every metric (means, minima,
+    maxima, fractions); the micro-batched log π_old too."""
+    graphdef, params, batch = _policy_setup()
+    objective = get_objective(name, aggregation=aggregation)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731 (the step donates its inputs)
+
+    def run(tx, rows):
+        step = make_policy_step(graphdef, objective, tx, temperature=0.8)
+        return step(copy(params), tx.init(params), batch, microbatch_rows=rows)
+
+    # AdamW's first update is lr·g/(|g| + ε), whose slope in g is up to lr/ε: with the usual ε = 1e-8 the
+    # round-off of a gradient entry near zero (~1e-9 here) moves that parameter by up to ~0.1·lr
+    # (measured: 2e-3·lr for one entry in 16k). ε = 1e-4 bounds that by 1e-5·lr, so the parameters
+    # after AdamW agree to 1e-3·lr.
+    sgd, adamw = optax.sgd(1e4), optax.adamw(1e-3, b1=0.9, b2=0.999, eps=1e-4, weight_decay=0.01)
+
+    def gradient(new_params):
+        return jax.tree.map(lambda old, new: (old - new) / 1e4, params, new_params)
+
+    one_grads = gradient(run(sgd, None)[0])
+    one_params, _, one_metrics = run(adamw, None)
+    assert float(one_metrics["log_w_min"]) < float(one_metrics["log_w_max"])
+    for rows in (1, 4):
+        grads = gradient(run(sgd, rows)[0])
+        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(one_grads)):
+            assert np.abs(np.asarray(want)).max() > 0
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
+                                       atol=1e-5 * np.abs(np.asarray(want)).max())
+        got_params, _, got_metrics = run(adamw, rows)
+        for got, want in zip(jax.tree.leaves(got_params), jax.tree.leaves(one_params)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-3 * 1e-3)
+        assert set(got_metrics) == set(one_metrics)
+        for key, want in one_metrics.items():
+            if key == "responses":  # per-response log W, φ and approx-KL of the whole mini-batch
+                for name, values in want.items():
+                    np.testing.assert_allclose(np.asarray(got_metrics[key][name]), np.asarray(values),
+                                               rtol=1e-5, atol=1e-6, err_msg=name)
+                continue
+            np.testing.assert_allclose(float(got_metrics[key]), float(want), rtol=1e-5, atol=1e-7, err_msg=key)
+    logprobs = make_logprob_fn(graphdef, temperature=0.8)
+    one_shot = np.asarray(logprobs(params, batch))
+    for rows in (1, 4):
+        np.testing.assert_allclose(np.asarray(logprobs(params, batch, microbatch_rows=rows)), one_shot,
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_bucketed_batches_give_the_same_update():
+    """Padding prompts and responses to bucket lengths changes shapes, not results: the same log-probs
+    of the real response tokens, the same parameters after the update and the same metrics."""
+    graphdef, params, exact = _policy_setup(seed=3)
+    _, _, bucketed = _policy_setup(seed=3, prompt_len=16, response_len=12)
+    assert bucketed.input_ids.shape == (6, 28) and exact.input_ids.shape != bucketed.input_ids.shape
+    logprobs = make_logprob_fn(graphdef)
+    np.testing.assert_allclose(np.asarray(logprobs(params, bucketed))[:, :6], np.asarray(logprobs(params, exact)),
+                               rtol=1e-5, atol=1e-6)
+    bucketed = bucketed.replace(old_logp=jnp.pad(exact.old_logp, ((0, 0), (0, 6))))
+    tx = optax.adamw(1e-3, eps=1e-4)  # see test_microbatched_update_equals_the_one_shot_update
+    step = make_policy_step(graphdef, get_objective("respo"), tx)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
+    want_params, _, want = step(copy(params), tx.init(params), exact)
+    got_params, _, got = step(copy(params), tx.init(params), bucketed, microbatch_rows=4)
+    for a, b in zip(jax.tree.leaves(got_params), jax.tree.leaves(want_params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-3 * 1e-3)
+    for key in set(want) - {"responses"}:
+        np.testing.assert_allclose(float(got[key]), float(want[key]), rtol=1e-5, atol=1e-7, err_msg=key)
+    np.testing.assert_allclose(np.asarray(got["responses"]["log_w"]), np.asarray(want["responses"]["log_w"]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_compilations_are_counted():
+    five, other_five, six = np.ones(5, np.float32), np.zeros(5, np.float32), np.ones(6, np.float32)
+    fresh = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
+    before = compilation_totals()
+    fresh(five)
+    after_first = compilation_totals()
+    fresh(five)
+    fresh(other_five)
+    after_cached = compilation_totals()
+    fresh(six)  # a new shape is a new program
+    after_new_shape = compilation_totals()
+    assert (after_first - before).compiles == 1 and (after_first - before).seconds > 0
+    assert (after_cached - after_first).compiles == 0
+    assert (after_new_shape - after_cached).compiles == 1
+
+
 def test_response_logprobs_match_a_teacher_forced_forward_per_sequence():
     """Left padding and batching must not change log π(o_t | q, o_<t) of any response token."""
     trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), TINY))
@@ -136,8 +282,13 @@ def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == 2 and rl[-1]["policy_updates"] == 4
-    for key in ("train_accuracy", "score", "log_w_mean", "clip_fraction", "sampler_trainer_logp_gap", "approx_kl"):
+    for key in ("train_accuracy", "score", "log_w_mean", "clip_fraction", "sampler_trainer_logp_gap", "approx_kl",
+                "compiles", "compile_seconds"):
         assert key in rl[0], key
+    # Bucketed shapes: the first iteration compiles the sampler, log-prob and update programs, the
+    # second (same buckets) compiles nothing.
+    assert rl[0]["compiles"] > 0 and rl[0]["compile_seconds"] > 0
+    assert rl[1]["compiles"] == 0, rl[1]
     # the sampler's log-probs are those the trainer recomputes for the rollout-time parameters
     assert rl[0]["sampler_trainer_logp_gap"] < 1e-4
     assert (tmp_path / "training_curves.png").stat().st_size > 1000

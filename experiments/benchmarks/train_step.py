@@ -1,11 +1,13 @@
 """Train-step throughput: respo-jax's jitted policy step vs transformers + PyTorch on the same model.
 
-One step = forward over [batch, seq] → log π of the response tokens → ReSPO token-mean loss (detached
-kernel φ of Eq. 12) → backward → global-norm clipping → AdamW. The JAX side is exactly what the
-trainer runs (`respo_jax.training.step.make_policy_step`); the PyTorch side is what a user would
-otherwise write: `transformers.Qwen3ForCausalLM` (same config, same weights, loaded from our
-`save_pretrained` checkpoint) with the same objective math in torch and `torch.optim.AdamW`, in eager
-mode and, where it works, under `torch.compile`. The two sides alternate in one process.
+One step = forward over [batch, seq] → log π of the response tokens (the vocabulary projection for the
+response positions only) → ReSPO token-mean loss (detached kernel φ of Eq. 12) → backward →
+global-norm clipping → AdamW. The JAX side is exactly what the trainer runs
+(`respo_jax.training.step.make_policy_step`); the PyTorch side is what a user would otherwise write:
+`transformers.Qwen3ForCausalLM` (same config, same weights, loaded from our `save_pretrained`
+checkpoint, `logits_to_keep` = the response length) with the same objective math in torch and
+`torch.optim.AdamW`, in eager mode and, where it works, under `torch.compile`. Each side runs in its
+own process with the same malloc settings (`respo_jax.host_allocator`); the sides alternate.
 
 Batches look like RL batches: prompts left-padded, responses right-padded (lengths drawn in
 [len/2, len]), so neither side can take an unmasked fast path. Throughput counts processed positions
@@ -175,6 +177,7 @@ def torch_side(torch_model, batch: dict, compile_model: bool = False) -> Callabl
     advantages = torch.from_numpy(batch["advantages"])
     start = int(batch["prompt_len"]) - 1
     targets = ids[:, start + 1:]
+    response_len = targets.shape[1]
     optimizer = torch.optim.AdamW(torch_model.parameters(), lr=OPTIMIZER["learning_rate"],
                                   betas=(OPTIMIZER["b1"], OPTIMIZER["b2"]),
                                   weight_decay=OPTIMIZER["weight_decay"], eps=1e-8)
@@ -182,8 +185,9 @@ def torch_side(torch_model, batch: dict, compile_model: bool = False) -> Callabl
 
     def call() -> float:
         optimizer.zero_grad(set_to_none=True)
-        logits = forward(input_ids=ids[:, :-1], attention_mask=attention[:, :-1],
-                         position_ids=positions[:, :-1]).logits[:, start:]
+        # The vocabulary projection for the response positions only, as respo-jax's step computes it.
+        logits = forward(input_ids=ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
+                         logits_to_keep=response_len).logits
         logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
         loss = torch_respo_loss(logp, old_logp, advantages, mask)
         loss.backward()
@@ -235,29 +239,24 @@ class RssPeak:
 @dataclasses.dataclass(frozen=True)
 class SideSpec:
     """How one side runs: framework, whether its process starts with `configure_host_allocator()`
-    (respo_jax.host_allocator: large host buffers stay mapped between steps), and for JAX whether the
-    layers are scanned (for torch: whether the model is `torch.compile`d)."""
+    (respo_jax.host_allocator: glibc keeps large host buffers mapped between steps) and, for torch,
+    whether the model is `torch.compile`d."""
 
     framework: str
     host_allocator: bool
-    scan_layers: bool = False
     compile: bool = False
     label: str = ""
 
 
 SIDES = {
-    # What the CPU trainer runs (experiments/configs/respo_synthetic.py): host allocator configured,
-    # layers unrolled (model.scan_layers=false).
-    "jax": SideSpec("jax", host_allocator=True, scan_layers=False, label="respo-jax"),
-    # Ablations of those two settings; jax_defaults is the code before them.
-    "jax_scan": SideSpec("jax", host_allocator=True, scan_layers=True, label="respo-jax scanned"),
-    "jax_defaults": SideSpec("jax", host_allocator=False, scan_layers=True, label="respo-jax defaults"),
-    # What a user would otherwise run, and the same with our host allocator settings (do they help
-    # PyTorch too?).
-    "torch_eager": SideSpec("torch", host_allocator=False, label="torch eager"),
-    "torch_eager_host_allocator": SideSpec("torch", host_allocator=True,
-                                           label="torch eager + host allocator"),
-    "torch_compile": SideSpec("torch", host_allocator=False, compile=True, label="torch.compile"),
+    # What the CPU trainer runs (experiments/train.py, experiments/configs/respo_synthetic.py): host
+    # allocator configured, layers unrolled (model.scan_layers=false).
+    "jax": SideSpec("jax", host_allocator=True, label="respo-jax"),
+    # transformers + PyTorch given the same malloc settings: the headline baseline.
+    "torch_eager": SideSpec("torch", host_allocator=True, label="torch eager"),
+    "torch_compile": SideSpec("torch", host_allocator=True, compile=True, label="torch.compile"),
+    # PyTorch as a user runs it out of the box (glibc defaults), for reference.
+    "torch_eager_glibc": SideSpec("torch", host_allocator=False, label="torch eager, glibc defaults"),
 }
 SIDE_KINDS = tuple(SIDES)
 DEFAULT_SIDES = ("jax", "torch_eager")
@@ -271,9 +270,9 @@ def _side_main(conn, kind: str, checkpoint: str, threads: int) -> None:
     try:
         spec = SIDES[kind]
         if spec.host_allocator:  # first, before any JAX or PyTorch thread allocates
-            configure_host_allocator()
+            configure_host_allocator(jax_dispatch=spec.framework == "jax")
         if spec.framework == "jax":
-            model = qwen3.from_pretrained(checkpoint, scan_layers=spec.scan_layers)
+            model = qwen3.from_pretrained(checkpoint, scan_layers=False)
         else:
             configure_threads(threads)
             model = _torch_model_from_dir(checkpoint)

@@ -7,8 +7,10 @@ models, the routed experts of every generated token (for Routing Replay).
 
 Layout. Prompts are left-padded to a bucketed length P (pads are masked and never attended; a real
 token's position is its index within its own prompt), so a row's result does not depend on the other
-rows. The cache holds P + max_new_tokens slots rounded up to a bucket. The prefill writes the prompt
-(in `EngineConfig.prefill_chunk_size` pieces if set) and then its last token alone, so logits are
+rows. A batch larger than `EngineConfig.max_batch_rows` is generated in equal chunks of rows, one
+after the other, each stopping when its own rows are done; the samples are those of one batch. The
+cache holds P + max_new_tokens slots rounded up to a bucket. The prefill writes the prompt (in
+`EngineConfig.prefill_chunk_size` pieces if set) and then its last token alone, so logits are
 computed for that token only. Decode is a `lax.while_loop` that stops once every row has emitted an
 EOS or the length limit is reached; nothing syncs with the host per token. With
 `EngineConfig.decode_chunk_size` the loop runs in segments whose cache grows with the responses, so
@@ -256,12 +258,14 @@ def _shard_batch_axis(x, mesh, batch_axes, axis: int):
     ),
 )
 def _prefill_and_decode(
-    graphdef, model_state, layers, input_ids, positions, attention_mask, active, seed,
+    graphdef, model_state, layers, input_ids, positions, attention_mask, active, seed, first_row,
     *, params, cache_len, stop, prefill_chunk, cache_dtype, return_routing, capture_last, mesh, batch_axes,
 ):
     """Prefill `[batch, P]` prompts, sample the first token and decode until `stop` (jitted once per
     shape/params). `layers`: per-layer weights for the decode loop (`_decode_layers`) or None; the
-    prefill keeps the model's layer scan. Returns the loop state and the prompt routing (or None)."""
+    prefill keeps the model's layer scan. `first_row` (traced uint32): index of this chunk's first
+    row in the whole batch, which seeds the rows' keys. Returns the loop state and the prompt routing
+    (or None)."""
     model = nnx.merge(graphdef, model_state)
     batch, prompt_len = input_ids.shape
     cache = qwen3.init_cache(_model_config(model), batch, cache_len, dtype=jnp.dtype(cache_dtype))
@@ -294,7 +298,8 @@ def _prefill_and_decode(
     prompt_routing = jnp.concatenate(chunk_routings, axis=2) if return_routing else None
 
     base_key = jax.random.fold_in(jax.random.key(seed[0]), seed[1])  # seed: [2] uint32 (low, high word)
-    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base_key, jnp.arange(batch, dtype=jnp.uint32))
+    rows = first_row + jnp.arange(batch, dtype=jnp.uint32)  # the rows' indices in the whole batch
+    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base_key, rows)
     routing = None
     if return_routing:
         num_layers, _, _, top_k = prompt_routing.shape
@@ -402,7 +407,39 @@ def generate(
     rows = [p for p in prompts for _ in range(params.num_samples)]
     batch_axes = _batch_axes(mesh)
     shards = math.prod(mesh.shape[a] for a in batch_axes) if mesh is not None else 1
-    num_rows = _round_up(len(rows), shards)
+    chunk_rows = _round_up(_chunk_rows(len(rows), engine.max_batch_rows), shards)
+    graphdef, model_state = nnx.split(model)
+    layers = _decode_layers(model, graphdef, model_state)
+    run = functools.partial(
+        _generate_chunk, graphdef=graphdef, model_state=model_state, layers=layers, params=params, engine=engine,
+        prompt_len=prompt_len, cache_slots=cache_slots, return_routing=return_routing, mesh=mesh,
+        batch_axes=batch_axes, cache_dtype=engine.cache_dtype or getattr(cfg, "dtype", "float32"),
+    )
+    outputs = [run(rows[first:first + chunk_rows], first, chunk_rows) for first in range(0, len(rows), chunk_rows)]
+    return outputs[0] if len(outputs) == 1 else _concatenate(outputs)
+
+
+def _concatenate(outputs: list[GenerateOutput]) -> GenerateOutput:
+    """The outputs of consecutive row chunks as one (the row axis is 1 for routing, else 0)."""
+    fields = {}
+    for field in dataclasses.fields(GenerateOutput):
+        parts = [getattr(out, field.name) for out in outputs]
+        axis = 1 if field.name in ("routing", "prompt_routing") else 0
+        fields[field.name] = None if parts[0] is None else jnp.concatenate(parts, axis=axis)
+    return GenerateOutput(**fields)
+
+
+def _chunk_rows(rows: int, max_rows: int | None) -> int:
+    """Rows per sampler chunk: all of them, or equal chunks of at most `max_rows`."""
+    if max_rows is None or rows <= max_rows:
+        return rows
+    return math.ceil(rows / math.ceil(rows / max_rows))
+
+
+def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers, params, engine, prompt_len,
+                    cache_slots, return_routing, mesh, batch_axes, cache_dtype) -> GenerateOutput:
+    """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch) as one jitted batch of
+    `num_rows` rows (filler rows past `len(rows)`, dropped from the output)."""
     host_arrays = left_pad(rows, prompt_len, num_rows)
     if mesh is not None:
         shard = lambda a: jax.sharding.NamedSharding(  # noqa: E731 - batch axis over the data axes
@@ -413,16 +450,13 @@ def generate(
         device_arrays = [jnp.asarray(a) for a in host_arrays]
     input_ids, positions, attention_mask, active = device_arrays
 
-    graphdef, model_state = nnx.split(model)
-    layers = _decode_layers(model, graphdef, model_state)
-    cache_dtype = engine.cache_dtype or getattr(cfg, "dtype", "float32")
     total = params.max_new_tokens
     chunk = engine.decode_chunk_size or total
     stop = min(chunk, total)
     static_params = dataclasses.replace(params, seed=0)  # the seed is traced: no recompile per seed
     state, prompt_routing = _prefill_and_decode(
         graphdef, model_state, layers, input_ids, positions, attention_mask, active,
-        np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32),
+        np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32), np.uint32(first_row),
         params=static_params, cache_len=cache_slots(stop), stop=stop,
         prefill_chunk=engine.prefill_chunk_size, cache_dtype=cache_dtype, return_routing=return_routing,
         capture_last=return_routing and stop == total, mesh=mesh, batch_axes=batch_axes,

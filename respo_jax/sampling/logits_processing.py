@@ -10,7 +10,8 @@ Order of composition (as in HF `transformers` and vLLM): temperature, then top-k
 top-p is the nucleus of the temperature-scaled, top-k-renormalized distribution. All functions work
 on `[..., vocab]` float arrays; truncation writes -inf, so `log_softmax` renormalizes over the kept
 set. Ties at a truncation threshold are all kept (the kept set is `logits >= threshold`). Drawing
-is an exact two-stage Gumbel-max (`sample_from_logprobs`).
+is an exact two-stage Gumbel-max (`sample_from_logprobs`), which also normalizes, so sampling never
+writes a separate [batch, vocab] log-softmax.
 """
 
 from __future__ import annotations
@@ -130,16 +131,18 @@ def sample_from_logprobs(
     Exact two-stage Gumbel-max: the vocabulary is cut into blocks of `block` tokens; a block is drawn
     with probability equal to its mass (Gumbel-max over per-block logsumexp), then a token within it
     with probability proportional to its own (Gumbel-max over the block). P(block) * P(token | block)
-    is the token's probability, so this samples `exp(logprobs)` exactly, with vocab/block + block
+    is the token's probability, so this samples `softmax(logprobs)` exactly, with vocab/block + block
     random numbers per row instead of vocab (151,936 for Qwen3): on CPU the per-token threefry bits
     of a `jax.random.categorical` draw were most of the sampling time.
 
     Args:
       keys: `[batch]` typed PRNG keys, one per row, so a row's draw does not depend on the others.
-      logprobs: `[batch, vocab]` processed log-probs (from `sampling_logprobs`; -inf = dropped).
+      logprobs: `[batch, vocab]` log-probs, or unnormalized log-weights of the distribution (e.g.
+        temperature-scaled, truncated logits; -inf = dropped): the blocks' log-masses normalize them,
+        so no separate log-softmax pass over the vocabulary is needed.
       block: static block size.
     Returns:
-      tokens `[batch]` int32, token_logprobs `[batch]` float32.
+      tokens `[batch]` int32, token_logprobs `[batch]` float32 (normalized: log softmax(logprobs)).
     """
     batch, vocab = logprobs.shape
     padded = -(-vocab // block) * block
@@ -152,7 +155,8 @@ def sample_from_logprobs(
     within = jnp.take_along_axis(blocks, chosen[:, None, None], axis=1)[:, 0]  # [batch, block]
     noise = jax.vmap(lambda key: jax.random.gumbel(key, (block,), logprobs.dtype))(pick_token)
     tokens = chosen * block + first_argmax(within + noise)
-    token_logprobs = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    log_norm = jax.nn.logsumexp(block_logmass, axis=-1)  # [batch]: log of the total mass
+    token_logprobs = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0] - log_norm
     return tokens.astype(jnp.int32), token_logprobs
 
 
@@ -161,9 +165,13 @@ def sample(
 ) -> tuple[jax.Array, jax.Array]:
     """Process `logits: [batch, vocab]` and sample: -> tokens `[batch]` int32, log-probs `[batch]`.
 
-    Greedy (temperature 0) takes the argmax without touching the keys; its log-prob is 0.
+    The draw and the token's log-prob come from the temperature-scaled, truncated logits (the same
+    distribution as `sampling_logprobs`, normalized inside the draw). Greedy (temperature 0) takes the
+    argmax without touching the keys; its log-prob is 0.
     """
     if temperature == 0.0:
         tokens = first_argmax(logits)
         return tokens, jnp.zeros(tokens.shape, jnp.float32)
-    return sample_from_logprobs(keys, sampling_logprobs(logits, temperature, top_k, top_p))
+    if temperature < 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    return sample_from_logprobs(keys, truncate(scale_by_temperature(logits, temperature), top_k, top_p))

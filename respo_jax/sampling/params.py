@@ -105,6 +105,9 @@ class EngineConfig:
         slots a segment can reach; None decodes in one loop over a cache sized for max_new_tokens.
       cache_dtype: dtype name of the KV cache ("float32", "bfloat16"); None uses the model's
         compute dtype (`config.dtype`).
+      max_batch_rows: generate at most this many rows (prompts × samples) at once; a larger batch
+        runs as equal chunks one after the other (same samples), which bounds the KV cache, the
+        prefill activations and the [rows, vocab] logits of a decode step. None: one chunk.
     """
 
     prompt_bucket: int = 16
@@ -113,6 +116,7 @@ class EngineConfig:
     prefill_chunk_size: int | None = None
     decode_chunk_size: int | None = None
     cache_dtype: str | None = None
+    max_batch_rows: int | None = 256
 
     def __post_init__(self):
         _check_int("prompt_bucket", self.prompt_bucket, 1)
@@ -123,5 +127,7 @@ class EngineConfig:
             _check_int("prefill_chunk_size", self.prefill_chunk_size, 1)
         if self.decode_chunk_size is not None:
             _check_int("decode_chunk_size", self.decode_chunk_size, 1)
+        if self.max_batch_rows is not None:
+            _check_int("max_batch_rows", self.max_batch_rows, 1)
         if self.cache_dtype is not None and self.cache_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"cache_dtype must be float32, bfloat16 or float16, got {self.cache_dtype!r}")

@@ -3,15 +3,23 @@
 The trainer recomputes log π_old with a forward pass of the rollout-time parameters (not the sampler's
 log-probs, whose gap to the trainer's is logged), then reuses the same rollout batch for N mini-batch
 updates (paper §4.1). Everything here is a pure function of arrays.
+
+Shapes are bucketed: the padded prompt and response lengths are rounded up to multiples of a bucket
+(`bucket_length`), so a run compiles its update and log-prob programs once per bucket instead of once
+per batch. A mini-batch too large for memory is split into micro-batches of whole responses
+(`microbatch_size`, `split_microbatches`) whose gradients add up to the mini-batch's exactly.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import flax.struct
 import jax.numpy as jnp
 import numpy as np
+
+from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS
 
 
 @flax.struct.dataclass
@@ -46,14 +54,29 @@ class PolicyBatch:
         )
 
 
-def build_sequences(
-    prompts: Sequence[Sequence[int]], responses: np.ndarray, lengths: np.ndarray, pad_id: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """Joins each prompt (left-padded to the longest) with its response (right-padded after `lengths`).
+def bucket_length(length: int, bucket: int, limit: int | None = None) -> int:
+    """`length` rounded up to a multiple of `bucket`, at most `limit` (when given, `length` <= `limit`).
 
-    prompts: `batch` token lists; responses: [batch, response_len] int; lengths: [batch] int.
-    Returns input_ids, positions, attention_mask (all [batch, prompt_len + response_len]),
-    response_mask [batch, response_len] float32 and prompt_len.
+    The few distinct padded lengths this yields are the shapes a run compiles for."""
+    if bucket < 1 or length < 0 or (limit is not None and length > limit):
+        raise ValueError(f"need bucket >= 1 and 0 <= length <= limit; got length={length}, bucket={bucket}, "
+                         f"limit={limit}")
+    padded = -(-length // bucket) * bucket
+    return padded if limit is None else min(padded, limit)
+
+
+def build_sequences(
+    prompts: Sequence[Sequence[int]], responses: np.ndarray, lengths: np.ndarray, pad_id: int,
+    prompt_len: int | None = None, response_len: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Joins each prompt (left-padded to `prompt_len`) with its response (right-padded after `lengths`
+    to `response_len`).
+
+    prompts: `batch` token lists; responses: [batch, width] int; lengths: [batch] int.
+    `prompt_len` defaults to the longest prompt and `response_len` to `width`; a bucketed
+    `prompt_len` must hold the longest prompt and `response_len` the longest response (the
+    responses are cut or padded to it). Returns input_ids, positions, attention_mask (all
+    [batch, prompt_len + response_len]), response_mask [batch, response_len] float32 and prompt_len.
     """
     responses = np.asarray(responses)
     lengths = np.asarray(lengths)
@@ -66,8 +89,18 @@ def build_sequences(
         raise ValueError("every prompt must have at least one token")
     if np.any(lengths < 0) or np.any(lengths > responses.shape[1]):
         raise ValueError(f"lengths must lie in [0, {responses.shape[1]}]; got {lengths.tolist()}")
-    batch, response_len = responses.shape
-    prompt_len = max(len(p) for p in prompts)
+    batch, width = responses.shape
+    longest = max(len(p) for p in prompts)
+    prompt_len = longest if prompt_len is None else int(prompt_len)
+    response_len = width if response_len is None else int(response_len)
+    if prompt_len < longest:
+        raise ValueError(f"prompt_len {prompt_len} is shorter than the longest prompt ({longest} tokens)")
+    if response_len < int(lengths.max(initial=0)):
+        raise ValueError(f"response_len {response_len} is shorter than the longest response "
+                         f"({int(lengths.max())} tokens)")
+    responses = responses[:, :response_len]
+    if response_len > width:
+        responses = np.pad(responses, ((0, 0), (0, response_len - width)), constant_values=pad_id)
     input_ids = np.full((batch, prompt_len + response_len), pad_id, dtype=np.int32)
     attention_mask = np.zeros((batch, prompt_len + response_len), dtype=np.int32)
     response_mask = (np.arange(response_len)[None, :] < lengths[:, None]).astype(np.float32)
@@ -80,20 +113,50 @@ def build_sequences(
     return input_ids, positions, attention_mask, response_mask, prompt_len
 
 
-def response_logprobs(
-    model, input_ids, positions, attention_mask, prompt_len: int, temperature: float = 1.0,
-    return_entropy: bool = False,
-):
+def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: int, temperature: float = 1.0,
+                      return_entropy: bool = False, *, chunk_size: int = LOGPROB_CHUNK_TOKENS):
     """log π(o_t | q, o_<t) of every response slot: [batch, response_len] float32, under the logits divided
     by the rollout ``temperature`` (the distribution the responses were sampled from, before truncation).
 
-    Slot t of the response is predicted by the logits at sequence position prompt_len - 1 + t.
+    Slot t of the response is predicted by the logits at sequence position prompt_len - 1 + t; the
+    vocabulary projection runs for those positions only, ``chunk_size`` tokens at a time.
     ``return_entropy=True``: also the entropy of that full distribution at each slot, (logp, entropy).
     """
-    out = model.token_logprobs(
-        input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1],
-        attention_mask=attention_mask[:, :-1], temperature=temperature, return_entropy=return_entropy,
+    return model.token_logprobs(
+        input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1], attention_mask=attention_mask[:, :-1],
+        chunk_size=chunk_size, temperature=temperature, return_entropy=return_entropy, start=prompt_len - 1,
     )
-    if return_entropy:
-        return out[0][:, prompt_len - 1 :], out[1][:, prompt_len - 1 :]
-    return out[:, prompt_len - 1 :]
+
+
+def microbatch_size(rows: int, seq_len: int, max_tokens: int) -> int:
+    """Rows per micro-batch so that rows × seq_len <= max_tokens (at least one row), balanced: the
+    mini-batch of `rows` splits into ceil(rows / that) micro-batches of equal size (the last one
+    padded), never more micro-batches than the budget requires."""
+    if rows < 1 or seq_len < 1 or max_tokens < 1:
+        raise ValueError(f"need rows, seq_len, max_tokens >= 1; got {rows}, {seq_len}, {max_tokens}")
+    fit = max(1, max_tokens // seq_len)
+    count = math.ceil(rows / fit)
+    return math.ceil(rows / count)
+
+
+def split_microbatches(batch: PolicyBatch, rows_per_microbatch: int) -> PolicyBatch:
+    """The batch as [count, rows_per_microbatch, ...] arrays (traceable; shapes are static).
+
+    Rows missing from the last micro-batch are filled with copies of row 0 whose response mask and
+    advantage are zero: they contribute nothing to any loss total, denominator or gradient, and their
+    activations stay finite (an all-padding row would attend to nothing and give NaN)."""
+    rows = batch.input_ids.shape[0]
+    count = math.ceil(rows / rows_per_microbatch)
+    filler = count * rows_per_microbatch - rows
+
+    def pad(x, zero: bool):
+        if filler:
+            fill = jnp.zeros_like(x[:1]) if zero else x[:1]
+            x = jnp.concatenate([x, jnp.repeat(fill, filler, axis=0)], axis=0)
+        return x.reshape(count, rows_per_microbatch, *x.shape[1:])
+
+    return batch.replace(
+        input_ids=pad(batch.input_ids, False), positions=pad(batch.positions, False),
+        attention_mask=pad(batch.attention_mask, False), response_mask=pad(batch.response_mask, True),
+        old_logp=pad(batch.old_logp, True), advantages=pad(batch.advantages, True),
+    )

@@ -186,7 +186,19 @@ class TaskConfig(_Section):
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig(_Section):
     """Rollout sizes of paper §4.1: a rollout batch of `reuse * prompts_per_minibatch` prompts, `group_size`
-    responses each, split into `reuse` (= N) consecutive mini-batches, one policy update each."""
+    responses each, split into `reuse` (= N) mini-batches, one policy update each.
+
+    Shapes and memory (they change speed and memory, never the result):
+    - `prompt_bucket`, `response_bucket`: padded prompt and response lengths are rounded up to
+      multiples of these (responses at most `max_new_tokens`), in the sampler and in the update
+      batches alike, so each program compiles once per bucket rather than once per batch.
+    - `max_tokens_per_microbatch`: a mini-batch (and the recomputation of log π_old) runs in
+      micro-batches of whole responses of at most this many prompt + response tokens, whose gradients
+      are accumulated exactly; memory then no longer grows with M·G. The default fits the CPU
+      configuration of experiments/benchmarks/rl_iteration.py on a 24 GB host.
+    - `sampler_max_rows`: the sampler generates the N·M·G rollout rows in chunks of at most this
+      many rows (KV cache, prefill activations and [rows, vocab] logits per decode step).
+    """
 
     section = "rollout"
     prompts_per_minibatch: int = 8  # M
@@ -201,12 +213,17 @@ class RolloutConfig(_Section):
     # reordered by sequence-length workload over `balance_ranks` data-parallel ranks first).
     minibatch_order: str = "consecutive"
     balance_ranks: int = 1
+    prompt_bucket: int = 128
+    response_bucket: int = 64
+    max_tokens_per_microbatch: int = 16384
+    sampler_max_rows: int = 256
 
     def validate(self) -> None:
         from respo_jax.sampling import SamplingParams
 
         self._check_types()
-        for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks"):
+        for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks", "prompt_bucket",
+                     "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
         self._need("minibatch_order", self.minibatch_order in ("consecutive", "balanced"),
                    "'consecutive' or 'balanced'")

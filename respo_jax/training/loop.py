@@ -30,8 +30,9 @@ from respo_jax.host_allocator import release_host_memory
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
 from respo_jax.rewards import overlong_penalty, strict_box_score
-from respo_jax.sampling import SamplingParams, generate
-from respo_jax.training.batch import PolicyBatch, build_sequences
+from respo_jax.sampling import EngineConfig, SamplingParams, generate
+from respo_jax.training.batch import PolicyBatch, bucket_length, build_sequences, microbatch_size
+from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.step import (
@@ -121,7 +122,8 @@ class RLTrainer:
         if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
             # Dr.GRPO's constant is the generation budget, not the padded width of a batch.
             self.objective = dataclasses.replace(self.objective, loss_scale_factor=float(r.max_new_tokens))
-        self._last_batch_shape: tuple | None = None  # policy-batch shape of the last iteration
+        self._batch_shapes: set[tuple] = set()  # policy-batch shapes seen so far (one compilation each)
+        self.engine = EngineConfig(prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows)
         self.last_rollout: dict | None = None  # per-response arrays of the last iteration (rollout file)
         model = build_model(config, self.tokenizer.vocab_size)
         graphdef, params = nnx.split(model)
@@ -206,17 +208,37 @@ class RLTrainer:
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
         )
-        out = generate(self.model(), prompts, params)
+        out = generate(self.model(), prompts, params, engine=self.engine)
         answers = [rec["answer"] for rec in records for _ in range(r.group_size)]
         scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), answers)
         expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
         return expanded_prompts, out, scores
+
+    def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
+                     advantages: np.ndarray) -> tuple[PolicyBatch, int]:
+        """A mini-batch laid out with bucketed prompt and response lengths (old_logp still zero), and
+        the rows per micro-batch that keep it within `rollout.max_tokens_per_microbatch`."""
+        r = self.config.rollout
+        prompt_len = bucket_length(max(len(p) for p in prompts), r.prompt_bucket)
+        response_len = bucket_length(max(int(lengths.max()), 1), r.response_bucket, r.max_new_tokens)
+        ids, positions, attention, response_mask, prompt_len = build_sequences(
+            prompts, tokens, lengths, self.tokenizer.pad_id, prompt_len=prompt_len, response_len=response_len)
+        if ids.shape not in self._batch_shapes:  # see respo_jax.host_allocator: holes from other shapes
+            release_host_memory()
+            self._batch_shapes.add(ids.shape)
+        batch = PolicyBatch(
+            input_ids=jnp.asarray(ids), positions=jnp.asarray(positions), attention_mask=jnp.asarray(attention),
+            response_mask=jnp.asarray(response_mask), old_logp=jnp.zeros(response_mask.shape, jnp.float32),
+            advantages=jnp.asarray(advantages, jnp.float32), prompt_len=prompt_len,
+        )
+        return batch, microbatch_size(ids.shape[0], ids.shape[1], r.max_tokens_per_microbatch)
 
     def iteration(self) -> dict:
         """One rollout batch and its N policy updates; returns the iteration's metrics record."""
         cfg = self.config
         r = cfg.rollout
         started = time.perf_counter()
+        compiled_before = compilation_totals()
         num_prompts = r.reuse * r.prompts_per_minibatch
         records = next(self.batches)
         prompts, out, scores = self.rollout(records, seed=cfg.run.seed * 1_000_003 + self.state.iteration)
@@ -224,31 +246,32 @@ class RLTrainer:
         advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(num_prompts, r.group_size)),
                                                  normalize_by_std=self.objective.scale_advantages)).reshape(-1)
         lengths = np.asarray(out.lengths)
-        ids, positions, attention, response_mask, prompt_len = build_sequences(
-            prompts, np.asarray(out.tokens), lengths, self.tokenizer.pad_id)
-        if ids.shape != self._last_batch_shape:  # see respo_jax.host_allocator: holes from other shapes
-            release_host_memory()
-            self._last_batch_shape = ids.shape
-        batch = PolicyBatch(
-            input_ids=jnp.asarray(ids), positions=jnp.asarray(positions), attention_mask=jnp.asarray(attention),
-            response_mask=jnp.asarray(response_mask), old_logp=jnp.zeros(response_mask.shape, jnp.float32),
-            advantages=jnp.asarray(advantages, jnp.float32), prompt_len=prompt_len,
-        )
-        old_logp, entropy = self._old_logprobs(self.state.params, batch)
-        batch = batch.replace(old_logp=old_logp)
-        tokens = max(float(response_mask.sum()), 1.0)
-        sampler_logp = np.asarray(out.logprobs) * response_mask
-        gap = np.abs(sampler_logp - np.asarray(old_logp)).sum() / tokens
+        tokens, sampler_logp = np.asarray(out.tokens), np.asarray(out.logprobs)
 
         # N mini-batches of M prompts × G responses: consecutive (paper §4.1) or verl's balanced order.
-        minibatches = minibatch_rows(r.minibatch_order, attention.sum(axis=1), r.reuse, r.balance_ranks)
+        sequence_lengths = np.array([len(p) for p in prompts]) + lengths
+        minibatches = minibatch_rows(r.minibatch_order, sequence_lengths, r.reuse, r.balance_ranks)
+        # Each mini-batch in its own bucketed shape; log π_old (and the rollout-time entropy) of all of
+        # them under the rollout-time parameters, before any update.
+        batches, gap, entropy, response_tokens = [], 0.0, 0.0, 0.0
+        for rows in minibatches:
+            batch, micro = self.policy_batch([prompts[i] for i in rows], tokens[rows], lengths[rows],
+                                             advantages[rows])
+            old_logp, token_entropy = self._old_logprobs(self.state.params, batch, microbatch_rows=micro)
+            batches.append((batch.replace(old_logp=old_logp), micro))
+            mask = np.asarray(batch.response_mask)
+            gap += float(np.abs(sampler_logp[rows, :mask.shape[1]] * mask - np.asarray(old_logp)).sum())
+            entropy += float(np.asarray(token_entropy).sum())
+            response_tokens += float(mask.sum())
+        response_tokens = max(response_tokens, 1.0)
+
         # The optimizer's update count is policy_updates; the learning rate of each update, for the record.
         learning_rates = np.asarray(self.learning_rate(np.arange(self.state.policy_updates,
                                                                  self.state.policy_updates + r.reuse)))
         step_metrics = []
-        for rows in minibatches:
+        for batch, micro in batches:
             self.state.params, self.state.opt_state, metrics = self._policy_step(
-                self.state.params, self.state.opt_state, batch.take(rows))
+                self.state.params, self.state.opt_state, batch, microbatch_rows=micro)
             step_metrics.append(metrics)
         self.state.policy_updates += r.reuse
         self.state.iteration += 1
@@ -256,6 +279,7 @@ class RLTrainer:
         check_finite_steps(step_metrics, self.state.iteration)
         rollout = self._collect_rollout(minibatches, [m.pop("responses") for m in step_metrics],
                                         advantages, lengths, scores)
+        compiled = compilation_totals() - compiled_before
         record = {
             "phase": "rl",
             "iteration": self.state.iteration,
@@ -263,9 +287,11 @@ class RLTrainer:
             "score": float(scores.mean()),
             "train_accuracy": float((scores.mean() + 1.0) / 2.0),
             "response_length": float(lengths.mean()),
-            "sampler_trainer_logp_gap": float(gap),
+            "sampler_trainer_logp_gap": gap / response_tokens,
             "rollout_seconds": rollout_seconds,
             "iteration_seconds": time.perf_counter() - started,
+            "compiles": compiled.compiles,
+            "compile_seconds": compiled.seconds,
         }
         for key in step_metrics[0]:
             values = np.array([float(m[key]) for m in step_metrics])
@@ -278,7 +304,7 @@ class RLTrainer:
         record["positive_low_w_fraction"] = diagnostics["positive_low_w_share"]
         non_empty = lengths > 0
         record["approx_kl"] = float(rollout.pop("approx_kl")[non_empty].mean()) if non_empty.any() else 0.0
-        record["entropy"] = float(np.asarray(entropy).sum() / tokens)
+        record["entropy"] = entropy / response_tokens
         record["learning_rate"] = float(np.mean(learning_rates))
         self.last_rollout = rollout
         return record
@@ -313,7 +339,7 @@ class RLTrainer:
         prompts = [self._encode(rec) for rec in self.held_out]
         params = SamplingParams(max_new_tokens=self.config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_ids=self.tokenizer.eos_ids)
-        out = generate(self.model(), prompts, params)
+        out = generate(self.model(), prompts, params, engine=self.engine)
         scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), [rec["answer"] for rec in self.held_out])
         return float(np.mean(scores > 0))
 

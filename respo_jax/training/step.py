@@ -1,10 +1,12 @@
 """The jitted policy update: forward → objective → backward → Optax, compiled as one XLA program.
 
 Parameters and optimizer state are plain pytrees (`nnx.split`), so the step is a pure function
-`(params, opt_state, batch) -> (params, opt_state, metrics)` that jit compiles once per batch shape and
-whose buffers are donated (updated in place). Each step also reports whether the updated parameters
-are all finite, a reduction fused into the same program, so the loop can stop a diverging run before
-it checkpoints NaN at no extra device round trip.
+`(params, opt_state, batch) -> (params, opt_state, metrics)` that jit compiles once per batch shape
+(the trainer buckets shapes, `respo_jax.training.batch`) and whose buffers are donated (updated in
+place). A mini-batch larger than memory allows runs as micro-batches whose gradients are accumulated
+inside the same program. Each step also reports whether the updated parameters are all finite, a
+reduction fused into the same program, so the loop can stop a diverging run before it checkpoints NaN
+at no extra device round trip.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS
 from respo_jax.objectives import PolicyObjective
-from respo_jax.training.batch import PolicyBatch, response_logprobs
+from respo_jax.objectives.aggregation import safe_divide
+from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches
 
 
 class NonFiniteError(FloatingPointError):
@@ -76,61 +80,98 @@ def make_policy_step(
     objective: PolicyObjective,
     tx: optax.GradientTransformation,
     temperature: float = 1.0,
+    chunk_size: int = LOGPROB_CHUNK_TOKENS,
 ):
-    """Builds `step(params, opt_state, batch) -> (params, opt_state, metrics)` for a `PolicyBatch`.
+    """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
+    a `PolicyBatch` (one mini-batch).
 
     `objective` is any registered objective (`respo_jax.objectives.get_objective`), jitted together with
-    the model and the Optax update; log-probs are taken at the rollout `temperature`. `metrics` holds
-    scalars plus `metrics["responses"]`: per-response `[batch]` arrays "log_w" and "phi" (what the
-    objective saw, for the rollout files and the App. E.3 diagnostics) and "approx_kl" (k1).
-    Besides the objective's metrics: `loss`, `grad_norm` and `params_finite` (bool, updated parameters).
+    the model and the Optax update; log-probs are taken at the rollout `temperature`, the vocabulary
+    projected `chunk_size` tokens at a time. `metrics` holds scalars plus `metrics["responses"]`:
+    per-response `[batch]` arrays "log_w" and "phi" (what the objective saw, for the rollout files and
+    the App. E.3 diagnostics) and "approx_kl" (k1). Besides the objective's metrics: `loss`,
+    `grad_norm` and `params_finite` (bool, updated parameters).
+
+    `microbatch_rows` (static; `batch.microbatch_size` computes it from a token budget; None: one
+    shot) splits the mini-batch into micro-batches of that many rows whose gradients are accumulated
+    in a `lax.scan`, each micro-batch's loss total divided by the whole mini-batch's denominator: the
+    accumulated gradient is the one-shot gradient for every aggregation mode
+    (`respo_jax.objectives.aggregation`) while only one micro-batch's activations are alive. The loss
+    and every metric are computed once from the log-probs of the whole mini-batch, so they are the
+    one-shot values too (a min stays a min, a fraction a fraction).
     """
 
-    def loss_fn(params, batch: PolicyBatch):
+    def logprobs_of(params, batch: PolicyBatch):
         model = nnx.merge(graphdef, params)
-        logp = response_logprobs(
-            model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
-            temperature=temperature,
-        )
+        return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
+                                 temperature=temperature, chunk_size=chunk_size)
+
+    def step(params, opt_state, batch: PolicyBatch, microbatch_rows: int | None = None):
+        rows = batch.input_ids.shape[0]
+        denominator = objective.denominator(batch.response_mask)
+
+        def grad_of(part: PolicyBatch):
+            def loss_fn(p):
+                logp = logprobs_of(p, part)
+                terms = objective.evaluate(logp, part.old_logp, part.advantages, part.response_mask).terms
+                return safe_divide(terms.total, denominator), logp
+
+            (_, logp), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            return grads, logp
+
+        if microbatch_rows is None or microbatch_rows >= rows:
+            grads, logp = grad_of(batch)
+        else:
+            def accumulate(total, part):
+                grads, logp = grad_of(part)
+                return jax.tree.map(jnp.add, total, grads), logp
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            grads, logp = jax.lax.scan(accumulate, zeros, split_microbatches(batch, microbatch_rows))
+            logp = logp.reshape(-1, logp.shape[-1])[:rows]
+        logp = jax.lax.stop_gradient(logp)
         out = objective.evaluate(logp, batch.old_logp, batch.advantages, batch.response_mask)
         mask = batch.response_mask
         tokens = jnp.maximum(jnp.sum(mask), 1.0)
-        kl = jax.lax.stop_gradient(sequence_approx_kl(logp, batch.old_logp, mask))
+        kl = sequence_approx_kl(logp, batch.old_logp, mask)
         non_empty = jnp.sum(mask, axis=-1) > 0
         metrics = dict(out.metrics)
         metrics["approx_kl"] = jnp.sum(jnp.where(non_empty, kl, 0.0)) / jnp.maximum(jnp.sum(non_empty), 1.0)
-        metrics["neg_logp"] = -jnp.sum(jax.lax.stop_gradient(logp) * mask) / tokens  # an entropy proxy
-        return out.terms.loss(), (metrics, {**out.responses, "approx_kl": kl})
-
-    def step(params, opt_state, batch: PolicyBatch):
-        (loss, (metrics, responses)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        metrics["neg_logp"] = -jnp.sum(logp * mask) / tokens  # an entropy proxy
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), responses=responses,
-                       params_finite=tree_all_finite(params))
+        metrics = dict(metrics, loss=out.terms.loss(), grad_norm=optax.tree.norm(grads),
+                       responses={**out.responses, "approx_kl": kl}, params_finite=tree_all_finite(params))
         return params, opt_state, metrics
 
-    return jax.jit(step, donate_argnums=(0, 1))
+    return jax.jit(step, donate_argnums=(0, 1), static_argnames=("microbatch_rows",))
 
 
-def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_entropy: bool = False):
-    """Jitted `log π(response | prompt)` of a batch under `params`: [batch, response_len] float32 (0 where
-    masked), at the rollout `temperature`; `return_entropy`: also the entropy of the full distribution
-    at each response token, `(logp, entropy)` — verl logs its token mean from this pass (actor/entropy)."""
+def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_entropy: bool = False,
+                    chunk_size: int = LOGPROB_CHUNK_TOKENS):
+    """Jitted `logprobs(params, batch, microbatch_rows=None)`: log π(response | prompt) of a `PolicyBatch`
+    under `params`, [batch, response_len] float32 (0 where masked), at the rollout `temperature`;
+    `return_entropy`: also the entropy of the full distribution at each response token, `(logp,
+    entropy)` — verl logs its token mean from this pass (actor/entropy). `microbatch_rows` (static)
+    runs the batch that many rows at a time, so recomputing log π_old needs no more memory than one
+    micro-batch."""
 
-    @jax.jit
-    def logprobs(params, batch: PolicyBatch):
-        model = nnx.merge(graphdef, params)
-        out = response_logprobs(
-            model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
-            temperature=temperature, return_entropy=return_entropy,
-        )
+    def logprobs(params, batch: PolicyBatch, microbatch_rows: int | None = None):
+        def of(part: PolicyBatch):
+            model = nnx.merge(graphdef, params)
+            return response_logprobs(model, part.input_ids, part.positions, part.attention_mask, part.prompt_len,
+                                     temperature=temperature, return_entropy=return_entropy, chunk_size=chunk_size)
+
+        rows = batch.input_ids.shape[0]
+        if microbatch_rows is None or microbatch_rows >= rows:
+            out = of(batch)
+        else:
+            out = jax.lax.map(of, split_microbatches(batch, microbatch_rows))
+            out = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1])[:rows], out)
         valid = batch.response_mask > 0
-        if return_entropy:
-            return jnp.where(valid, out[0], 0.0), jnp.where(valid, out[1], 0.0)
-        return jnp.where(valid, out, 0.0)
+        return jax.tree.map(lambda x: jnp.where(valid, x, 0.0), out)
 
-    return logprobs
+    return jax.jit(logprobs, static_argnames=("microbatch_rows",))
 
 
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):

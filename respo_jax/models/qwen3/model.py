@@ -36,8 +36,14 @@ from respo_jax.models.qwen3.attention import (
 from respo_jax.models.qwen3.cache import KVCache
 from respo_jax.models.qwen3.config import Qwen3Config
 from respo_jax.models.qwen3.layers import BATCH, SEQ, RMSNorm, constrain, make_param, rope_cos_sin, token_rows
+from respo_jax.models.qwen3.lm_head import chunked_token_logprobs
 from respo_jax.models.qwen3.mlp import MLP
 from respo_jax.models.qwen3.moe import MoE, load_balancing_loss_from_terms
+
+
+# Tokens per chunk of the vocabulary projection in ``token_logprobs``: [1024, 151,936] float32 logits
+# are 620 MB (see experiments/benchmarks/README.md for the measured choice).
+LOGPROB_CHUNK_TOKENS = 1024
 
 
 @flax.struct.dataclass
@@ -214,17 +220,19 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def token_logprobs(self, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
                        attention_mask: jax.Array | None = None, routing: jax.Array | None = None,
-                       chunk_size: int = 512, return_aux: bool = False, temperature: float = 1.0,
-                       return_entropy: bool = False):
-        """log π(targets[b, t] | input_ids[b, :t+1]): [batch, seq] float32.
+                       chunk_size: int = LOGPROB_CHUNK_TOKENS, return_aux: bool = False, temperature: float = 1.0,
+                       return_entropy: bool = False, *, start: int = 0):
+        """log π(targets[b, t] | input_ids[b, :t+1]) for t in [start, seq): [batch, seq - start] float32.
 
-        The vocabulary projection and log-softmax run over ``chunk_size`` positions at a time under
-        ``jax.checkpoint``, so neither the forward nor the backward pass holds float32 logits for the
-        whole [batch, seq, vocab] at once (the vocabulary is 151,936). ``temperature`` divides the
-        logits first (π of the sampling temperature, as verl's actor does). ``return_entropy=True`` also
-        returns the entropy of the full distribution at each position, [batch, seq]: ``(logp, entropy)``.
-        ``return_aux=True`` appends ``aux_loss`` from the same forward (MoE trainers add
-        ``router_aux_loss_coef · aux``; ``aux_loss`` is None for dense models).
+        The decoder runs over the whole sequence; the vocabulary projection and the log-softmax run
+        only for positions ``start:`` (e.g. the response of a prompt + response sequence), over about
+        ``chunk_size`` tokens at a time in the forward and the backward pass (``lm_head``), so float32
+        logits never exist for more than one chunk (the vocabulary is 151,936). ``temperature``
+        divides the logits first (π of the sampling temperature, as the sampler and verl's actor do).
+        ``return_entropy=True`` also returns the entropy of the full distribution at each scored
+        position, [batch, seq - start]: ``(logp, entropy)``. ``return_aux=True`` appends ``aux_loss``
+        from the same forward (MoE trainers add ``router_aux_loss_coef · aux``; ``aux_loss`` is None
+        for dense models).
         """
         input_ids, positions, attention_mask, _, routing = _check_inputs(
             self.config, input_ids, positions, attention_mask, None, routing)
@@ -233,12 +241,14 @@ class Qwen3ForCausalLM(nnx.Module):
             raise ValueError(f"targets has shape {targets.shape}; input_ids has {input_ids.shape}")
         if int(chunk_size) <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-        if not float(temperature) > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if not 0 <= int(start) < input_ids.shape[1]:
+            raise ValueError(f"start must lie in [0, {input_ids.shape[1]}) (the sequence length); got {start}")
+        if not (float(temperature) > 0 and math.isfinite(float(temperature))):
+            raise ValueError(f"temperature must be finite and > 0, got {temperature}")
         graphdef, state = nnx.split(self)
         logp, entropy, aux = _token_logprobs_jit(
-            graphdef, state, input_ids, targets, positions, attention_mask, routing,
-            chunk_size=int(chunk_size), temperature=float(temperature), return_entropy=bool(return_entropy))
+            graphdef, state, input_ids, targets, positions, attention_mask, routing, chunk_size=int(chunk_size),
+            start=int(start), temperature=float(temperature), return_entropy=bool(return_entropy))
         out = (logp, entropy) if return_entropy else (logp,)
         out = out + (aux,) if return_aux else out
         return out if len(out) > 1 else logp
@@ -254,37 +264,13 @@ class Qwen3ForCausalLM(nnx.Module):
                            aux_loss=aux)
 
     def _token_logprobs_impl(self, input_ids, targets, positions, attention_mask, routing, chunk_size,
-                             temperature=1.0, return_entropy=False):
+                             start=0, temperature=1.0, return_entropy=False):
         hidden, _, _, aux = self._backbone(input_ids, positions, attention_mask, None, routing)
-        b, s, e = hidden.shape
-        chunk = min(chunk_size, s)
-        n = math.ceil(s / chunk)
-        pad = n * chunk - s
-        h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e).swapaxes(0, 1)
-        t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
         weight, tied = self._output_weight()
-
-        @jax.checkpoint
-        def chunk_logprobs(args):
-            h_c, t_c = args
-            logits = _project_with(h_c, weight, tied)                       # [b, chunk, vocab] f32
-            if temperature != 1.0:
-                logits = logits / temperature
-            picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
-            lse = jax.nn.logsumexp(logits, axis=-1)
-            if not return_entropy:
-                return picked - lse
-            # H = logsumexp(z) - sum softmax(z) z, of the whole (untruncated) distribution
-            entropy = lse - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
-            return picked - lse, entropy
-
-        def unchunk(x):
-            return x.swapaxes(0, 1).reshape(b, n * chunk)[:, :s]
-
-        out = jax.lax.map(chunk_logprobs, (h, t))                           # [n, b, chunk]
-        if return_entropy:
-            return unchunk(out[0]), unchunk(out[1]), aux
-        return unchunk(out), None, aux
+        out = chunked_token_logprobs(hidden[:, start:], weight, targets[:, start:], tied=tied,
+                                     temperature=temperature, chunk_tokens=chunk_size, return_entropy=return_entropy)
+        logp, entropy = out if return_entropy else (out, None)
+        return logp, entropy, aux
 
     def _output_weight(self):
         dt = self.config.dtype
@@ -353,12 +339,12 @@ def _forward_jit(graphdef, state, input_ids, positions, attention_mask, cache, r
                                layers)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk_size", "temperature", "return_entropy"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk_size", "start", "temperature", "return_entropy"))
 def _token_logprobs_jit(graphdef, state, input_ids, targets, positions, attention_mask, routing, *,
-                        chunk_size, temperature=1.0, return_entropy=False):
+                        chunk_size, start=0, temperature=1.0, return_entropy=False):
     model = nnx.merge(graphdef, state)
     return model._token_logprobs_impl(input_ids, targets, positions, attention_mask, routing, chunk_size,
-                                      temperature, return_entropy)
+                                      start, temperature, return_entropy)
 
 
 def _project_with(hidden: jax.Array, weight: jax.Array, tied: bool) -> jax.Array:

@@ -1,0 +1,358 @@
+"""End-to-end RL iterations at the real Qwen3 vocabulary: respo-jax's trainer against TRL's GRPOTrainer.
+
+    python -m experiments.benchmarks.rl_iteration                 # M = 1 and M = 4: rl_iteration.json / .md
+    python -m experiments.benchmarks.rl_iteration --minibatch-prompts 4 --iterations 4
+    python -m experiments.benchmarks.rl_iteration --micro         # pipeline check on a micro model (seconds)
+
+One iteration is what an RL researcher waits for (paper §4.1): sample G responses for each of N·M
+DAPO-Math prompts, score them with the strict box, compute group advantages, recompute log π_old with
+a forward pass, then N policy updates of M·G responses each (GRPO, token-mean). Both sides start from
+one random Qwen3 checkpoint written by `transformers` (hidden 256, 4 layers, 4/2 heads, head_dim 64,
+MLP 768, tied embeddings, vocabulary 151,936), see the same prompts in the same order (the
+respo-jax trainer's prompt batches, handed to TRL as an unshuffled dataset), tokenized by the same Qwen3
+tokenizer, and sample with the same settings (temperature 1, no top-k/top-p, 64 new tokens).
+
+- respo-jax: `respo_jax.training.loop.RLTrainer.iteration()` with its defaults for this host (shape
+  buckets, micro-batches, sampler row chunks), as `experiments/train.py` runs it.
+- TRL: `trl.GRPOTrainer` with `steps_per_generation = N` (one generation of N·M·G completions, then N
+  optimizer steps of M·G), `num_iterations = 1`, `beta = 0` (no reference model), `loss_type = "dapo"`
+  (token-mean), driven through its own `train()` loop; one iteration = N optimizer steps.
+
+Same advantages for both: each side runs in its own process with 2 threads (XLA's pool and
+`torch.set_num_threads`), the same glibc malloc settings (`respo_jax.host_allocator`; for TRL
+without the JAX part), denormals flushed to zero on both (XLA's default), and no compilation on the
+PyTorch side (`torch.compile` is not used; XLA compiles as part of respo-jax's time). The sides
+alternate iteration by iteration (one waits idle on its pipe while the other runs), report wall time
+and their process's peak RSS; the headline is the median of the per-iteration time ratios over the
+iterations after the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "..", "shared")
+DATA_DIR = os.path.normpath(os.path.join(SHARED, "data"))
+TOKENIZER_DIR = os.path.normpath(os.path.join(SHARED, "tokenizers", "qwen3"))
+
+# The issue's model: a random Qwen3 at the real vocabulary (the LM head is most of its FLOPs).
+MODEL = dict(vocab_size=151_936, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+MICRO_MODEL = dict(vocab_size=151_936, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True)
+LEARNING_RATE = 1e-6  # TRL's default for GRPO
+THREADS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class RaceCase:
+    """One race: M prompts per mini-batch, G responses each, N mini-batches per rollout batch."""
+
+    prompts_per_minibatch: int
+    group_size: int = 8
+    reuse: int = 4
+    max_new_tokens: int = 64
+    iterations: int = 6
+    micro: bool = False
+
+    @property
+    def model(self) -> dict:
+        return MICRO_MODEL if self.micro else MODEL
+
+
+def write_checkpoint(path: str, case: RaceCase, tokenizer_dir: str, seed: int = 0) -> None:
+    """One random Qwen3 checkpoint in Hugging Face format, written by transformers, for both sides."""
+    import torch
+    import transformers
+
+    from respo_jax.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    config = transformers.Qwen3Config(**case.model, max_position_embeddings=2048, rope_theta=1_000_000.0,
+                                      eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
+                                      bos_token_id=None)
+    torch.manual_seed(seed)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(path)
+
+
+def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str):
+    """The respo-jax side's ExperimentConfig (the trainer's own defaults for buckets and memory)."""
+    from experiments.train import DEFAULT_CONFIG, load_config
+    from respo_jax.training.config import apply_overrides
+
+    return apply_overrides(load_config(DEFAULT_CONFIG), [
+        "task.name=dapo_math", f"task.data_dir={data_dir}", f"task.tokenizer_dir={tokenizer_dir}",
+        "task.chat_template=false", f"model.checkpoint_dir={checkpoint}", "model.scan_layers=false",
+        "warmup.steps=0", "run.eval_problems=0", "run.progress=false", f"run.iterations={case.iterations}",
+        f"rollout.prompts_per_minibatch={case.prompts_per_minibatch}", f"rollout.group_size={case.group_size}",
+        f"rollout.reuse={case.reuse}", f"rollout.max_new_tokens={case.max_new_tokens}",
+        "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
+        "objective.name=grpo", "objective.hparams.eps_low=0.2", "objective.hparams.eps_high=0.2",
+        f"optim.learning_rate={LEARNING_RATE}", "optim.weight_decay=0.0", "optim.max_grad_norm=1.0",
+    ])
+
+
+def prompt_stream(config, count: int) -> list[dict]:
+    """The first `count` records the respo-jax trainer will draw (its prompt batches, in order), with
+    the prompt text it tokenizes: TRL gets exactly these, unshuffled."""
+    from respo_jax.data.batches import PromptBatches
+    from respo_jax.data.prompts import render_prompt
+    from respo_jax.training.loop import load_task
+
+    tokenizer, fmt, train, _, _ = load_task(config)
+    r = config.rollout
+    batches = PromptBatches(train, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
+    records = []
+    while len(records) < count:
+        records.extend(next(batches))
+    return [{"prompt": render_prompt(rec["problem"], tokenizer, fmt), "answer": rec["answer"],
+             "prompt_tokens": len(tokenizer.encode(render_prompt(rec["problem"], tokenizer, fmt),
+                                                   add_special_tokens=not fmt.chat))}
+            for rec in records[:count]]
+
+
+# ----------------------------------------------------------------------------------------------- sides
+
+
+def _peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str) -> None:
+    from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
+
+    configure_host_allocator()  # as experiments/train.py does (run.host_allocator=true)
+    from respo_jax.training.loop import RLTrainer
+
+    trainer = RLTrainer(trainer_config(case, checkpoint, data_dir, tokenizer_dir))
+    conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": _peak_rss_mib()}))
+    while conn.recv() == "iterate":
+        started = time.perf_counter()
+        record = trainer.iteration()
+        conn.send(("ok", {"wall_s": time.perf_counter() - started, "peak_rss_mib": _peak_rss_mib(),
+                          **{k: record[k] for k in ("compiles", "compile_seconds", "rollout_seconds",
+                                                    "response_length", "score", "loss")}}))
+
+
+def _trl_side(conn, case: RaceCase, checkpoint: str, tokenizer_dir: str, records: list[dict]) -> None:
+    from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
+
+    configure_host_allocator(jax_dispatch=False)  # the same malloc settings; this process runs no JAX
+    import datasets
+    import torch
+    import transformers
+    import trl
+
+    from respo_jax.rewards import strict_box_score
+
+    torch.set_num_threads(THREADS)
+    torch.set_flush_denormal(True)  # XLA:CPU flushes denormals by default
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    prompt_tokens = [len(tokenizer(text=r["prompt"])["input_ids"]) for r in records]  # as TRL tokenizes them
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in records])
+
+    def strict_box(prompts, completions, answer, **_):
+        return [strict_box_score(c, a) for c, a in zip(completions, answer)]
+
+    class Driver(transformers.TrainerCallback):
+        """Hands control to the parent after every N optimizer steps (one TRL iteration)."""
+
+        def __init__(self):
+            self.steps, self.started = 0, None
+
+        def on_train_begin(self, args, state, control, **_):
+            if conn.recv() != "iterate":
+                control.should_training_stop = True
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **_):
+            self.steps += 1
+            if self.steps % case.reuse:
+                return
+            metrics = trainer._metrics["train"]
+            conn.send(("ok", {"wall_s": time.perf_counter() - self.started, "peak_rss_mib": _peak_rss_mib(),
+                              "response_length": float(metrics["completions/mean_length"][-1])
+                              if metrics.get("completions/mean_length") else None}))
+            if conn.recv() != "iterate":
+                control.should_training_stop = True
+            self.started = time.perf_counter()
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = trl.GRPOConfig(
+            output_dir=out_dir, per_device_train_batch_size=case.prompts_per_minibatch * case.group_size,
+            gradient_accumulation_steps=1, num_generations=case.group_size, steps_per_generation=case.reuse,
+            num_iterations=1, max_completion_length=case.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+            beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group", learning_rate=LEARNING_RATE,
+            weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
+            max_steps=case.reuse * case.iterations, shuffle_dataset=False, seed=0, use_cpu=True, bf16=False,
+            report_to="none", save_strategy="no", logging_steps=case.reuse, disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=strict_box, args=args, train_dataset=dataset,
+                                  processing_class=tokenizer, callbacks=[Driver()])
+        conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": _peak_rss_mib(),
+                          "prompt_tokens": prompt_tokens, "trl": trl.__version__}))
+        trainer.train()
+
+
+def _side_main(conn, kind: str, *args) -> None:
+    try:
+        (_jax_side if kind == "jax" else _trl_side)(conn, *args)
+    except Exception:  # noqa: BLE001 (reported to the parent)
+        conn.send(("error", traceback.format_exc()))
+
+
+class Side:
+    """A side's process; `iterate()` runs one RL iteration there and returns its record."""
+
+    def __init__(self, kind: str, *args, timeout_s: float = 3600.0):
+        import multiprocessing
+
+        self.kind, self.timeout_s = kind, timeout_s
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_side_main, args=(child, kind, *args), daemon=True)
+        self._process.start()
+        child.close()
+        self.load = self._reply()
+        self.records: list[dict] = []
+
+    def _reply(self):
+        if not self._conn.poll(self.timeout_s):
+            raise TimeoutError(f"{self.kind} side gave no answer within {self.timeout_s:.0f} s")
+        status, payload = self._conn.recv()
+        if status == "error":
+            raise RuntimeError(f"{self.kind} side failed:\n{payload}")
+        return payload
+
+    def iterate(self) -> dict:
+        self._conn.send("iterate")
+        record = self._reply()
+        self.records.append(record)
+        return record
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            try:
+                self._conn.send("stop")
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout=60)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout=10)
+        self._conn.close()
+
+
+# ------------------------------------------------------------------------------------------------ race
+
+
+def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER_DIR, log=print) -> dict:
+    """Runs `case.iterations` iterations of each side, alternating; returns the JSON-ready record."""
+    from experiments.benchmarks.common import median
+
+    if case.iterations < 2:
+        raise ValueError(f"need at least 2 iterations (the first is excluded); got {case.iterations}")
+    with tempfile.TemporaryDirectory() as checkpoint:
+        write_checkpoint(checkpoint, case, tokenizer_dir)
+        config = trainer_config(case, checkpoint, data_dir, tokenizer_dir)
+        records = prompt_stream(config, case.iterations * case.reuse * case.prompts_per_minibatch)
+        sides = {}
+        try:  # one side at a time: loading both at once would time their start-ups against each other
+            sides["jax"] = Side("jax", case, checkpoint, data_dir, tokenizer_dir)
+            sides["trl"] = Side("trl", case, checkpoint, tokenizer_dir, records)
+            ours = [r["prompt_tokens"] for r in records]
+            if sides["trl"].load["prompt_tokens"] != ours:
+                raise RuntimeError("TRL's tokenizer gives other prompt lengths than respo-jax's")
+            for index in range(case.iterations):
+                for kind, side in sides.items():
+                    record = side.iterate()
+                    log(f"[rl_iteration] M={case.prompts_per_minibatch} iteration {index + 1} {kind}: "
+                        f"{record['wall_s']:.2f} s, peak RSS {record['peak_rss_mib']:.0f} MiB")
+        finally:
+            for side in sides.values():
+                side.close()
+    out = {"case": dataclasses.asdict(case), "model": case.model, "threads": THREADS,
+           "prompt_tokens_mean": sum(r["prompt_tokens"] for r in records) / len(records),
+           "trl_version": sides["trl"].load["trl"]}
+    wall = {kind: [r["wall_s"] for r in side.records] for kind, side in sides.items()}
+    for kind, side in sides.items():
+        later = wall[kind][1:]
+        out[kind] = {"times_s": wall[kind], "median_s": median(later), "first_s": wall[kind][0],
+                     "peak_rss_mib": max(r["peak_rss_mib"] for r in side.records),
+                     "response_length": [r.get("response_length") for r in side.records],
+                     "host_allocator": side.load["host_allocator"]}
+    jax_records = sides["jax"].records
+    out["jax"]["compiles"] = [r["compiles"] for r in jax_records]
+    out["jax"]["compile_seconds"] = [r["compile_seconds"] for r in jax_records]
+    out["jax"]["rollout_seconds"] = [r["rollout_seconds"] for r in jax_records]
+    after_two = jax_records[2:]
+    out["jax"]["compile_fraction_after_two"] = (
+        sum(r["compile_seconds"] for r in after_two) / sum(r["wall_s"] for r in after_two) if after_two else None)
+    out["speedup"] = median([t / j for t, j in zip(wall["trl"][1:], wall["jax"][1:])])
+    out["rss_ratio_trl_over_jax"] = out["trl"]["peak_rss_mib"] / out["jax"]["peak_rss_mib"]
+    return out
+
+
+def markdown(results: list[dict]) -> str:
+    from experiments.benchmarks.common import markdown_table
+
+    rows = []
+    for r in results:
+        c = r["case"]
+        fraction = r["jax"]["compile_fraction_after_two"]
+        rows.append([f"M={c['prompts_per_minibatch']}, G={c['group_size']}, N={c['reuse']}",
+                     r["jax"]["median_s"], r["trl"]["median_s"], f"{r['speedup']:.2f}×",
+                     r["jax"]["peak_rss_mib"], r["trl"]["peak_rss_mib"],
+                     "n/a" if fraction is None else f"{100 * fraction:.1f}%", r["jax"]["first_s"], r["trl"]["first_s"]])
+    return markdown_table(["case", "respo-jax s/iter", "TRL s/iter", "speedup", "respo-jax peak RSS MiB",
+                           "TRL peak RSS MiB", "respo-jax compile share (iter ≥ 3)", "respo-jax 1st iter s",
+                           "TRL 1st iter s"], rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.benchmarks.rl_iteration",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--minibatch-prompts", type=int, nargs="+", default=[1, 4], help="M values to race")
+    parser.add_argument("--iterations", type=int, default=6, help="iterations per side (the first is excluded)")
+    parser.add_argument("--micro", action="store_true", help="micro model, M=1, G=2, N=2, 4 new tokens")
+    parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument("--tokenizer-dir", default=TOKENIZER_DIR)
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+    command = "python -m experiments.benchmarks.rl_iteration " + " ".join(argv if argv is not None else sys.argv[1:])
+    from experiments.benchmarks import common
+
+    started = time.perf_counter()
+    if args.micro:
+        cases = [RaceCase(1, group_size=2, reuse=2, max_new_tokens=4, iterations=args.iterations, micro=True)]
+    else:
+        cases = [RaceCase(m, iterations=args.iterations) for m in args.minibatch_prompts]
+    results = [run(case, args.data_dir, args.tokenizer_dir) for case in cases]
+    stem = "rl_iteration_micro" if args.micro else "rl_iteration"
+    payload = {"command": command.strip(), "results": results, "wall_s": time.perf_counter() - started,
+               "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
+    common.write_json(os.path.join(args.out, f"{stem}.json"), payload)
+    common.write_markdown(os.path.join(args.out, f"{stem}.md"), "RL iteration: respo-jax vs TRL GRPOTrainer", [
+        ("Command", f"`{payload['command']}` — {payload['wall_s']:.0f} s; TRL {results[0]['trl_version']}, "
+                    f"{THREADS} threads per side; medians over iterations 2…{cases[0].iterations}"),
+        ("Results", markdown(results))])
+    for r in results:
+        print(f"M={r['case']['prompts_per_minibatch']}: respo-jax {r['jax']['median_s']:.2f} s, TRL "
+              f"{r['trl']['median_s']:.2f} s, speedup {r['speedup']:.2f}x; peak RSS {r['jax']['peak_rss_mib']:.0f} vs "
+              f"{r['trl']['peak_rss_mib']:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
