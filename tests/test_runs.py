@@ -384,8 +384,11 @@ def test_resume_may_change_only_the_resumable_keys(tmp_path):
     config = load_config(DEFAULT_CONFIG)
     saved = json.loads(json.dumps(config.to_dict()))
     changed = apply_overrides(config, ["run.iterations=999", "run.checkpoint_every=5", "run.progress=false",
-                                       "run.resume=true", f"run.out_dir={tmp_path}"])
+                                       "run.resume=true", f"run.out_dir={tmp_path}",
+                                       "rollout.max_tokens_per_microbatch=1000", "rollout.sampler_max_rows=7"])
     assert run_dir.config_differences(saved, changed) == []
+    assert run_dir.config_differences(saved, apply_overrides(config, ["rollout.response_bucket=8"])) == [
+        "rollout.response_bucket: saved 64, now 8"]
     assert run_dir.config_differences(saved, apply_overrides(config, ["run.seed=1", "optim.b2=0.99"])) == [
         "optim.b2: saved 0.999, now 0.99", "run.seed: saved 0, now 1"]
     del saved["rollout"]["top_k"]  # a field added after the run was saved matches its default

@@ -140,15 +140,20 @@ def _policy_setup(seed: int = 0, rows: int = 6, prompt_len: int | None = None, r
     return graphdef, params, batch.replace(old_logp=(old + noise) * batch.response_mask)
 
 
-@pytest.mark.parametrize("name, aggregation", [("grpo", "token-mean"), ("gspo", "seq-mean-token-mean"),
-                                               ("respo", "seq-mean-token-sum")])
-def test_microbatched_update_equals_the_one_shot_update(name, aggregation):
+@pytest.mark.parametrize("name, hparams", [
+    ("grpo", dict(clip_ratio_c=1.1)),  # token-mean; the dual clip active on many negative tokens
+    ("gspo", {}),  # seq-mean-token-mean
+    ("respo", dict(aggregation="seq-mean-token-sum")),
+    ("dr_grpo", dict(loss_scale_factor=6.0)),  # seq-mean-token-sum-norm, as the trainer sets it
+])
+def test_microbatched_update_equals_the_one_shot_update(name, hparams):
     """Every aggregation mode: the micro-batched step (gradients accumulated over micro-batches of 1 and
     4 rows, the last padded with filler rows) gives the one-shot gradient (read off an SGD step with a
-    learning rate large enough that float32 spacing of the parameters does not hide it), the one-shot parameters after AdamW, loss and every metric (means, minima,
-    maxima, fractions); the micro-batched log π_old too."""
+    learning rate large enough that float32 spacing of the parameters does not hide it), the one-shot
+    parameters after AdamW, loss and every metric (means, minima, maxima, fractions); the micro-batched
+    log π_old and rollout-time entropy too."""
     graphdef, params, batch = _policy_setup()
-    objective = get_objective(name, aggregation=aggregation)
+    objective = get_objective(name, **hparams)
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731 (the step donates its inputs)
 
     def run(tx, rows):
@@ -184,11 +189,14 @@ def test_microbatched_update_equals_the_one_shot_update(name, aggregation):
                                                rtol=1e-5, atol=1e-6, err_msg=name)
                 continue
             np.testing.assert_allclose(float(got_metrics[key]), float(want), rtol=1e-5, atol=1e-7, err_msg=key)
-    logprobs = make_logprob_fn(graphdef, temperature=0.8)
-    one_shot = np.asarray(logprobs(params, batch))
+    if name == "grpo":
+        assert float(one_metrics["clip_fraction_dual"]) > 0
+    logprobs = make_logprob_fn(graphdef, temperature=0.8, return_entropy=True)
+    one_shot = logprobs(params, batch)
+    assert np.asarray(one_shot[1]).max() > 0
     for rows in (1, 4):
-        np.testing.assert_allclose(np.asarray(logprobs(params, batch, microbatch_rows=rows)), one_shot,
-                                   rtol=1e-6, atol=1e-6)
+        for got, want in zip(logprobs(params, batch, microbatch_rows=rows), one_shot):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
 def test_bucketed_batches_give_the_same_update():

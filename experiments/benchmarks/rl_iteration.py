@@ -3,6 +3,8 @@
     python -m experiments.benchmarks.rl_iteration                 # M = 1 and M = 4: rl_iteration.json / .md
     python -m experiments.benchmarks.rl_iteration --minibatch-prompts 4 --iterations 4
     python -m experiments.benchmarks.rl_iteration --micro         # pipeline check on a micro model (seconds)
+    python -m experiments.benchmarks.rl_iteration --minibatch-prompts 32 --iterations 2 --sides jax
+                                                                  # the paper's mini-batch, respo-jax alone
 
 One iteration is what an RL researcher waits for (paper §4.1): sample G responses for each of N·M
 DAPO-Math prompts, score them with the strict box, compute group advantages, recompute log π_old with
@@ -257,8 +259,10 @@ class Side:
 # ------------------------------------------------------------------------------------------------ race
 
 
-def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER_DIR, log=print) -> dict:
-    """Runs `case.iterations` iterations of each side, alternating; returns the JSON-ready record."""
+def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER_DIR, log=print,
+        kinds: tuple[str, ...] = ("jax", "trl")) -> dict:
+    """Runs `case.iterations` iterations of each side in `kinds`, alternating; returns the JSON-ready
+    record (the speedup and RSS ratio only when both sides ran)."""
     from experiments.benchmarks.common import median
 
     if case.iterations < 2:
@@ -269,11 +273,13 @@ def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER
         records = prompt_stream(config, case.iterations * case.reuse * case.prompts_per_minibatch)
         sides = {}
         try:  # one side at a time: loading both at once would time their start-ups against each other
-            sides["jax"] = Side("jax", case, checkpoint, data_dir, tokenizer_dir)
-            sides["trl"] = Side("trl", case, checkpoint, tokenizer_dir, records)
-            ours = [r["prompt_tokens"] for r in records]
-            if sides["trl"].load["prompt_tokens"] != ours:
-                raise RuntimeError("TRL's tokenizer gives other prompt lengths than respo-jax's")
+            if "jax" in kinds:
+                sides["jax"] = Side("jax", case, checkpoint, data_dir, tokenizer_dir)
+            if "trl" in kinds:
+                sides["trl"] = Side("trl", case, checkpoint, tokenizer_dir, records)
+                ours = [r["prompt_tokens"] for r in records]
+                if sides["trl"].load["prompt_tokens"] != ours:
+                    raise RuntimeError("TRL's tokenizer gives other prompt lengths than respo-jax's")
             for index in range(case.iterations):
                 for kind, side in sides.items():
                     record = side.iterate()
@@ -284,7 +290,7 @@ def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER
                 side.close()
     out = {"case": dataclasses.asdict(case), "model": case.model, "threads": THREADS,
            "prompt_tokens_mean": sum(r["prompt_tokens"] for r in records) / len(records),
-           "trl_version": sides["trl"].load["trl"]}
+           "trl_version": sides["trl"].load["trl"] if "trl" in sides else None}
     wall = {kind: [r["wall_s"] for r in side.records] for kind, side in sides.items()}
     for kind, side in sides.items():
         later = wall[kind][1:]
@@ -292,6 +298,8 @@ def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER
                      "peak_rss_mib": max(r["peak_rss_mib"] for r in side.records),
                      "response_length": [r.get("response_length") for r in side.records],
                      "host_allocator": side.load["host_allocator"]}
+    if "jax" not in sides:
+        return out
     jax_records = sides["jax"].records
     out["jax"]["compiles"] = [r["compiles"] for r in jax_records]
     out["jax"]["compile_seconds"] = [r["compile_seconds"] for r in jax_records]
@@ -299,8 +307,9 @@ def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER
     after_two = jax_records[2:]
     out["jax"]["compile_fraction_after_two"] = (
         sum(r["compile_seconds"] for r in after_two) / sum(r["wall_s"] for r in after_two) if after_two else None)
-    out["speedup"] = median([t / j for t, j in zip(wall["trl"][1:], wall["jax"][1:])])
-    out["rss_ratio_trl_over_jax"] = out["trl"]["peak_rss_mib"] / out["jax"]["peak_rss_mib"]
+    if "trl" in sides:
+        out["speedup"] = median([t / j for t, j in zip(wall["trl"][1:], wall["jax"][1:])])
+        out["rss_ratio_trl_over_jax"] = out["trl"]["peak_rss_mib"] / out["jax"]["peak_rss_mib"]
     return out
 
 
@@ -310,11 +319,14 @@ def markdown(results: list[dict]) -> str:
     rows = []
     for r in results:
         c = r["case"]
-        fraction = r["jax"]["compile_fraction_after_two"]
+        jax_side, trl_side = r.get("jax", {}), r.get("trl", {})
+        fraction = jax_side.get("compile_fraction_after_two")
         rows.append([f"M={c['prompts_per_minibatch']}, G={c['group_size']}, N={c['reuse']}",
-                     r["jax"]["median_s"], r["trl"]["median_s"], f"{r['speedup']:.2f}×",
-                     r["jax"]["peak_rss_mib"], r["trl"]["peak_rss_mib"],
-                     "n/a" if fraction is None else f"{100 * fraction:.1f}%", r["jax"]["first_s"], r["trl"]["first_s"]])
+                     jax_side.get("median_s", "n/a"), trl_side.get("median_s", "n/a"),
+                     f"{r['speedup']:.2f}×" if "speedup" in r else "n/a",
+                     jax_side.get("peak_rss_mib", "n/a"), trl_side.get("peak_rss_mib", "n/a"),
+                     "n/a" if fraction is None else f"{100 * fraction:.1f}%", jax_side.get("first_s", "n/a"),
+                     trl_side.get("first_s", "n/a")])
     return markdown_table(["case", "respo-jax s/iter", "TRL s/iter", "speedup", "respo-jax peak RSS MiB",
                            "TRL peak RSS MiB", "respo-jax compile share (iter ≥ 3)", "respo-jax 1st iter s",
                            "TRL 1st iter s"], rows)
@@ -326,6 +338,8 @@ def main(argv=None) -> int:
     parser.add_argument("--minibatch-prompts", type=int, nargs="+", default=[1, 4], help="M values to race")
     parser.add_argument("--iterations", type=int, default=6, help="iterations per side (the first is excluded)")
     parser.add_argument("--micro", action="store_true", help="micro model, M=1, G=2, N=2, 4 new tokens")
+    parser.add_argument("--sides", nargs="+", choices=("jax", "trl"), default=["jax", "trl"],
+                        help="which sides run (one alone: its times and peak RSS, no ratio)")
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--tokenizer-dir", default=TOKENIZER_DIR)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -338,8 +352,11 @@ def main(argv=None) -> int:
         cases = [RaceCase(1, group_size=2, reuse=2, max_new_tokens=4, iterations=args.iterations, micro=True)]
     else:
         cases = [RaceCase(m, iterations=args.iterations) for m in args.minibatch_prompts]
-    results = [run(case, args.data_dir, args.tokenizer_dir) for case in cases]
+    kinds = tuple(kind for kind in ("jax", "trl") if kind in args.sides)
+    results = [run(case, args.data_dir, args.tokenizer_dir, kinds=kinds) for case in cases]
     stem = "rl_iteration_micro" if args.micro else "rl_iteration"
+    if kinds != ("jax", "trl"):
+        stem += "_" + "_".join(kinds) + "_m" + "_".join(str(m) for m in args.minibatch_prompts)
     payload = {"command": command.strip(), "results": results, "wall_s": time.perf_counter() - started,
                "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
     common.write_json(os.path.join(args.out, f"{stem}.json"), payload)
@@ -348,9 +365,10 @@ def main(argv=None) -> int:
                     f"{THREADS} threads per side; medians over iterations 2…{cases[0].iterations}"),
         ("Results", markdown(results))])
     for r in results:
-        print(f"M={r['case']['prompts_per_minibatch']}: respo-jax {r['jax']['median_s']:.2f} s, TRL "
-              f"{r['trl']['median_s']:.2f} s, speedup {r['speedup']:.2f}x; peak RSS {r['jax']['peak_rss_mib']:.0f} vs "
-              f"{r['trl']['peak_rss_mib']:.0f} MiB")
+        sides = "; ".join(f"{kind} {r[kind]['median_s']:.2f} s/iter (first {r[kind]['first_s']:.1f} s), peak RSS "
+                          f"{r[kind]['peak_rss_mib']:.0f} MiB" for kind in kinds)
+        ratio = f", speedup {r['speedup']:.2f}x" if "speedup" in r else ""
+        print(f"M={r['case']['prompts_per_minibatch']}: {sides}{ratio}")
     return 0
 
 
