@@ -26,7 +26,8 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 PARTS = ("matmul_peak", "train_step", "objective_cost", "decode", "scaling", "moe")
 
 # The headline keys, in the order the summary table shows them.
-HEADLINE_KEYS = ("train_step_speedup", "train_step_speedup_tiny", "mfu", "decode_speedup_b1", "decode_speedup_b32",
+HEADLINE_KEYS = ("train_step_speedup", "train_step_speedup_tiny", "mfu", "decode_speedup_b1",
+                 "decode_speedup_b32",
                  "objective_fraction")
 
 

@@ -265,8 +265,8 @@ def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER
     record (the speedup and RSS ratio only when both sides ran)."""
     from experiments.benchmarks.common import median
 
-    if case.iterations < 2:
-        raise ValueError(f"need at least 2 iterations (the first is excluded); got {case.iterations}")
+    if case.iterations < (2 if len(kinds) > 1 else 1):
+        raise ValueError(f"a race needs at least 2 iterations (the first is excluded); got {case.iterations}")
     with tempfile.TemporaryDirectory() as checkpoint:
         write_checkpoint(checkpoint, case, tokenizer_dir)
         config = trainer_config(case, checkpoint, data_dir, tokenizer_dir)
@@ -283,8 +283,10 @@ def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER
             for index in range(case.iterations):
                 for kind, side in sides.items():
                     record = side.iterate()
+                    compiled = (f", {record['compiles']} compilations ({record['compile_seconds']:.1f} s)"
+                                if "compiles" in record else "")
                     log(f"[rl_iteration] M={case.prompts_per_minibatch} iteration {index + 1} {kind}: "
-                        f"{record['wall_s']:.2f} s, peak RSS {record['peak_rss_mib']:.0f} MiB")
+                        f"{record['wall_s']:.2f} s, peak RSS {record['peak_rss_mib']:.0f} MiB{compiled}", flush=True)
         finally:
             for side in sides.values():
                 side.close()
@@ -294,7 +296,7 @@ def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER
     wall = {kind: [r["wall_s"] for r in side.records] for kind, side in sides.items()}
     for kind, side in sides.items():
         later = wall[kind][1:]
-        out[kind] = {"times_s": wall[kind], "median_s": median(later), "first_s": wall[kind][0],
+        out[kind] = {"times_s": wall[kind], "median_s": median(later) if later else None, "first_s": wall[kind][0],
                      "peak_rss_mib": max(r["peak_rss_mib"] for r in side.records),
                      "response_length": [r.get("response_length") for r in side.records],
                      "host_allocator": side.load["host_allocator"]}
@@ -322,7 +324,7 @@ def markdown(results: list[dict]) -> str:
         jax_side, trl_side = r.get("jax", {}), r.get("trl", {})
         fraction = jax_side.get("compile_fraction_after_two")
         rows.append([f"M={c['prompts_per_minibatch']}, G={c['group_size']}, N={c['reuse']}",
-                     jax_side.get("median_s", "n/a"), trl_side.get("median_s", "n/a"),
+                     jax_side.get("median_s") or "n/a", trl_side.get("median_s") or "n/a",
                      f"{r['speedup']:.2f}×" if "speedup" in r else "n/a",
                      jax_side.get("peak_rss_mib", "n/a"), trl_side.get("peak_rss_mib", "n/a"),
                      "n/a" if fraction is None else f"{100 * fraction:.1f}%", jax_side.get("first_s", "n/a"),
@@ -353,20 +355,22 @@ def main(argv=None) -> int:
     else:
         cases = [RaceCase(m, iterations=args.iterations) for m in args.minibatch_prompts]
     kinds = tuple(kind for kind in ("jax", "trl") if kind in args.sides)
-    results = [run(case, args.data_dir, args.tokenizer_dir, kinds=kinds) for case in cases]
     stem = "rl_iteration_micro" if args.micro else "rl_iteration"
     if kinds != ("jax", "trl"):
         stem += "_" + "_".join(kinds) + "_m" + "_".join(str(m) for m in args.minibatch_prompts)
-    payload = {"command": command.strip(), "results": results, "wall_s": time.perf_counter() - started,
-               "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
-    common.write_json(os.path.join(args.out, f"{stem}.json"), payload)
-    common.write_markdown(os.path.join(args.out, f"{stem}.md"), "RL iteration: respo-jax vs TRL GRPOTrainer", [
-        ("Command", f"`{payload['command']}` — {payload['wall_s']:.0f} s; TRL {results[0]['trl_version']}, "
-                    f"{THREADS} threads per side; medians over iterations 2…{cases[0].iterations}"),
-        ("Results", markdown(results))])
+    results = []
+    for case in cases:  # the files are rewritten after each case: a run stopped later keeps what it measured
+        results.append(run(case, args.data_dir, args.tokenizer_dir, kinds=kinds))
+        payload = {"command": command.strip(), "results": results, "wall_s": time.perf_counter() - started,
+                   "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
+        common.write_json(os.path.join(args.out, f"{stem}.json"), payload)
+        common.write_markdown(os.path.join(args.out, f"{stem}.md"), "RL iteration: respo-jax vs TRL GRPOTrainer", [
+            ("Command", f"`{payload['command']}` — {payload['wall_s']:.0f} s; TRL {results[0]['trl_version']}, "
+                        f"{THREADS} threads per side; medians over iterations 2…{cases[0].iterations}"),
+            ("Results", markdown(results))])
     for r in results:
-        sides = "; ".join(f"{kind} {r[kind]['median_s']:.2f} s/iter (first {r[kind]['first_s']:.1f} s), peak RSS "
-                          f"{r[kind]['peak_rss_mib']:.0f} MiB" for kind in kinds)
+        sides = "; ".join(f"{kind} {r[kind]['median_s'] or float('nan'):.2f} s/iter (first {r[kind]['first_s']:.1f} "
+                          f"s), peak RSS {r[kind]['peak_rss_mib']:.0f} MiB" for kind in kinds)
         ratio = f", speedup {r['speedup']:.2f}x" if "speedup" in r else ""
         print(f"M={r['case']['prompts_per_minibatch']}: {sides}{ratio}")
     return 0

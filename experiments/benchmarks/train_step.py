@@ -186,7 +186,8 @@ def torch_side(torch_model, batch: dict, compile_model: bool = False) -> Callabl
     def call() -> float:
         optimizer.zero_grad(set_to_none=True)
         # The vocabulary projection for the response positions only, as respo-jax's step computes it.
-        logits = forward(input_ids=ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
+        logits = forward(input_ids=ids[:, :-1], attention_mask=attention[:, :-1],
+                         position_ids=positions[:, :-1],
                          logits_to_keep=response_len).logits
         logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
         loss = torch_respo_loss(logp, old_logp, advantages, mask)

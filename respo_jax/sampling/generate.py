@@ -411,11 +411,13 @@ def generate(
     graphdef, model_state = nnx.split(model)
     layers = _decode_layers(model, graphdef, model_state)
     run = functools.partial(
-        _generate_chunk, graphdef=graphdef, model_state=model_state, layers=layers, params=params, engine=engine,
+        _generate_chunk, graphdef=graphdef, model_state=model_state, layers=layers, params=params,
+        engine=engine,
         prompt_len=prompt_len, cache_slots=cache_slots, return_routing=return_routing, mesh=mesh,
         batch_axes=batch_axes, cache_dtype=engine.cache_dtype or getattr(cfg, "dtype", "float32"),
     )
-    outputs = [run(rows[first:first + chunk_rows], first, chunk_rows) for first in range(0, len(rows), chunk_rows)]
+    outputs = [run(rows[first:first + chunk_rows], first, chunk_rows)
+               for first in range(0, len(rows), chunk_rows)]
     return outputs[0] if len(outputs) == 1 else _concatenate(outputs)
 
 

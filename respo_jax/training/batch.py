@@ -123,7 +123,8 @@ def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: i
     ``return_entropy=True``: also the entropy of that full distribution at each slot, (logp, entropy).
     """
     return model.token_logprobs(
-        input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1], attention_mask=attention_mask[:, :-1],
+        input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1],
+        attention_mask=attention_mask[:, :-1],
         chunk_size=chunk_size, temperature=temperature, return_entropy=return_entropy, start=prompt_len - 1,
     )
 

@@ -16,7 +16,8 @@ from jax import monitoring
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # Tracing to a jaxpr and lowering to StableHLO: part of what a new shape costs besides XLA itself.
-FRONTEND_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+FRONTEND_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration")
 
 
 @dataclasses.dataclass(frozen=True)

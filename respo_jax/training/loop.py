@@ -227,7 +227,8 @@ class RLTrainer:
             release_host_memory()
             self._batch_shapes.add(ids.shape)
         batch = PolicyBatch(
-            input_ids=jnp.asarray(ids), positions=jnp.asarray(positions), attention_mask=jnp.asarray(attention),
+            input_ids=jnp.asarray(ids), positions=jnp.asarray(positions),
+            attention_mask=jnp.asarray(attention),
             response_mask=jnp.asarray(response_mask), old_logp=jnp.zeros(response_mask.shape, jnp.float32),
             advantages=jnp.asarray(advantages, jnp.float32), prompt_len=prompt_len,
         )

@@ -103,8 +103,8 @@ def make_policy_step(
 
     def logprobs_of(params, batch: PolicyBatch):
         model = nnx.merge(graphdef, params)
-        return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
-                                 temperature=temperature, chunk_size=chunk_size)
+        return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask,
+                                 batch.prompt_len, temperature=temperature, chunk_size=chunk_size)
 
     def step(params, opt_state, batch: PolicyBatch, microbatch_rows: int | None = None):
         rows = batch.input_ids.shape[0]
@@ -159,8 +159,9 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
     def logprobs(params, batch: PolicyBatch, microbatch_rows: int | None = None):
         def of(part: PolicyBatch):
             model = nnx.merge(graphdef, params)
-            return response_logprobs(model, part.input_ids, part.positions, part.attention_mask, part.prompt_len,
-                                     temperature=temperature, return_entropy=return_entropy, chunk_size=chunk_size)
+            return response_logprobs(model, part.input_ids, part.positions, part.attention_mask,
+                                     part.prompt_len, temperature=temperature, return_entropy=return_entropy,
+                                     chunk_size=chunk_size)
 
         rows = batch.input_ids.shape[0]
         if microbatch_rows is None or microbatch_rows >= rows:

@@ -55,7 +55,8 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
 
     if return_entropy:
         logp, entropy = jax.lax.map(
-            lambda args: _chunk_with_entropy(args[0], jax.lax.stop_gradient(weight), args[1], tied, temperature),
+            lambda args: _chunk_with_entropy(args[0], jax.lax.stop_gradient(weight), args[1], tied,
+                                             temperature),
             (jax.lax.stop_gradient(h), t))
         return unchunk(logp), unchunk(entropy)
     return unchunk(_logprobs(h, weight, t, tied, float(temperature)))

@@ -220,7 +220,8 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def token_logprobs(self, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
                        attention_mask: jax.Array | None = None, routing: jax.Array | None = None,
-                       chunk_size: int = LOGPROB_CHUNK_TOKENS, return_aux: bool = False, temperature: float = 1.0,
+                       chunk_size: int = LOGPROB_CHUNK_TOKENS, return_aux: bool = False,
+                       temperature: float = 1.0,
                        return_entropy: bool = False, *, start: int = 0):
         """log π(targets[b, t] | input_ids[b, :t+1]) for t in [start, seq): [batch, seq - start] float32.
 
@@ -242,13 +243,14 @@ class Qwen3ForCausalLM(nnx.Module):
         if int(chunk_size) <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if not 0 <= int(start) < input_ids.shape[1]:
-            raise ValueError(f"start must lie in [0, {input_ids.shape[1]}) (the sequence length); got {start}")
+            raise ValueError(f"start must lie in [0, {input_ids.shape[1]}) (the sequence length); "
+                             f"got {start}")
         if not (float(temperature) > 0 and math.isfinite(float(temperature))):
             raise ValueError(f"temperature must be finite and > 0, got {temperature}")
         graphdef, state = nnx.split(self)
         logp, entropy, aux = _token_logprobs_jit(
-            graphdef, state, input_ids, targets, positions, attention_mask, routing, chunk_size=int(chunk_size),
-            start=int(start), temperature=float(temperature), return_entropy=bool(return_entropy))
+            graphdef, state, input_ids, targets, positions, attention_mask, routing,
+            chunk_size=int(chunk_size), start=int(start), temperature=float(temperature), return_entropy=bool(return_entropy))
         out = (logp, entropy) if return_entropy else (logp,)
         out = out + (aux,) if return_aux else out
         return out if len(out) > 1 else logp
@@ -268,7 +270,8 @@ class Qwen3ForCausalLM(nnx.Module):
         hidden, _, _, aux = self._backbone(input_ids, positions, attention_mask, None, routing)
         weight, tied = self._output_weight()
         out = chunked_token_logprobs(hidden[:, start:], weight, targets[:, start:], tied=tied,
-                                     temperature=temperature, chunk_tokens=chunk_size, return_entropy=return_entropy)
+                                     temperature=temperature, chunk_tokens=chunk_size,
+                                     return_entropy=return_entropy)
         logp, entropy = out if return_entropy else (out, None)
         return logp, entropy, aux
 
@@ -339,7 +342,8 @@ def _forward_jit(graphdef, state, input_ids, positions, attention_mask, cache, r
                                layers)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk_size", "start", "temperature", "return_entropy"))
+@functools.partial(jax.jit,
+                   static_argnames=("graphdef", "chunk_size", "start", "temperature", "return_entropy"))
 def _token_logprobs_jit(graphdef, state, input_ids, targets, positions, attention_mask, routing, *,
                         chunk_size, start=0, temperature=1.0, return_entropy=False):
     model = nnx.merge(graphdef, state)
