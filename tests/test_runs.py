@@ -55,7 +55,8 @@ TINY_RUN = [
     "rollout.group_size=2", "rollout.reuse=2", "rollout.max_new_tokens=6", "task.overlong_buffer_length=4",
     "task.num_records=64", "run.eval_problems=4", "run.progress=false", "run.host_allocator=false",
 ]
-TIMING_KEYS = ("rollout_seconds", "iteration_seconds")
+# Depend on the process, not the run: a resumed process compiles its programs again.
+TIMING_KEYS = ("rollout_seconds", "iteration_seconds", "compiles", "compile_seconds")
 
 
 # ----------------------------------------------------------------------------------------- helpers
