@@ -44,7 +44,6 @@ from respo_jax.data import (
     PromptFormat,
     Tokenizer,
     encode_prompt,
-    get_task,
     load_benchmark,
     load_tokenizer,
 )
@@ -164,7 +163,7 @@ def _resolve_run(path: str, settings: EvalSettings) -> Checkpoint:
             raise ValueError(
                 "eval.chat_template=true: a synthetic-task run's character tokenizer has no chat template"
             )
-        task = get_task(task_cfg.difficulty)
+        task = task_cfg.synthetic_task()
         tokenizer, prompt_format = CharTokenizer(), task.prompt_format
     else:
         task = None
@@ -218,7 +217,8 @@ def load_problems(settings: EvalSettings, checkpoint: Checkpoint) -> dict[str, l
                     "eval.benchmarks=synthetic needs a synthetic-task training run as eval.checkpoint"
                 )
             task, count = checkpoint.synthetic_task, settings.synthetic_problems
-            records = task.make_records(count, checkpoint.synthetic_seed)
+            records = task.make_records(count, checkpoint.synthetic_seed,
+                                        split="test" if task.test_fraction else "all")
         else:
             if checkpoint.synthetic_task is not None:
                 raise ValueError(

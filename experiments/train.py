@@ -67,7 +67,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
-    config = apply_overrides(load_config(args.config), args.overrides).check_paths()
+    return run_experiment(apply_overrides(load_config(args.config), args.overrides))
+
+
+def run_experiment(config: ExperimentConfig) -> dict:
+    """Trains `config` into its run.out_dir (checked first, see the module docstring); returns the summary."""
+    config = config.validate().check_paths()
     plan = run_dir.plan_run_dir(config)
     if config.run.host_allocator:  # before the first JAX computation starts XLA's threads
         configure_host_allocator()

@@ -97,12 +97,12 @@ def test_reference_responses_score_plus_one(difficulty, tok):
     task = get_task(difficulty)
     fmt = task.prompt_format
     for record in task.make_records(200, seed=2):
-        response = task.reference_response(record["answer"])
+        response = task.reference_response(record["answer"], record["problem"])
         assert len(response) <= task.max_response_tokens()
         ids = tok.encode(response) + [tok.eos_id]
         text = tok.decode(ids)
         assert strict_box_score(fmt.solution_text(text), record["answer"]) == 1.0
-        wrong = task.reference_response(str(int(record["answer"]) + 1))
+        wrong = task.reference_response(str(int(record["answer"]) + 1), record["problem"])
         assert strict_box_score(fmt.solution_text(wrong), record["answer"]) == -1.0
 
 

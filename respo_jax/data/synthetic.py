@@ -10,16 +10,28 @@ easy level, which a tiny model reaches by chance often enough for RL to get a si
 score `task.prompt_format.solution_text(response)` (`"\\boxed{" + response`). With
 `boxed_prefix=False` the model writes `\\boxed{7}` itself.
 
-Difficulty knobs: digits per operand, number of operands, operation mix (`+`, `-`, `*`, usual
-precedence). Longer answers mean longer responses, so length effects and rollout reuse show;
-`DIFFICULTIES` holds the named levels. Records are a pure function of (seed, index), independent of
-NumPy versions: each draw hashes `seed:index:draw` with SHA-256.
+Difficulty knobs: digits per operand, number of operands (fixed, or drawn per problem from
+[min_operands, num_operands]), operation mix (`+`, `-`, `*`, usual precedence). Longer answers mean
+longer responses, so length effects and rollout reuse show; `DIFFICULTIES` holds the named levels.
+Records are a pure function of (seed, index), independent of NumPy versions: each draw hashes
+`seed:index:draw` with SHA-256.
+
+Scratchpad (`scratchpad=True`, `+`/`-` only): the response works left to right, one equation per step,
+before boxing the result — `"12+34-5="` is answered `"12+34=46 46-5=41 \\boxed{41}"` — so responses are
+tens of tokens long and their length grows with the number of operands (the paper's length effects,
+§4.3 and App. E.3, need positive responses whose sequence log-weight accumulates over many tokens).
+Only the boxed answer is scored, as in DAPO-Math.
+
+Held-out split (`test_fraction > 0`): each distinct problem text belongs to "train" or "test" by a
+SHA-256 hash of the text, so `make_records(..., split="train")` and `split="test"` never share a problem,
+whatever their seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from typing import Any, Sequence
 
 from respo_jax.data.prompts import PromptFormat
@@ -114,27 +126,47 @@ class ArithmeticTask:
     """Arithmetic problems with integer answers in `\\boxed{}`.
 
     num_digits: each operand is uniform in [0, 10**num_digits).
-    num_operands: operands per problem (>= 2).
+    num_operands: operands per problem (>= 2); the largest count when `min_operands` is set.
+    min_operands: 0 (every problem has `num_operands`) or the smallest count (2 <= min <= num_operands):
+      each problem draws its count uniformly from [min_operands, num_operands].
     operations: the operation mix, drawn uniformly per slot, e.g. "+", "+-", "+-*".
     boxed_prefix: the prompt ends with `\\boxed{` (see module doc).
+    scratchpad: the response writes each step's equation before the boxed answer (module doc); needs
+      boxed_prefix=False and operations from "+-".
+    test_fraction: the share of distinct problems that form the held-out "test" split (0: no split).
+    align: left-pad every problem text with spaces to the longest problem's width, so all prompts have
+      one token length (a trainer that pads batches to their longest prompt then compiles one shape).
     """
 
     num_digits: int = 1
     num_operands: int = 2
     operations: str = "+"
     boxed_prefix: bool = True
+    min_operands: int = 0
+    scratchpad: bool = False
+    test_fraction: float = 0.0
+    align: bool = False
 
     def __post_init__(self):
         if self.num_digits < 1 or self.num_operands < 2:
             raise ValueError(
                 f"need num_digits >= 1 and num_operands >= 2; got {self.num_digits}, {self.num_operands}"
             )
+        if self.min_operands and not 2 <= self.min_operands <= self.num_operands:
+            raise ValueError(f"min_operands must be 0 or in [2, num_operands={self.num_operands}]; "
+                             f"got {self.min_operands}")
         if (
             not self.operations
             or set(self.operations) - set("+-*")
             or len(set(self.operations)) != len(self.operations)
         ):
             raise ValueError(f"operations must be distinct characters from '+-*'; got {self.operations!r}")
+        if self.scratchpad and (self.boxed_prefix or "*" in self.operations):
+            raise ValueError("scratchpad=True needs boxed_prefix=False (the box follows the steps) and "
+                             f"operations from '+-' (steps run left to right); got boxed_prefix="
+                             f"{self.boxed_prefix}, operations={self.operations!r}")
+        if not 0.0 <= self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in [0, 1); got {self.test_fraction}")
 
     @property
     def prompt_format(self) -> PromptFormat:
@@ -143,44 +175,118 @@ class ArithmeticTask:
             template="{problem}", chat=False, response_prefix=BOXED_OPEN if self.boxed_prefix else ""
         )
 
-    def reference_response(self, answer: str) -> str:
-        """The shortest correct response text (without EOS), e.g. for a supervised warm-up."""
-        return f"{answer}}}" if self.boxed_prefix else f"{BOXED_OPEN}{answer}}}"
+    def reference_response(self, answer: str, problem: str | None = None) -> str:
+        """The correct response text (without EOS) boxing `answer`, e.g. for a supervised warm-up: the
+        shortest one, or with `scratchpad` the steps of `problem` (required then) before the box."""
+        boxed = f"{answer}}}" if self.boxed_prefix else f"{BOXED_OPEN}{answer}}}"
+        if not self.scratchpad:
+            return boxed
+        if problem is None:
+            raise ValueError("a scratchpad response needs the problem text (reference_response(answer, problem))")
+        return " ".join(scratchpad_steps(problem) + [boxed])
+
+    def reference_solution(self, record: dict[str, str]) -> str:
+        """`reference_response` of a record (its answer, and its problem's steps with `scratchpad`)."""
+        return self.reference_response(record["answer"], record["problem"])
 
     def record(self, seed: int, index: int) -> dict[str, str]:
         """Problem `index` of the stream `seed`: {"problem": "3+4=", "answer": "7", "id": "seed-index"}."""
-        operands = [_draw(seed, index, k, 10**self.num_digits) for k in range(self.num_operands)]
+        count = self.num_operands
+        if self.min_operands:  # a draw index past those of the operands and operations
+            count = self.min_operands + _draw(seed, index, 2 * self.num_operands,
+                                              self.num_operands - self.min_operands + 1)
+        operands = [_draw(seed, index, k, 10**self.num_digits) for k in range(count)]
         ops = [
             self.operations[_draw(seed, index, self.num_operands + k, len(self.operations))]
-            for k in range(self.num_operands - 1)
+            for k in range(count - 1)
         ]
         problem = str(operands[0]) + "".join(op + str(v) for op, v in zip(ops, operands[1:])) + "="
+        if self.align:
+            problem = problem.rjust(self.num_operands * (self.num_digits + 1))
         return {"problem": problem, "answer": str(evaluate(operands, ops)), "id": f"{seed}-{index}"}
 
-    def make_records(self, num_records: int, seed: int) -> list[dict[str, str]]:
-        """`num_records` problems, deterministic in `seed` (record i is `record(seed, i)`)."""
+    def split_of(self, problem: str) -> str:
+        """"test" for the `test_fraction` share of problem texts (by SHA-256 of the text), else "train"."""
+        digest = hashlib.sha256(f"split:{problem}".encode()).digest()
+        return "test" if int.from_bytes(digest[:8], "little") < self.test_fraction * 2**64 else "train"
+
+    def make_records(self, num_records: int, seed: int, split: str = "all") -> list[dict[str, str]]:
+        """`num_records` problems, deterministic in `seed`.
+
+        split "all": record i is `record(seed, i)`; "train" / "test" (needs test_fraction > 0): the
+        stream's records whose problem is in that split, in stream order (disjoint problem sets).
+        """
         if num_records < 1:
             raise ValueError(f"num_records must be >= 1; got {num_records}")
-        return [self.record(seed, i) for i in range(num_records)]
+        if split not in ("all", "train", "test"):
+            raise ValueError(f"split must be 'all', 'train' or 'test'; got {split!r}")
+        if split == "all":
+            return [self.record(seed, i) for i in range(num_records)]
+        if self.test_fraction == 0:
+            raise ValueError(f"split={split!r} needs a task with test_fraction > 0 (this one has no split)")
+        share = self.test_fraction if split == "test" else 1.0 - self.test_fraction
+        limit = int(50 * num_records / share) + 1000  # far past the expected stream length
+        records: list[dict[str, str]] = []
+        for index in range(limit):
+            record = self.record(seed, index)
+            if self.split_of(record["problem"]) == split:
+                records.append(record)
+                if len(records) == num_records:
+                    return records
+        raise ValueError(f"the {split!r} split has fewer than {num_records} problems in the first {limit} "
+                         f"of stream {seed} (found {len(records)}): the task has too few distinct problems")
 
     def max_response_tokens(self) -> int:
         """An upper bound on the characters of a reference response (EOS not counted), so a floor for
-        the sampler's max_new_tokens: |answer| <= largest**k with `*` (else k * largest), plus a sign."""
+        the sampler's max_new_tokens: |answer| <= largest**k with `*` (else k * largest), plus a sign;
+        with `scratchpad`, k - 1 steps "total op operand=total" of at most that width each."""
         largest, k = 10**self.num_digits - 1, self.num_operands
         bound = largest**k if "*" in self.operations else k * largest
         sign = 1 if "-" in self.operations else 0
-        return len(self.reference_response("9" * (len(str(bound)) + sign)))
+        width = len(str(bound)) + sign
+        boxed = len(self.reference_response("9" * width, "0+0=" if self.scratchpad else None))
+        if not self.scratchpad:
+            return boxed
+        step = width + 1 + self.num_digits + 1 + width + 1  # "total op operand=total "
+        return (k - 1) * step + len(f"{BOXED_OPEN}{'9' * width}}}")
+
+
+_TERM = re.compile(r"([+-]?)(\d+)")
+
+
+def scratchpad_steps(problem: str) -> list[str]:
+    """The left-to-right steps of a `+`/`-` problem: "12+34-5=" -> ["12+34=46", "46-5=41"]."""
+    problem = problem.lstrip(" ")  # an aligned problem's padding
+    if not re.fullmatch(r"\d+([+-]\d+)+=", problem):
+        raise ValueError(f"expected a '+'/'-' problem like '12+34-5='; got {problem!r}")
+    terms = _TERM.findall(problem[:-1])
+    total = int(terms[0][1])
+    steps = []
+    for op, digits in terms[1:]:
+        new = total + int(digits) if op == "+" else total - int(digits)
+        steps.append(f"{total}{op}{digits}={new}")
+        total = new
+    return steps
 
 
 DIFFICULTIES: dict[str, ArithmeticTask] = {
     "easy": ArithmeticTask(num_digits=1, num_operands=2, operations="+"),
     "medium": ArithmeticTask(num_digits=2, num_operands=2, operations="+-"),
     "hard": ArithmeticTask(num_digits=2, num_operands=3, operations="+-*"),
+    # Multi-step work shown before the box (responses of 16-46 tokens, longer for more operands) and a
+    # disjoint held-out split: the gradient-starvation study (experiments/gradient_starvation.py).
+    "scratchpad": ArithmeticTask(num_digits=1, num_operands=6, min_operands=2, operations="+-",
+                                 boxed_prefix=False, scratchpad=True, test_fraction=0.1, align=True),
 }
 
 
-def get_task(difficulty: str) -> ArithmeticTask:
-    """The named difficulty level of `DIFFICULTIES`."""
+def get_task(difficulty: str, **overrides: Any) -> ArithmeticTask:
+    """The named difficulty level of `DIFFICULTIES`, with `ArithmeticTask` fields replaced by `overrides`
+    (e.g. `num_operands=5`); an unknown field raises TypeError, a bad value ValueError."""
     if difficulty not in DIFFICULTIES:
         raise KeyError(f"unknown difficulty {difficulty!r}; known: {', '.join(DIFFICULTIES)}")
-    return DIFFICULTIES[difficulty]
+    fields = {field.name for field in dataclasses.fields(ArithmeticTask)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"unknown ArithmeticTask fields {unknown}; known: {sorted(fields)}")
+    return dataclasses.replace(DIFFICULTIES[difficulty], **overrides) if overrides else DIFFICULTIES[difficulty]

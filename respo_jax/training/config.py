@@ -139,6 +139,8 @@ class TaskConfig(_Section):
     section = "task"
     name: str = "synthetic"
     difficulty: str = "easy"  # synthetic only
+    # synthetic only: ArithmeticTask fields replacing the difficulty level's (e.g. {"num_operands": 5})
+    overrides: dict = dataclasses.field(default_factory=dict)
     num_records: int = 100_000  # synthetic only: size of the prompt pool the batches shuffle
     data_dir: str = ""  # dapo_math: data root, its dapo_math_17k/ folder or the parquet file
     tokenizer_dir: str = ""  # dapo_math: a directory with tokenizer.json
@@ -158,7 +160,9 @@ class TaskConfig(_Section):
         self._need("name", self.name in ("synthetic", "dapo_math"), "'synthetic' or 'dapo_math'")
         if self.name == "synthetic":
             self._need("difficulty", self.difficulty in DIFFICULTIES, f"one of {sorted(DIFFICULTIES)}")
+            self.synthetic_task()
         else:
+            self._need("overrides", not self.overrides, "{} with task.name='dapo_math' (synthetic only)")
             self._need("data_dir", bool(self.data_dir), "a data directory for task.name='dapo_math'")
             self._need("tokenizer_dir", bool(self.tokenizer_dir),
                        "a tokenizer directory for task.name='dapo_math'")
@@ -168,6 +172,15 @@ class TaskConfig(_Section):
                    "an integer >= 0 (0: no overlong penalty)")
         self._need("overlong_penalty_factor", self.overlong_penalty_factor >= 0, "a number >= 0")
         self._need("seed", self.seed >= 0, "an integer >= 0")
+
+    def synthetic_task(self):
+        """The synthetic task: the difficulty level with `overrides` (ConfigError naming a bad one)."""
+        from respo_jax.data.synthetic import get_task
+
+        try:
+            return get_task(self.difficulty, **self.overrides)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"task.overrides={self.overrides!r}: {_one_line(err)}") from None
 
     def check_paths(self) -> None:
         """dapo_math: the data file and tokenizer.json exist (see `ExperimentConfig.check_paths`)."""
@@ -358,8 +371,6 @@ class ExperimentConfig:
     def validate(self) -> "ExperimentConfig":
         """Checks every field and the relations between them; raises `ConfigError` (one line) or returns
         self."""
-        from respo_jax.data.synthetic import get_task
-
         missing = self.missing_paths()
         if missing:
             raise ConfigError("this configuration reads local files that are not set; pass them on the "
@@ -378,7 +389,7 @@ class ExperimentConfig:
         task._need("overlong_buffer_length", task.overlong_buffer_length <= rollout.max_new_tokens,
                    f"at most rollout.max_new_tokens={rollout.max_new_tokens}")
         if task.name == "synthetic":
-            needed = get_task(task.difficulty).max_response_tokens() + 1
+            needed = task.synthetic_task().max_response_tokens() + 1
             rollout._need("max_new_tokens", rollout.max_new_tokens >= needed,
                           f">= {needed}: a correct answer of the {task.difficulty!r} task takes {needed} "
                           "tokens with EOS")

@@ -23,7 +23,7 @@ from flax import nnx
 from respo_jax.data.batches import PromptBatches
 from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
 from respo_jax.data.records import load_dapo_math
-from respo_jax.data.synthetic import CharTokenizer, get_task
+from respo_jax.data.synthetic import CharTokenizer
 from respo_jax.data.tokenizer import load_tokenizer
 from respo_jax.eval.positive_branch import pooled_diagnostics
 from respo_jax.host_allocator import release_host_memory
@@ -60,9 +60,10 @@ def load_task(config: ExperimentConfig):
     """(tokenizer, prompt format, training records, held-out records, synthetic task or None)."""
     task_cfg, num_eval = config.task, config.run.eval_problems
     if task_cfg.name == "synthetic":
-        task = get_task(task_cfg.difficulty)
-        train = task.make_records(task_cfg.num_records, task_cfg.seed)
-        held_out = task.make_records(num_eval, task_cfg.seed + 7919) if num_eval else []
+        task = task_cfg.synthetic_task()
+        train_split, test_split = ("train", "test") if task.test_fraction else ("all", "all")
+        train = task.make_records(task_cfg.num_records, task_cfg.seed, split=train_split)
+        held_out = task.make_records(num_eval, task_cfg.seed + 7919, split=test_split) if num_eval else []
         return CharTokenizer(), task.prompt_format, train, held_out, task
     try:
         tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
@@ -178,10 +179,9 @@ class RLTrainer:
         step = make_sft_step(self.state.graphdef, tx)
         rng = np.random.default_rng(self.config.run.seed + 1)
         for index in range(cfg.steps):
-            records = [self.task.record(self.config.task.seed + 1_000_003, int(i))
-                       for i in rng.integers(0, 2**31, size=cfg.batch_size)]
+            records = self._warmup_records(rng, cfg.batch_size)
             prompts = [self._encode(r) for r in records]
-            responses = [self.tokenizer.encode(self.task.reference_response(r["answer"])) + [self.tokenizer.eos_id]
+            responses = [self.tokenizer.encode(self.task.reference_solution(r)) + [self.tokenizer.eos_id]
                          for r in records]
             width = max(len(r) for r in responses)
             padded = np.array([r + [self.tokenizer.pad_id] * (width - len(r)) for r in responses], np.int32)
@@ -198,6 +198,17 @@ class RLTrainer:
                 raise NonFiniteError(f"warm-up step {index + 1}: {quantity}; the run stops before any "
                                      "checkpoint")
             yield {"phase": "warmup", "step": index + 1, "sft_loss": loss}
+
+    def _warmup_records(self, rng: np.random.Generator, count: int) -> list[dict]:
+        """`count` random problems of the warm-up stream; never a held-out test problem when the task
+        has a test split."""
+        records: list[dict] = []
+        while len(records) < count:
+            for i in rng.integers(0, 2**31, size=count - len(records)):
+                record = self.task.record(self.config.task.seed + 1_000_003, int(i))
+                if not self.task.test_fraction or self.task.split_of(record["problem"]) == "train":
+                    records.append(record)
+        return records
 
     # -- RL --------------------------------------------------------------------------------------------
     def rollout(self, records: list[dict], seed: int):
