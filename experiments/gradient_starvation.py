@@ -38,15 +38,8 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from respo_jax.eval import positive_branch
-from respo_jax.eval.report import (
-    ReportError,
-    Run,
-    SummaryWindows,
-    _write_atomic,
-    load_run,
-    positive_branch_tables,
-    training_summary,
-)
+from respo_jax.eval.report import ReportError, Run, _write_atomic, load_run, positive_branch_tables
+from respo_jax.eval.statistics import early_peak, late_mean
 from respo_jax.training import run_dir
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.sweep import Cell, StarvationConfig
@@ -59,6 +52,7 @@ SUMMARY_JSON, SUMMARY_MD, FIGURE = "summary.json", "summary.md", "gradient_starv
 # paper's 256 of 1,024) and the late mean over the last quarter (the paper's last 128 of 1,024 is an
 # eighth; a quarter gives N=32 three logged points instead of two).
 EARLY_FRACTION, LATE_FRACTION = 0.25, 0.25
+CURVE_KEYS = ("train_accuracy", "response_length")
 OBJECTIVE_NAMES = {"respo": "ReSPO", "vespo": "VESPO", "grpo": "GRPO", "gspo": "GSPO"}
 
 
@@ -197,11 +191,25 @@ def run_cell(config: StarvationConfig, cell: Cell, base: dict) -> None:
 # Summary
 
 
-def summary_windows(policy_updates: int) -> SummaryWindows:
+def windows(policy_updates: int, block: int) -> dict:
+    """The early-peak and late-mean windows in policy updates, and how the curves were blocked."""
     early, late = EARLY_FRACTION * policy_updates, LATE_FRACTION * policy_updates
-    return SummaryWindows(early_until=early, late_window=late, scale=None, note=(
-        f"Windows: early peak through update {early:g} (the first quarter; paper: 256 of 1,024), late "
-        f"mean over the last {late:g} updates (the last quarter; paper: the last 128 of 1,024)."))
+    return {"early_until": early, "late_window": late, "block": block, "note": (
+        f"Curves in blocks of {block} policy updates (the largest N): each point is the mean logged score of "
+        f"the rollout batches of one block, so every point of every N averages the same number of prompts "
+        f"({block} x M). Early peak: the maximum block through update {early:g} (the first quarter; paper: "
+        f"256 of 1,024); late mean: the step-weighted mean over the last {late:g} updates (the last quarter; "
+        "paper: the last 128 of 1,024).")}
+
+
+def blocked_curve(run: Run, block: int, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(block ends [blocks], means [blocks]) of a metrics key: the mean over the rollout batches whose
+    policy-update count lies in ((k-1)·block, k·block]. At N = block this is the logged curve; at N=1
+    it averages `block` logged points, so points of every N rest on equally many prompts."""
+    steps, values = run.curve(key)
+    index = np.ceil(steps / block).astype(int)
+    ends = np.unique(index)
+    return ends * float(block), np.array([values[index == k].mean() for k in ends])
 
 
 def _final_heldout(run: Run) -> tuple[float | None, float | None]:
@@ -224,24 +232,32 @@ def drift_statistics(run: Run) -> dict:
     }
 
 
-def cell_summary(cell: Cell, run: Run, row: dict) -> dict:
-    """One cell: its training-score summary row, held-out accuracy, drift, Tab. 5 and its curves."""
-    window = max(1, run.iterations // 2)  # App. E.3: the first half of the run (16 of 32 batches at N=32)
-    tables = positive_branch_tables([run], batches=window)
+def cell_summary(cell: Cell, run: Run, window: dict) -> dict:
+    """One cell: early peak and late mean (± temporal std) of its blocked training score, held-out
+    accuracy, drift, Tab. 5, and its logged and blocked curves."""
+    e3 = max(1, run.iterations // 2)  # App. E.3: the first half of the run (16 of 32 batches at N=32)
+    tables = positive_branch_tables([run], batches=e3)
     allocation = tables["allocation"][run.label]
     before, after = _final_heldout(run)
-    steps, score = run.curve()
-    _, length = run.curve("response_length")
+    steps, score = blocked_curve(run, window["block"], "train_accuracy")
+    end = float(steps[-1])
+    start = max(end - window["late_window"], float(steps[0]))
+    late, late_std = late_mean(steps, score, start, end) if start < end else (None, None)
+    peak = early_peak(steps, score, window["early_until"]) if steps[0] <= window["early_until"] else None
+    raw_steps, _ = run.curve()
     return {
         "objective": cell.objective, "reuse": cell.reuse, "seed": cell.seed,
-        "early_peak": row["early_peak"], "late_mean": row["late_mean"], "late_std": row["late_std"],
+        "early_peak": peak, "late_mean": late, "late_std": late_std, "late_window": [start, end],
         "heldout_accuracy_before": before, "heldout_accuracy": after,
         "e3_window_batches": tables["window"]["allocation"],
         "tab5": None if allocation is None else {
             region: {k: v for k, v in values.items()} for region, values in allocation.items()},
         "drift": drift_statistics(run),
-        "curve": {"policy_updates": steps.astype(int).tolist(), "train_accuracy": np.round(score, 5).tolist(),
-                  "response_length": np.round(length, 3).tolist()},
+        "curve": {"policy_updates": raw_steps.astype(int).tolist(),
+                  **{key: np.round(run.curve(key)[1], 4).tolist() for key in CURVE_KEYS}},
+        "blocked_curve": {"policy_updates": steps.astype(int).tolist(),
+                          **{key: np.round(blocked_curve(run, window["block"], key)[1], 5).tolist()
+                             for key in CURVE_KEYS}},
     }
 
 
@@ -284,10 +300,8 @@ def group_summary(cells: list[dict]) -> dict:
 
 def summarize(config: StarvationConfig, base: dict, runs: dict[Cell, Run]) -> dict:
     """summary.json: the settings, the base model, one record per cell and per (objective, N)."""
-    windows = summary_windows(config.sweep.policy_updates)
-    ordered = list(runs)
-    rows = training_summary([runs[c] for c in ordered], windows)
-    cells = [cell_summary(c, runs[c], row) for c, row in zip(ordered, rows)]
+    window = windows(config.sweep.policy_updates, max(config.sweep.reuse_list))
+    cells = [cell_summary(c, runs[c], window) for c in runs]
     groups = []
     for n in config.sweep.reuse_list:
         for objective in config.sweep.objective_list:
@@ -297,8 +311,7 @@ def summarize(config: StarvationConfig, base: dict, runs: dict[Cell, Run]) -> di
     missing = [c.name for c in config.cells() if c not in runs]
     return {
         "settings": _json_view(dataclasses.asdict(config)),
-        "windows": {"early_until": windows.early_until, "late_window": windows.late_window,
-                    "note": windows.note},
+        "windows": window,
         "base_model": {k: base[k] for k in ("sha256", "greedy_accuracy", "sft_loss_last")},
         "groups": groups, "cells": cells, "missing_cells": missing,
     }
@@ -357,7 +370,7 @@ def summary_markdown(summary: dict) -> str:
 
 def starvation_figure(summary: dict) -> Figure:
     """Training score (top) and response length (bottom) vs policy updates, one column per N, one curve
-    per objective: the mean over seeds with a min-max band across seeds."""
+    per objective: the blocked curves' mean over seeds with a min-max band across seeds."""
     reuses = sorted({c["reuse"] for c in summary["cells"]})
     objectives = [o for o in summary["settings"]["sweep"]["objectives"].split(",")
                   if any(c["objective"] == o for c in summary["cells"])]
@@ -371,8 +384,8 @@ def starvation_figure(summary: dict) -> Figure:
                 members = [c for c in summary["cells"] if c["reuse"] == n and c["objective"] == objective]
                 if not members:
                     continue
-                steps = np.asarray(members[0]["curve"]["policy_updates"])
-                values = np.array([c["curve"][key] for c in members])
+                steps = np.asarray(members[0]["blocked_curve"]["policy_updates"])
+                values = np.array([c["blocked_curve"][key] for c in members])
                 color = f"C{index}"
                 name = OBJECTIVE_NAMES.get(objective, objective)
                 ax.plot(steps, values.mean(axis=0), color=color, lw=1.6, label=name,
