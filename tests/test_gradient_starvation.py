@@ -72,9 +72,9 @@ def test_train_and_test_splits_share_no_problem():
 
 
 def tiny(tmp_path, *extra: str) -> list[str]:
-    """Overrides that make the sweep a ~minute test: ReSPO x N in {1, 2}, one seed, 2 updates."""
+    """Overrides that make the sweep a ~minute test: ReSPO x N in {1, 2}, one seed, 4 updates."""
     return [
-        "sweep.objectives=respo", "sweep.reuse=1,2", "sweep.seeds=0", "sweep.policy_updates=2",
+        "sweep.objectives=respo", "sweep.reuse=1,2", "sweep.seeds=0", "sweep.policy_updates=4",
         "warmup.steps=2", "warmup.batch_size=8", "run.eval_problems=4", "rollout.prompts_per_minibatch=2",
         "rollout.group_size=2", "rollout.max_new_tokens=32", 'task.overrides={"num_operands": 3}',
         f"sweep.runs_dir={tmp_path / 'runs'}", f"sweep.out_dir={tmp_path / 'out'}", *extra,
@@ -112,8 +112,15 @@ def test_sweep_runs_resumes_and_refuses_stale_cells(tmp_path, monkeypatch, capsy
     assert [(g["objective"], g["reuse"]) for g in saved["groups"]] == [("respo", 1), ("respo", 2)]
     assert len(saved["cells"]) == 2 and saved["missing_cells"] == []
     n1, n2 = saved["cells"]
-    assert (n1["curve"]["policy_updates"], n2["curve"]["policy_updates"]) == ([1, 2], [2])
-    assert n1["late_mean"] is not None and n2["late_mean"] is None  # one logged point: no late window
+    assert (n1["curve"]["policy_updates"], n2["curve"]["policy_updates"]) == ([1, 2, 3, 4], [2, 4])
+    # blocks of the largest N (2): N=1's pairs of logged points are averaged, N=2's points are kept
+    assert n1["blocked_curve"]["policy_updates"] == n2["blocked_curve"]["policy_updates"] == [2, 4]
+    raw = n1["curve"]["train_accuracy"]
+    assert n1["blocked_curve"]["train_accuracy"] == pytest.approx([(raw[0] + raw[1]) / 2, (raw[2] + raw[3]) / 2],
+                                                                  abs=1e-4)
+    assert n2["blocked_curve"]["train_accuracy"] == pytest.approx(n2["curve"]["train_accuracy"], abs=1e-4)
+    for cell in (n1, n2):  # late window: the last quarter [3, 4]; early window (<= 1) holds no block
+        assert cell["late_window"] == [3.0, 4.0] and cell["late_mean"] is not None and cell["early_peak"] is None
     for cell in saved["cells"]:
         assert 0.0 <= cell["heldout_accuracy"] <= 1.0 and cell["tab5"] is None or "log W < -1" in cell["tab5"]
         assert cell["drift"]["log_w_q05"] <= cell["drift"]["log_w_median"] <= cell["drift"]["log_w_q95"]
