@@ -415,8 +415,10 @@ def write_outputs(summary: dict, out_dir: str) -> list[str]:
     _write_atomic(paths[0], (json.dumps(summary, indent=1) + "\n").encode())
     _write_atomic(paths[1], summary_markdown(summary).encode())
     buffer = io.BytesIO()
-    starvation_figure(summary).savefig(buffer, format="png", dpi=110)
+    starvation_figure(summary).savefig(buffer, format="png", dpi=90)
     _write_atomic(paths[2], buffer.getvalue())
+    for path in paths:  # results to share (the temp files are private)
+        os.chmod(path, 0o644)
     return paths
 
 
