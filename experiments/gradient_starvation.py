@@ -232,12 +232,25 @@ def drift_statistics(run: Run) -> dict:
     }
 
 
+def low_w_length(table: dict | None) -> dict:
+    """From Tab. 7 (`length_by_bin`): the count-weighted mean length of positive responses with
+    log W <= -0.5, relative to the positive-branch mean (paper: 1.13x ReSPO, 1.06x VESPO), and their count."""
+    if table is None:
+        return {"count": 0, "length_mean": None, "relative": None, "branch_mean": None}
+    rows = [row for row in table["bins"] if row["log_w_range"][1] <= -0.5 and row["count"]]
+    count = sum(row["count"] for row in rows)
+    mean = sum(row["count"] * row["length_mean"] for row in rows) / count if count else None
+    return {"count": count, "length_mean": mean, "branch_mean": table["branch_mean"],
+            "relative": None if mean is None else mean / table["branch_mean"]}
+
+
 def cell_summary(cell: Cell, run: Run, window: dict) -> dict:
     """One cell: early peak and late mean (± temporal std) of its blocked training score, held-out
     accuracy, drift, Tab. 5, and its logged and blocked curves."""
     e3 = max(1, run.iterations // 2)  # App. E.3: the first half of the run (16 of 32 batches at N=32)
     tables = positive_branch_tables([run], batches=e3)
     allocation = tables["allocation"][run.label]
+    length = tables["length"][run.label]
     before, after = _final_heldout(run)
     steps, score = blocked_curve(run, window["block"], "train_accuracy")
     end = float(steps[-1])
@@ -253,6 +266,7 @@ def cell_summary(cell: Cell, run: Run, window: dict) -> dict:
         "tab5": None if allocation is None else {
             region: {k: v for k, v in values.items()} for region, values in allocation.items()},
         "drift": drift_statistics(run),
+        "tab7_low_w_length": low_w_length(length),
         "curve": {"policy_updates": raw_steps.astype(int).tolist(),
                   **{key: np.round(run.curve(key)[1], 4).tolist() for key in CURVE_KEYS}},
         "blocked_curve": {"policy_updates": steps.astype(int).tolist(),
@@ -295,7 +309,18 @@ def group_summary(cells: list[dict]) -> dict:
         "positive_deep_tail_share": deep_share, "positive_deep_tail_mass_share": deep_mass,
         "positive_deep_tail_amplification": deep_mass / deep_share if deep_share else None,
         **{key: _mean(c["drift"][key] for c in cells) for key in cells[0]["drift"]},
+        # pooled over seeds (count-weighted), as Tab. 7 pools batches
+        "positive_low_w_length_relative": _pooled_relative([c["tab7_low_w_length"] for c in cells]),
+        "positive_low_w_length_count": sum(c["tab7_low_w_length"]["count"] for c in cells),
     }
+
+
+def _pooled_relative(rows: list[dict]) -> float | None:
+    """Mean over seeds of each seed's low-W length ratio, weighted by its low-W count."""
+    rows = [r for r in rows if r["count"]]
+    if not rows:
+        return None
+    return float(sum(r["count"] * r["relative"] for r in rows) / sum(r["count"] for r in rows))
 
 
 def summarize(config: StarvationConfig, base: dict, runs: dict[Cell, Run]) -> dict:
@@ -315,6 +340,10 @@ def summarize(config: StarvationConfig, base: dict, runs: dict[Cell, Run]) -> di
         "base_model": {k: base[k] for k in ("sha256", "greedy_accuracy", "sft_loss_last")},
         "groups": groups, "cells": cells, "missing_cells": missing,
     }
+
+
+def _ratio(value) -> str:
+    return "–" if value is None else f"{value:.2f}×"
 
 
 def _pct(value, digits: int = 1) -> str:
@@ -351,8 +380,8 @@ def summary_markdown(summary: dict) -> str:
         "the first half of each run's rollout batches (the paper's batches 9–16 of 32), means over seeds.",
         "",
         "| Objective | N | log W q05 | median | q95 | share \\|log W\\|>1 | Pos. −5<log W≤−2 | Mass −5<log W≤−2 "
-        "| Amplif. |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Amplif. | Length, log W≤−0.5 (n) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in summary["groups"]:
         amp = "–" if g["positive_deep_tail_amplification"] is None else \
@@ -360,9 +389,13 @@ def summary_markdown(summary: dict) -> str:
         lines.append(
             f"| {OBJECTIVE_NAMES.get(g['objective'], g['objective'])} | {g['reuse']} | {g['log_w_q05']:+.2f} "
             f"| {g['log_w_median']:+.2f} | {g['log_w_q95']:+.2f} | {_pct(g['log_w_abs_gt1_share'])} "
-            f"| {_pct(g['positive_deep_tail_share'])} | {_pct(g['positive_deep_tail_mass_share'])} | {amp} |")
+            f"| {_pct(g['positive_deep_tail_share'])} | {_pct(g['positive_deep_tail_mass_share'])} | {amp} "
+            f"| {_ratio(g['positive_low_w_length_relative'])} ({g['positive_low_w_length_count']}) |")
     lines += ["", "log W quantiles and the share with |log W| > 1 pooled over every response of each run "
-              "(the weight the objective saw at its update), means over seeds; deep-tail columns as Tab. 5."]
+              "(the weight the objective saw at its update), means over seeds; deep-tail columns as Tab. 5. "
+              "Length: mean length of the positive responses with log W ≤ −0.5 relative to all positive "
+              "responses (Tab. 7 pooled over the first half of the run's rollout batches; paper at N=32: ReSPO "
+              "1.13×, VESPO 1.06×), weighted over seeds by their count n."]
     if summary["missing_cells"]:
         lines += ["", f"Not finished (not in the table): {', '.join(summary['missing_cells'])}."]
     return "\n".join(lines) + "\n"
