@@ -77,7 +77,9 @@ def tiny(tmp_path, *extra: str) -> list[str]:
         "sweep.objectives=respo", "sweep.reuse=1,2", "sweep.seeds=0", "sweep.policy_updates=4",
         "warmup.steps=2", "warmup.batch_size=8", "run.eval_problems=4", "rollout.prompts_per_minibatch=2",
         "rollout.group_size=2", "rollout.max_new_tokens=32", 'task.overrides={"num_operands": 3}',
-        f"sweep.runs_dir={tmp_path / 'runs'}", f"sweep.out_dir={tmp_path / 'out'}", *extra,
+        f"sweep.runs_dir={tmp_path / 'runs'}", f"sweep.out_dir={tmp_path / 'out'}",
+        "sweep.compilation_cache=false",  # a process-wide JAX setting: not for a test worker's other tests
+        *extra,
     ]
 
 
