@@ -128,7 +128,6 @@ def test_sweep_runs_resumes_and_refuses_stale_cells(tmp_path, monkeypatch, capsy
         assert cell["drift"]["log_w_q05"] <= cell["drift"]["log_w_median"] <= cell["drift"]["log_w_q95"]
         assert set(cell["tab7_low_w_length"]) == {"count", "length_mean", "branch_mean", "relative"}
     assert n1["drift"]["log_w_abs_gt1_share"] == 0.0 and abs(n1["drift"]["log_w_q05"]) < 1e-4  # on-policy: W = 1
-    assert n2["drift"]["log_w_q05"] < 0.0 < n2["drift"]["log_w_q95"]  # the second mini-batch drifted
     table = (out / gs.SUMMARY_MD).read_text()
     assert table.count("\n| ReSPO | 1 |") == 2 and table.count("\n| ReSPO | 2 |") == 2
     cells_dir = tmp_path / "runs" / "cells"
