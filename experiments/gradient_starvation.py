@@ -37,6 +37,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+from experiments.cli import run_cli, run_failures
 from respo_jax.eval import positive_branch
 from respo_jax.eval.report import ReportError, Run, _write_atomic, load_run, positive_branch_tables
 from respo_jax.eval.statistics import early_peak, late_mean
@@ -499,18 +500,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def cli(argv: list[str]) -> int:
-    from respo_jax.training.checkpoint import CheckpointError
-    from respo_jax.training.step import NonFiniteError
-
-    try:
-        main(argv)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (CheckpointError, NonFiniteError, ReportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    """`main` for the command line: exit status 2 on a configuration error, 1 when a run or the report
+    fails, each with one line on stderr."""
+    return run_cli(main, argv, failures=run_failures() + (ReportError,))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import argparse
 import os
 import sys
 
+from experiments.cli import run_cli
 from respo_jax.eval.report import (
     PAPER_E3_BATCHES,
     ReportError,
@@ -88,14 +89,9 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def cli(argv: list[str]) -> int:
-    """`main` for the command line: a bad run directory or mismatched files is one line on stderr and exit
-    status 2, no traceback."""
-    try:
-        main(argv)
-    except ValueError as err:  # ReportError, and the statistics' checks of their inputs
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    """`main` for the command line: a bad run directory or mismatched files (ReportError, and the
+    statistics' checks of their inputs: ValueErrors) is one line on stderr and exit status 2."""
+    return run_cli(main, argv, usage_errors=(ValueError,))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import sys
 
 from tqdm import tqdm
 
-from respo_jax.data.records import DataFileError
+from experiments.cli import run_cli, run_failures
 from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.host_allocator import configure_host_allocator
 from respo_jax.training import run_dir
@@ -40,7 +40,6 @@ from respo_jax.training.checkpoint import (
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
-from respo_jax.training.step import NonFiniteError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
 
@@ -176,16 +175,9 @@ def summarize(records: list[dict]) -> dict:
 
 
 def cli(argv: list[str]) -> int:
-    """`main` for the command line: a user error is one line on stderr and an exit status, no traceback."""
-    try:
-        main(argv)
-    except ConfigError as err:  # includes run-directory refusals; nothing was written
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (CheckpointError, NonFiniteError, DataFileError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    """`main` for the command line: a user error (including a run-directory refusal; nothing written)
+    exits with status 2, a run that fails after it started with status 1, each with one line on stderr."""
+    return run_cli(main, argv, failures=run_failures())
 
 
 if __name__ == "__main__":

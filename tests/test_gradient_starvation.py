@@ -152,3 +152,18 @@ def test_sweep_runs_resumes_and_refuses_stale_cells(tmp_path, monkeypatch, capsy
     assert "different config" in capsys.readouterr().err
     assert gs.cli(tiny(tmp_path, "warmup.steps=3")) == 2  # another base model
     assert "base model made with a different config" in capsys.readouterr().err
+
+
+def test_a_malformed_data_file_is_one_line_and_exit_status_1(tmp_path, capsys):
+    """The sweep's command line reports a damaged data file as the trainer's does: one line naming the
+    file, exit status 1, no traceback (it fails while the base model's trainer loads its task)."""
+    junk = tmp_path / "dapo_math_17k.parquet"
+    junk.write_bytes(b"PAR1 this is not a parquet file")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tokenizer = os.path.join(repo, "..", "shared", "tokenizers", "qwen3")
+    status = gs.cli(tiny(tmp_path, "task.name=dapo_math", "task.overrides={}", "warmup.steps=0",
+                         f"task.data_dir={junk}", f"task.tokenizer_dir={tokenizer}"))
+    err = capsys.readouterr().err
+    assert status == 1, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert f"{junk}: not a readable parquet file" in line and "Traceback" not in err
