@@ -5,6 +5,7 @@ writes well-formed outputs, skips finished cells and refuses stale ones — not 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -102,6 +103,9 @@ def test_sweep_config_is_validated_and_matched():
                        ("model.checkpoint_dir=/x", "base model")):
         with pytest.raises(ConfigError, match=match):
             apply_overrides(config, [bad])
+    # a config file can put anything in a section
+    with pytest.raises(ConfigError, match="^sweep='1,8': expected a SweepConfig"):
+        dataclasses.replace(config, sweep="1,8").validate()
 
 
 def test_sweep_runs_resumes_and_refuses_stale_cells(tmp_path, monkeypatch, capsys):

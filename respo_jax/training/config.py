@@ -358,6 +358,16 @@ class RunConfig(_Section):
                    "false with run.resume=true (continue the run, or replace it: not both)")
 
 
+def validate_sections(config) -> None:
+    """Every section of a config made of sections (`ExperimentConfig`, the sweep's `StarvationConfig`)
+    has its declared type (a config file can pass anything) and passes its own checks."""
+    section_types = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        section, cls = getattr(config, field.name), section_types[field.name]
+        _require(isinstance(section, cls), field.name, section, f"a {cls.__name__}")
+        section.validate()
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     model: ModelConfig = ModelConfig()
@@ -375,11 +385,7 @@ class ExperimentConfig:
         if missing:
             raise ConfigError("this configuration reads local files that are not set; pass them on the "
                               "command line: " + " ".join(missing))
-        section_types = typing.get_type_hints(ExperimentConfig)
-        for field in dataclasses.fields(self):
-            section, cls = getattr(self, field.name), section_types[field.name]
-            _require(isinstance(section, cls), field.name, section, f"a {cls.__name__}")
-            section.validate()
+        validate_sections(self)
         task, rollout = self.task, self.rollout
         self.run._need("policy_updates", self.run.policy_updates % rollout.reuse == 0,
                        f"a multiple of rollout.reuse={rollout.reuse} (each rollout batch gives N updates)")

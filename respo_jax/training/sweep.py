@@ -13,10 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import typing
 
 from respo_jax.training.config import (
-    ConfigError,
     ExperimentConfig,
     ModelConfig,
     ObjectiveConfig,
@@ -26,6 +24,7 @@ from respo_jax.training.config import (
     TaskConfig,
     WarmupConfig,
     _Section,
+    validate_sections,
 )
 
 BASE_DIR = "base"  # under sweep.runs_dir: the shared base model (Hugging Face format)
@@ -123,23 +122,14 @@ class StarvationConfig:
     sweep: SweepConfig = SweepConfig()
 
     def validate(self) -> "StarvationConfig":
-        section_types = typing.get_type_hints(StarvationConfig)
-        for field in dataclasses.fields(self):
-            section, cls = getattr(self, field.name), section_types[field.name]
-            if not isinstance(section, cls):
-                raise ConfigError(f"{field.name}={section!r}: expected a {cls.__name__}")
-        self.sweep.validate()
-        self._need_model("checkpoint_dir", not self.model.checkpoint_dir,
+        validate_sections(self)
+        self.model._need("checkpoint_dir", not self.model.checkpoint_dir,
                          "'' (the sweep makes its base model from model.preset and the warm-up)")
         self.base_experiment().validate()
         for objective in self.sweep.objective_list:  # every (objective, N) must be a valid run
             for reuse in self.sweep.reuse_list:
                 self.experiment(Cell(objective, reuse, self.sweep.seed_list[0])).validate()
         return self
-
-    def _need_model(self, name: str, ok: bool, allowed: str) -> None:
-        if not ok:
-            raise ConfigError(f"model.{name}={getattr(self.model, name)!r}: expected {allowed}")
 
     def cells(self) -> list[Cell]:
         """All cells, seed-major: every (objective, N) of the first seed before any of the next, so a sweep
