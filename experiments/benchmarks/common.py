@@ -1,5 +1,5 @@
-"""Measurement plumbing shared by every benchmark: A/B alternation, medians and ratios, peak memory, and
-the JSON + markdown writers.
+"""Measurement plumbing shared by every benchmark: A/B alternation, sides in processes of their own,
+medians and ratios, peak memory, and the JSON + markdown writers.
 
 Why alternation: on a shared CPU the machine's speed drifts over seconds (other processes, frequency,
 page cache). Running the sides in turn (A B A B …) inside one process exposes both to the same drift,
@@ -69,6 +69,51 @@ def alternate(sides: Mapping[str, Callable[[], object]], rounds: int, warmup: in
             if cpu is not None:
                 cpu[name].append(process_cpu_seconds() - cpu_start)
     return times
+
+
+class SpawnedSide:
+    """One benchmark side in a spawned process of its own, driven over a pipe by the parent: sides in
+    separate processes never share an allocator, thread pools or page-cache state, and one waits idle
+    on its pipe while the other runs.
+
+    `target(conn, *args)` runs in the child and answers every request with ("ok", payload) or
+    ("error", traceback text). `_reply()` returns the next payload, raising RuntimeError with the
+    child's traceback on "error" and TimeoutError after `timeout_s`; `close()` sends the subclass's
+    `stop_message` and terminates a child that has not exited `join_s` seconds later.
+    """
+
+    stop_message: object = "stop"
+    join_s: float = 30.0
+
+    def __init__(self, kind: str, target: Callable, args: tuple, timeout_s: float = 3600.0):
+        import multiprocessing
+
+        self.kind, self.timeout_s = kind, timeout_s
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=target, args=(child, *args), daemon=True)
+        self._process.start()
+        child.close()
+
+    def _reply(self):
+        if not self._conn.poll(self.timeout_s):
+            raise TimeoutError(f"{self.kind} side gave no answer within {self.timeout_s:.0f} s")
+        status, payload = self._conn.recv()
+        if status == "error":
+            raise RuntimeError(f"{self.kind} side failed:\n{payload}")
+        return payload
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            try:
+                self._conn.send(self.stop_message)
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout=self.join_s)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout=10)
+        self._conn.close()
 
 
 def process_cpu_seconds() -> float:

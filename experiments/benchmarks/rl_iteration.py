@@ -39,6 +39,8 @@ import tempfile
 import time
 import traceback
 
+from experiments.benchmarks.common import SpawnedSide
+
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "..", "shared")
 DATA_DIR = os.path.normpath(os.path.join(SHARED, "data"))
@@ -214,46 +216,21 @@ def _side_main(conn, kind: str, *args) -> None:
         conn.send(("error", traceback.format_exc()))
 
 
-class Side:
+class Side(SpawnedSide):
     """A side's process; `iterate()` runs one RL iteration there and returns its record."""
 
-    def __init__(self, kind: str, *args, timeout_s: float = 3600.0):
-        import multiprocessing
+    join_s = 60.0
 
-        self.kind, self.timeout_s = kind, timeout_s
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_side_main, args=(child, kind, *args), daemon=True)
-        self._process.start()
-        child.close()
+    def __init__(self, kind: str, *args, timeout_s: float = 3600.0):
+        super().__init__(kind, _side_main, (kind, *args), timeout_s=timeout_s)
         self.load = self._reply()
         self.records: list[dict] = []
-
-    def _reply(self):
-        if not self._conn.poll(self.timeout_s):
-            raise TimeoutError(f"{self.kind} side gave no answer within {self.timeout_s:.0f} s")
-        status, payload = self._conn.recv()
-        if status == "error":
-            raise RuntimeError(f"{self.kind} side failed:\n{payload}")
-        return payload
 
     def iterate(self) -> dict:
         self._conn.send("iterate")
         record = self._reply()
         self.records.append(record)
         return record
-
-    def close(self) -> None:
-        if self._process.is_alive():
-            try:
-                self._conn.send("stop")
-            except (BrokenPipeError, OSError):
-                pass
-            self._process.join(timeout=60)
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(timeout=10)
-        self._conn.close()
 
 
 # ------------------------------------------------------------------------------------------------ race

@@ -32,6 +32,7 @@ from flax import nnx
 from experiments.benchmarks import matmul_peak, roofline
 from experiments.benchmarks.common import (
     DEFAULT_THREADS,
+    SpawnedSide,
     alternate,
     configure_threads,
     current_rss_mib,
@@ -313,7 +314,7 @@ def _side_main(conn, kind: str, checkpoint: str, threads: int) -> None:
         conn.send(("error", traceback.format_exc()))
 
 
-class SideProcess:
+class SideProcess(SpawnedSide):
     """One benchmark side (`kind` in SIDE_KINDS) in a spawned process holding the model of `checkpoint`.
 
     `set_batch(batch)` builds its step for a batch (the first step compiles); `step()` runs one and
@@ -321,28 +322,15 @@ class SideProcess:
     `records`; `probe()` runs `matmul_peak.probe` in the same process, kept in `probe_records`.
     """
 
-    def __init__(self, kind: str, checkpoint: str, threads: int = DEFAULT_THREADS, timeout_s: float = 3600.0):
-        import multiprocessing
+    stop_message = ("stop", None)
 
+    def __init__(self, kind: str, checkpoint: str, threads: int = DEFAULT_THREADS, timeout_s: float = 3600.0):
         if kind not in SIDE_KINDS:
             raise ValueError(f"unknown side {kind!r}; expected one of {SIDE_KINDS}")
-        self.kind, self.timeout_s = kind, timeout_s
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_side_main, args=(child, kind, checkpoint, threads), daemon=True)
-        self._process.start()
-        child.close()
+        super().__init__(kind, _side_main, (kind, checkpoint, threads), timeout_s=timeout_s)
         self.records: list[dict] = []
         self.probe_records: list[dict] = []
         self._started = False
-
-    def _reply(self):
-        if not self._conn.poll(self.timeout_s):
-            raise TimeoutError(f"{self.kind} side gave no answer within {self.timeout_s:.0f} s")
-        status, payload = self._conn.recv()
-        if status == "error":
-            raise RuntimeError(f"{self.kind} side failed:\n{payload}")
-        return payload
 
     def _request(self, command: str, argument=None):
         if not self._started:  # the load answer of __init__, awaited lazily so sides start in parallel
@@ -361,18 +349,6 @@ class SideProcess:
 
     def probe(self) -> None:
         self.probe_records.append(self._request("probe"))
-
-    def close(self) -> None:
-        if self._process.is_alive():
-            try:
-                self._conn.send(("stop", None))
-            except (BrokenPipeError, OSError):
-                pass
-            self._process.join(timeout=30)
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(timeout=10)
-        self._conn.close()
 
     def __enter__(self) -> "SideProcess":
         return self
