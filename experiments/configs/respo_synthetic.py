@@ -20,7 +20,10 @@ def get_config() -> ExperimentConfig:
     return ExperimentConfig(
         model=ModelConfig(preset="tiny", scan_layers=False),  # unrolled: faster on CPU
         task=TaskConfig(name="synthetic", difficulty="easy", seed=0),
-        rollout=RolloutConfig(prompts_per_minibatch=8, group_size=8, reuse=4, max_new_tokens=6),
+        # Every prompt of the task is 12 tokens: the default bucket of 128 (sized for DAPO-Math's prompts)
+        # would pad each sequence to 134 positions instead of 22, in the sampler and in every update.
+        rollout=RolloutConfig(prompts_per_minibatch=8, group_size=8, reuse=4, max_new_tokens=6,
+                              prompt_bucket=16),
         objective=ObjectiveConfig(name="respo"),
         optim=OptimConfig(learning_rate=2e-4, max_grad_norm=1.0),
         warmup=WarmupConfig(steps=80, batch_size=64, learning_rate=3e-3),
