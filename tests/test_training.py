@@ -1,5 +1,6 @@
 """The RL trainer: config overrides, sequence layout, log-prob alignment, updates and checkpoints."""
 
+import functools
 import json
 import pathlib
 
@@ -121,11 +122,20 @@ def test_bucketed_layout_and_microbatch_sizes():
         build_sequences(prompts, responses, np.array([2, 3]), 0, response_len=2)
 
 
+_TINY = qwen3.Qwen3Config.preset("tiny", vocab_size=64, num_hidden_layers=2)
+
+
+@functools.cache
+def _tiny_logprobs():
+    """One jitted log-prob function for every tiny policy below (it compiles once per batch shape)."""
+    return make_logprob_fn(nnx.graphdef(qwen3.Qwen3ForCausalLM(_TINY, rngs=nnx.Rngs(0))))
+
+
+@functools.cache  # the arrays are never donated (steps get copies), so tests in one worker can share them
 def _policy_setup(seed: int = 0, rows: int = 6, prompt_len: int | None = None, response_len: int | None = None):
     """A tiny model's (graphdef, params) and a ragged mini-batch whose old log-probs are the model's own
     plus noise (so log W, clip flags and φ are non-trivial), with ±1.5 / ±0.5 advantages."""
-    cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=64, num_hidden_layers=2)
-    graphdef, params = nnx.split(qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(seed)))
+    graphdef, params = nnx.split(qwen3.Qwen3ForCausalLM(_TINY, rngs=nnx.Rngs(seed)))
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(1, 64, size=int(n)).tolist() for n in rng.integers(2, 9, size=rows)]
     lengths = rng.integers(1, 7, size=rows)
@@ -135,9 +145,16 @@ def _policy_setup(seed: int = 0, rows: int = 6, prompt_len: int | None = None, r
     batch = PolicyBatch(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention), jnp.asarray(response_mask),
                         jnp.zeros(response_mask.shape), jnp.asarray(np.resize([1.5, -0.5, 0.5, -1.5], rows), jnp.float32),
                         p_len)
-    old = make_logprob_fn(graphdef)(params, batch)
+    old = _tiny_logprobs()(params, batch)
     noise = 0.3 * rng.standard_normal(response_mask.shape).astype(np.float32)
     return graphdef, params, batch.replace(old_logp=(old + noise) * batch.response_mask)
+
+
+def _keep_gradient() -> optax.GradientTransformation:
+    """Passes the updates on unchanged and keeps them as its state: chained before an optimizer, the
+    state after a step is exactly the gradient that step applied."""
+    return optax.GradientTransformation(lambda params: jax.tree.map(jnp.zeros_like, params),
+                                        lambda updates, state, params=None: (updates, updates))
 
 
 @pytest.mark.parametrize("name, hparams", [
@@ -148,49 +165,49 @@ def _policy_setup(seed: int = 0, rows: int = 6, prompt_len: int | None = None, r
 ])
 def test_microbatched_update_equals_the_one_shot_update(name, hparams):
     """Every aggregation mode: the micro-batched step (gradients accumulated over micro-batches of 1 and
-    4 rows, the last padded with filler rows) gives the one-shot gradient (read off an SGD step with a
-    learning rate large enough that float32 spacing of the parameters does not hide it), the one-shot
-    parameters after AdamW, loss and every metric (means, minima, maxima, fractions); the micro-batched
-    log π_old and rollout-time entropy too."""
+    4 rows, the last padded with filler rows) applies the one-shot gradient (kept by a pass-through
+    transformation chained before AdamW) and gives the one-shot parameters after AdamW, loss and every
+    metric (means, minima, maxima, fractions)."""
     graphdef, params, batch = _policy_setup()
     objective = get_objective(name, **hparams)
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731 (the step donates its inputs)
-
-    def run(tx, rows):
-        step = make_policy_step(graphdef, objective, tx, temperature=0.8)
-        return step(copy(params), tx.init(params), batch, microbatch_rows=rows)
-
     # AdamW's first update is lr·g/(|g| + ε), whose slope in g is up to lr/ε: with the usual ε = 1e-8 the
     # round-off of a gradient entry near zero (~1e-9 here) moves that parameter by up to ~0.1·lr
     # (measured: 2e-3·lr for one entry in 16k). ε = 1e-4 bounds that by 1e-5·lr, so the parameters
     # after AdamW agree to 1e-3·lr.
-    sgd, adamw = optax.sgd(1e4), optax.adamw(1e-3, b1=0.9, b2=0.999, eps=1e-4, weight_decay=0.01)
+    tx = optax.chain(_keep_gradient(), optax.adamw(1e-3, b1=0.9, b2=0.999, eps=1e-4, weight_decay=0.01))
+    step = make_policy_step(graphdef, objective, tx, temperature=0.8)  # one jit: a compile per rows
 
-    def gradient(new_params):
-        return jax.tree.map(lambda old, new: (old - new) / 1e4, params, new_params)
+    def run(rows):  # (the gradient, the parameters after AdamW, the metrics)
+        new_params, (gradient, _), metrics = step(copy(params), tx.init(params), batch, microbatch_rows=rows)
+        return gradient, new_params, metrics
 
-    one_grads = gradient(run(sgd, None)[0])
-    one_params, _, one_metrics = run(adamw, None)
+    one_grads, one_params, one_metrics = run(None)
     assert float(one_metrics["log_w_min"]) < float(one_metrics["log_w_max"])
     for rows in (1, 4):
-        grads = gradient(run(sgd, rows)[0])
+        grads, got_params, got_metrics = run(rows)
         for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(one_grads)):
             assert np.abs(np.asarray(want)).max() > 0
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
                                        atol=1e-5 * np.abs(np.asarray(want)).max())
-        got_params, _, got_metrics = run(adamw, rows)
         for got, want in zip(jax.tree.leaves(got_params), jax.tree.leaves(one_params)):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-3 * 1e-3)
         assert set(got_metrics) == set(one_metrics)
         for key, want in one_metrics.items():
             if key == "responses":  # per-response log W, φ and approx-KL of the whole mini-batch
-                for name, values in want.items():
-                    np.testing.assert_allclose(np.asarray(got_metrics[key][name]), np.asarray(values),
-                                               rtol=1e-5, atol=1e-6, err_msg=name)
+                for field, values in want.items():  # (not `name`: the grpo check below reads it)
+                    np.testing.assert_allclose(np.asarray(got_metrics[key][field]), np.asarray(values),
+                                               rtol=1e-5, atol=1e-6, err_msg=field)
                 continue
             np.testing.assert_allclose(float(got_metrics[key]), float(want), rtol=1e-5, atol=1e-7, err_msg=key)
     if name == "grpo":
         assert float(one_metrics["clip_fraction_dual"]) > 0
+
+
+def test_microbatched_logprobs_and_entropy_equal_the_one_shot_pass():
+    """The micro-batched log π_old and rollout-time entropy (micro-batches of 1 and 4 rows, the last
+    padded) equal the one-shot pass, at a rollout temperature."""
+    graphdef, params, batch = _policy_setup()
     logprobs = make_logprob_fn(graphdef, temperature=0.8, return_entropy=True)
     one_shot = logprobs(params, batch)
     assert np.asarray(one_shot[1]).max() > 0
@@ -205,7 +222,7 @@ def test_bucketed_batches_give_the_same_update():
     graphdef, params, exact = _policy_setup(seed=3)
     _, _, bucketed = _policy_setup(seed=3, prompt_len=16, response_len=12)
     assert bucketed.input_ids.shape == (6, 28) and exact.input_ids.shape != bucketed.input_ids.shape
-    logprobs = make_logprob_fn(graphdef)
+    logprobs = _tiny_logprobs()  # compiled for both shapes by the set-ups
     np.testing.assert_allclose(np.asarray(logprobs(params, bucketed))[:, :6], np.asarray(logprobs(params, exact)),
                                rtol=1e-5, atol=1e-6)
     bucketed = bucketed.replace(old_logp=jnp.pad(exact.old_logp, ((0, 0), (0, 6))))
