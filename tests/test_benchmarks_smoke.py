@@ -98,8 +98,16 @@ def test_side_processes_run_with_their_declared_settings(micro_report):
 def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     # The race on a micro model (vocabulary 151,936, one tiny layer): both sides run in their own
     # processes with the same malloc settings, see the same prompts (the harness checks their token
-    # counts agree), and the record's ratio, RSS and compile counts are consistent.
-    status = rl_iteration.main(["--micro", "--iterations", "3", "--out", str(tmp_path)])
+    # counts agree), and the record's ratio, RSS and compile counts are consistent. The data: the first
+    # 32 rows of DAPO-Math-17k (both processes would otherwise read and tokenize all 17,917).
+    import pyarrow.parquet as pq
+
+    from respo_jax.data.records import resolve_data_file
+
+    data = tmp_path / "data" / "dapo_math_17k.parquet"
+    data.parent.mkdir()
+    pq.write_table(pq.read_table(resolve_data_file("dapo_math", rl_iteration.DATA_DIR)[0]).slice(0, 32), data)
+    status = rl_iteration.main(["--micro", "--iterations", "3", "--data-dir", str(data), "--out", str(tmp_path)])
     assert status == 0
     with open(tmp_path / "rl_iteration_micro.json", encoding="utf-8") as f:
         (result,) = json.load(f)["results"]
