@@ -12,7 +12,7 @@ import transformers
 
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.attention import attention_mask_from_slots, causal_block_attention, dot_product_attention
-from respo_jax.models.qwen3.moe import expert_ffn, route, tiled_expert_ffn
+from respo_jax.models.qwen3.moe import expert_ffn, grouped_ffn, route
 
 
 def test_causal_block_attention_matches_full_attention_on_real_rows():
@@ -73,12 +73,34 @@ def test_tiled_expert_ffn_matches_ragged_dot(num_experts, top_k):
     logits = logits.at[:, 0].set(-1e9)  # expert 0 receives no row: an empty group
     weights, indices, _ = route(logits, top_k, norm_topk_prob=True)
     args = (x, indices, weights, gate, up, down)
-    np.testing.assert_allclose(tiled_expert_ffn(*args, tile=8), expert_ffn(*args), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(expert_ffn(*args, impl="tiled", tile=8), expert_ffn(*args), rtol=1e-5, atol=1e-6)
 
     def loss(fn):
         return lambda x, g, u, d: jnp.sum(jnp.sin(fn(x, indices, weights, g, u, d)))
 
-    grads = jax.grad(loss(lambda *a: tiled_expert_ffn(*a, tile=8)), (0, 1, 2, 3))(x, gate, up, down)
+    grads = jax.grad(loss(lambda *a: expert_ffn(*a, impl="tiled", tile=8)), (0, 1, 2, 3))(x, gate, up, down)
     ref = jax.grad(loss(expert_ffn), (0, 1, 2, 3))(x, gate, up, down)
     for a, c in zip(grads, ref):
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["ragged", "tiled"])
+def test_grouped_ffn_padding_rows_are_zero_and_groups_match_per_expert_matmuls(impl):
+    """Rows past sum(group_sizes) are padding (the expert-parallel receive buffers): they come out as
+    zeros and do not disturb the real rows, which equal each expert's SwiGLU in float64 NumPy."""
+    rng = np.random.default_rng(3)
+    experts, embed, mlp, rows = 3, 8, 6, 23
+    sizes = np.array([5, 0, 9])  # 14 real rows, 9 padding rows (random values: must not leak)
+    x = rng.standard_normal((rows, embed)).astype(np.float32)
+    gate, up = (0.3 * rng.standard_normal((experts, embed, mlp)).astype(np.float32) for _ in range(2))
+    down = (0.3 * rng.standard_normal((experts, mlp, embed))).astype(np.float32)
+    got = np.asarray(grouped_ffn(jnp.asarray(x), jnp.asarray(sizes, jnp.int32), jnp.asarray(gate), jnp.asarray(up),
+                                 jnp.asarray(down), impl, tile=4))
+    silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
+    start = 0
+    for e, n in enumerate(sizes):
+        xe = x[start:start + n].astype(np.float64)
+        want = (silu(xe @ gate[e]) * (xe @ up[e])) @ down[e]
+        np.testing.assert_allclose(got[start:start + n], want, rtol=1e-5, atol=1e-5)
+        start += n
+    assert np.all(got[start:] == 0.0)

@@ -4,8 +4,8 @@
   stay constant, so the growth is attention's S² term (and its S×S score memory).
 - Batch size at sequence 512: where a step becomes large enough to reach the matmul roofline.
 - MoE expert block forward + backward (`run_moe`): the dropless `jax.lax.ragged_dot` path
-  (`respo_jax.models.qwen3.moe.expert_ffn`, what GPU/TPU run), the tiled dropless path the model uses on
-  CPU (`tiled_expert_ffn`), and computing every expert densely for every token with the unrouted ones
+  (`respo_jax.models.qwen3.moe.expert_ffn` with `moe_impl="ragged"`, what GPU/TPU run), the tiled dropless
+  path the model uses on CPU (`moe_impl="tiled"`), and computing every expert densely for every token with the unrouted ones
   zero-weighted (the simplest alternative; num_experts / top_k × the FLOPs).
 
 Train-step points alternate respo-jax and PyTorch eager (each in its own process, `train_step.SideProcess`);
@@ -14,6 +14,7 @@ MoE points alternate the three implementations in this process.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 
 import jax
@@ -24,7 +25,7 @@ from flax import nnx
 from experiments.benchmarks import train_step
 from experiments.benchmarks.common import alternate, markdown_table, speedup, summarize
 from respo_jax.models import qwen3
-from respo_jax.models.qwen3.moe import expert_ffn, route, tiled_expert_ffn
+from respo_jax.models.qwen3.moe import expert_ffn, route
 
 SEQ_LENGTHS = (256, 512, 1024, 2048, 4096)
 POSITIONS_PER_STEP = 4096
@@ -58,7 +59,8 @@ def _moe_grad_fn(ffn):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
 
 
-MOE_IMPLEMENTATIONS = {"ragged_dot": expert_ffn, "tiled": tiled_expert_ffn, "dense": None}  # dense: below
+MOE_IMPLEMENTATIONS = {"ragged_dot": expert_ffn, "tiled": functools.partial(expert_ffn, impl="tiled"),
+                       "dense": None}  # dense: below
 
 
 def moe_point(tokens: int, num_experts: int, top_k: int, embed: int, expert_mlp: int, rounds: int = 3) -> dict:

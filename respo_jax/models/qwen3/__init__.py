@@ -5,7 +5,10 @@ Public API::
     from respo_jax.models import qwen3
     cfg = qwen3.Qwen3Config.preset("qwen3-1.7b")          # "0.6b" … "235b-a22b", "tiny", "tiny-moe"
     model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))   # random init (N(0, initializer_range²))
+    model = qwen3.init_model(cfg, seed=0)                   # the same; sharded at creation under cfg.mesh
     model = qwen3.from_pretrained(path, dtype=jnp.float32)  # HF dir: config.json + safetensors
+    model = qwen3.from_pretrained(path, mesh=mesh, rules=rules)   # each parameter read into its shards
+    shardings = qwen3.param_shardings(cfg)                  # NamedSharding per parameter (jit in/out)
     qwen3.save_pretrained(model, out_dir)                   # transformers loads it back
 
     logits = model(input_ids, positions=None, attention_mask=None)     # [b, s] -> [b, s, vocab] f32
@@ -32,18 +35,24 @@ Conventions:
   weights still come from the current router probabilities, so the router is trained.
 - Decoding: jit a step of ``nnx.merge(graphdef, state).forward(tok, pos, mask, cache=c)`` with
   ``donate_argnums`` on the cache; the cache is updated in place inside the layer scan.
-- Options live in the config: ``dtype`` (compute), ``param_dtype``, ``remat``, ``scan_layers``.
-- Every parameter carries logical axis names as NNX ``out_sharding`` metadata
-  (``nnx.get_partition_spec(nnx.state(model))``); with no mesh the model is single-device JAX.
+- Options live in the config: ``dtype`` (compute), ``param_dtype``, ``remat``, ``scan_layers``, the
+  kernels ``attention_impl`` / ``moe_impl`` / ``moe_dispatch`` (per-backend choice in one place:
+  ``default_kernels(backend)`` / ``cfg.with_default_kernels()``; the field defaults run everywhere),
+  and ``mesh`` / ``rules`` (``respo_jax.sharding``).
+- Sharding: every parameter carries logical axis names as NNX ``out_sharding`` metadata and every
+  activation constraint names its axes; ``cfg.rules`` maps them to ``cfg.mesh``'s axes. With
+  ``mesh=None`` the model is single-device JAX; with a mesh the same program carries sharding
+  constraints and the MoE layers run expert-parallel inside ``shard_map``.
 """
 
 from respo_jax.models.qwen3.cache import KVCache, init_cache
 from respo_jax.models.qwen3.checkpoint import from_pretrained, hf_state_dict, load_config, save_pretrained
-from respo_jax.models.qwen3.config import PRESETS, Qwen3Config
-from respo_jax.models.qwen3.model import Qwen3ForCausalLM, Qwen3Output
+from respo_jax.models.qwen3.config import PRESETS, Qwen3Config, default_kernels
+from respo_jax.models.qwen3.model import Qwen3ForCausalLM, Qwen3Output, init_model, param_shardings
 from respo_jax.models.qwen3.moe import load_balancing_loss
 
 __all__ = [
-    "PRESETS", "KVCache", "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "from_pretrained",
-    "hf_state_dict", "init_cache", "load_balancing_loss", "load_config", "save_pretrained",
+    "PRESETS", "KVCache", "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "default_kernels", "from_pretrained",
+    "hf_state_dict", "init_cache", "init_model", "load_balancing_loss", "load_config", "param_shardings",
+    "save_pretrained",
 ]

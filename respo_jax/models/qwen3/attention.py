@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from respo_jax.models.qwen3.config import Qwen3Config
-from respo_jax.models.qwen3.layers import BATCH, SEQ, RMSNorm, apply_rope, constrain, make_param, token_rows
+from respo_jax.models.qwen3.layers import BATCH, HIDDEN, SEQ, RMSNorm, apply_rope, constrain, make_param, rows
 
 
 def attention_mask_from_slots(query_slots: jax.Array, key_valid: jax.Array) -> jax.Array:
@@ -54,8 +54,9 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
     """`dot_product_attention` of a sequence over itself (no cache: key t is query t), in query blocks
     that only score the keys a causal mask can let through: rows [start, end) against keys [0, end).
     Skips ~half of the score/value FLOPs and of the float32 [.., seq, keys] buffers, and runs each
-    block as [batch·kv_heads, group·rows, head_dim] matmuls: attention forward + backward ~2× faster
-    on CPU (experiments/benchmarks/README.md).
+    block as [batch, kv_heads, group·rows, head_dim] matmuls: attention forward + backward ~2× faster
+    on CPU (experiments/benchmarks/README.md). Batch and kv_heads stay separate dimensions, so a mesh
+    can split them (over data and tensor axes) without any resharding.
 
     q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim]; mask: [batch, seq, seq]
     bool and causal -> [batch, seq, heads, head_dim]. Rows with a visible key equal
@@ -66,23 +67,23 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
     if k.shape[1] != s or mask.shape[-2:] != (s, s):
         raise ValueError(f"causal_block_attention needs keys == queries; got q {q.shape}, k {k.shape}, "
                          f"mask {mask.shape}")
-    if s <= block or not jax.sharding.get_abstract_mesh().empty:
+    if s <= block:
         return dot_product_attention(q, k, v, mask, scale)
     kv_heads = k.shape[2]
     group = h // kv_heads
-    keys = k.transpose(0, 2, 1, 3).reshape(b * kv_heads, s, d)
-    values = v.transpose(0, 2, 1, 3).reshape(b * kv_heads, s, d)
+    keys = k.transpose(0, 2, 1, 3)                                                  # [b, k, s, d]
+    values = v.transpose(0, 2, 1, 3)
     queries = q.reshape(b, s, kv_heads, group, d).transpose(0, 2, 3, 1, 4)        # [b, k, g, s, d]
     outs = []
     for start in range(0, s, block):
         end = min(start + block, s)
-        rows = end - start
-        q_block = queries[:, :, :, start:end].reshape(b * kv_heads, group * rows, d)
-        scores = jnp.einsum("nqd,ntd->nqt", q_block, keys[:, :end], preferred_element_type=jnp.float32)
-        scores = (scores * scale).reshape(b, kv_heads, group, rows, end)
+        n = end - start
+        q_block = queries[:, :, :, start:end].reshape(b, kv_heads, group * n, d)
+        scores = jnp.einsum("bkqd,bktd->bkqt", q_block, keys[:, :, :end], preferred_element_type=jnp.float32)
+        scores = (scores * scale).reshape(b, kv_heads, group, n, end)
         scores = jnp.where(mask[:, None, None, start:end, :end], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b * kv_heads, group * rows, end)
-        outs.append(jnp.einsum("nqt,ntd->nqd", probs, values[:, :end]).reshape(b, kv_heads, group, rows, d))
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv_heads, group * n, end)
+        outs.append(jnp.einsum("bkqt,bktd->bkqd", probs, values[:, :, :end]).reshape(b, kv_heads, group, n, d))
     out = jnp.concatenate(outs, axis=3)                                             # [b, k, g, s, d]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d)
 
@@ -100,35 +101,38 @@ class Attention(nnx.Module):
         self.o_proj = make_param(rngs, (h, d, e), ("heads", "head_dim", "embed"), pd, std)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", param_dtype=pd, dtype=cfg.dtype)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", param_dtype=pd, dtype=cfg.dtype)
+        self.config = cfg
         self.dtype = cfg.dtype
         self.scale = float(d) ** -0.5
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, cached: bool) -> jax.Array:
+        """The score/value part with the configured kernel. Over a KV cache (``cached``: keys are cache
+        slots, not the queries) always `dot_product_attention`; else ``config.attention_impl``."""
+        if cached or self.config.attention_impl == "dense":
+            return dot_product_attention(q, k, v, mask, self.scale)
+        return causal_block_attention(q, k, v, mask, self.scale)
 
     def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
         """x: [batch, seq, embed] -> q [batch, seq, heads, head_dim], k, v [batch, seq, kv_heads,
         head_dim]; q and k normalised per head and rotated."""
-        dt = self.dtype
-        tokens = token_rows(x)
+        dt, cfg = self.dtype, self.config
+        tokens = rows(x)
 
         def heads(weight):  # [embed, heads, head_dim] -> [batch, seq, heads, head_dim]
             w = weight[...].astype(dt)
-            if tokens is None:
-                return jnp.einsum("bse,ehd->bshd", x, w)
             return (tokens @ w.reshape(w.shape[0], -1)).reshape(*x.shape[:-1], *w.shape[1:])
 
         q, k, v = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
-        q = constrain(q, (BATCH, SEQ, "heads", "head_dim"))
-        k = constrain(k, (BATCH, SEQ, "kv_heads", "head_dim"))
-        v = constrain(v, (BATCH, SEQ, "kv_heads", "head_dim"))
+        q = constrain(q, (BATCH, SEQ, "heads", "head_dim"), cfg)
+        k = constrain(k, (BATCH, SEQ, "kv_heads", "head_dim"), cfg)
+        v = constrain(v, (BATCH, SEQ, "kv_heads", "head_dim"), cfg)
         return q, k, v
 
     def output(self, attn: jax.Array) -> jax.Array:
-        """attn: [batch, seq, heads, head_dim] -> [batch, seq, embed]."""
-        attn = attn.astype(self.dtype)
+        """attn: [batch, seq, heads, head_dim] -> [batch, seq, embed] (a 2-D matmul over token rows)."""
+        b, s, h, d = attn.shape
         weight = self.o_proj[...].astype(self.dtype)
-        if jax.sharding.get_abstract_mesh().empty:  # 2-D matmul over token rows (see token_rows)
-            b, s, h, d = attn.shape
-            return (attn.reshape(b * s, h * d) @ weight.reshape(h * d, -1)).reshape(b, s, -1)
-        out = jnp.einsum("bshd,hde->bse", attn, weight)
-        return constrain(out, (BATCH, SEQ, "embed"))
+        out = attn.astype(self.dtype).reshape(b * s, h * d) @ weight.reshape(h * d, -1)
+        return constrain(out.reshape(b, s, -1), HIDDEN, self.config)

@@ -14,6 +14,10 @@ import jax.numpy as jnp
 
 from respo_jax.models.qwen3.config import Qwen3Config
 
+# Logical axes of the cache's k and v (``respo_jax.sharding.ShardingRules``): the batch is split like
+# the activations' batch, kv heads like the attention weights, the slots by ``cache_sequence``.
+CACHE_AXES = ("layers", "batch", "cache_sequence", "kv_heads", "head_dim")
+
 
 @flax.struct.dataclass
 class KVCache:

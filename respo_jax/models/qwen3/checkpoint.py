@@ -6,6 +6,11 @@ split head axes; this module owns the one table that maps each of them to the tr
 names and ``[out, in]`` layouts, in both directions. MoE experts are read from either the hub layout
 (``mlp.experts.{j}.{gate,up,down}_proj.weight``) or transformers 5's fused in-memory layout
 (``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj``) and written in the hub layout.
+
+Every entry reads any rectangular block of its parameter (an index in *our* layout) from the matching
+slices of the transformers tensors (``safe_open(...).get_slice``), so a sharded load builds each
+parameter with ``jax.make_array_from_callback`` and every process reads only the slices its devices
+hold. Names and shapes of every tensor are checked before any data is read.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from safetensors.numpy import save_file
 
 from respo_jax.models.qwen3.config import Qwen3Config, read_json_file
 from respo_jax.models.qwen3.model import Qwen3ForCausalLM
+from respo_jax.sharding import ShardingRules, variable_axes
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -70,24 +76,32 @@ class SafetensorsReader:
     def names(self) -> set[str]:
         return set(self._where)
 
-    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The tensor ``name`` as a NumPy array, after checking it has ``shape``."""
+    def check(self, name: str, shape: tuple[int, ...]) -> None:
+        """The tensor ``name`` exists with ``shape``; it counts as used."""
         if name not in self._where:
             raise KeyError(f"tensor {name!r} is missing from the checkpoint at {self.path}")
-        handle = self._handles[self._where[name]]
-        got = tuple(handle.get_slice(name).get_shape())
+        got = tuple(self._handles[self._where[name]].get_slice(name).get_shape())
         if got != tuple(shape):
             raise ValueError(f"tensor {name!r} has shape {got}; this config expects {tuple(shape)}")
         self.used.add(name)
-        tensor = handle.get_tensor(name)
-        if tensor.dtype.kind in "fcV":  # floats (V: bfloat16 and other ml_dtypes)
-            finite = np.isfinite(tensor)
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """The block ``index`` (one slice per dimension) of tensor ``name``, reading only that block;
+        NaN/inf values in it raise (a damaged or diverged checkpoint must not load silently)."""
+        block = self._handles[self._where[name]].get_slice(name)[index]
+        if block.dtype.kind in "fcV":  # floats (V: bfloat16 and other ml_dtypes)
+            finite = np.isfinite(block)
             if not finite.all():
                 bad = np.argwhere(~finite)[0].tolist()
                 raise ValueError(f"tensor {name!r} in {os.path.join(self.path, self._where[name])} holds "
                                  f"{int(np.size(finite) - np.count_nonzero(finite))} NaN/inf values "
-                                 f"(first at index {bad})")
-        return tensor
+                                 f"(first at index {bad} of the block {index})")
+        return block
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The whole tensor ``name``, checked to have ``shape`` (see ``check`` and ``read``)."""
+        self.check(name, shape)
+        return self.read(name, tuple(slice(0, n) for n in shape))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -96,37 +110,59 @@ class SafetensorsReader:
 # --------------------------------------------------------------------------------------------------
 
 
+Index = tuple[slice, ...]  # one slice per dimension, with explicit start and stop
+
+
 @dataclasses.dataclass(frozen=True)
 class _Tensor:
-    read: Callable[[SafetensorsReader, str, Qwen3Config], np.ndarray]   # -> our layout
+    sources: Callable[[SafetensorsReader, str, Qwen3Config], dict[str, tuple[int, ...]]]  # HF name -> shape
+    read: Callable[[SafetensorsReader, str, Qwen3Config, Index], np.ndarray]   # a block, our layout
     write: Callable[[np.ndarray, str, Qwen3Config], dict[str, np.ndarray]]
 
 
+def _merged_rows(first: slice, inner: tuple[int, ...]) -> slice:
+    """Rows of a flattened [prod(dims)] axis that cover ``first`` of its leading dimension (inner
+    dimensions whole)."""
+    size = int(np.prod(inner))
+    return slice(first.start * size, first.stop * size)
+
+
 def _copy(suffix: str, shape: Callable[[Qwen3Config], tuple[int, ...]]) -> _Tensor:
-    return _Tensor(read=lambda r, p, c: r.get(p + suffix, shape(c)),
+    return _Tensor(sources=lambda r, p, c: {p + suffix: shape(c)},
+                   read=lambda r, p, c, index: r.read(p + suffix, index),
                    write=lambda a, p, c: {p + suffix: a})
 
 
 def _linear(suffix: str, in_dim: Callable, out_dims: Callable) -> _Tensor:
     """nn.Linear weight [out, in] <-> ours [in, *out_dims]."""
-    def read(r, p, c):
-        out = out_dims(c)
-        return r.get(p + suffix, (int(np.prod(out)), in_dim(c))).T.reshape(in_dim(c), *out)
+    def sources(r, p, c):
+        return {p + suffix: (int(np.prod(out_dims(c))), in_dim(c))}
+
+    def read(r, p, c, index):
+        inner = tuple(out_dims(c))[1:]
+        block = r.read(p + suffix, (_merged_rows(index[1], inner), index[0])).T
+        block = block.reshape(block.shape[0], index[1].stop - index[1].start, *inner)
+        return block[(slice(None), slice(None), *index[2:])]
 
     def write(a, p, c):
         return {p + suffix: np.ascontiguousarray(a.reshape(in_dim(c), -1).T)}
-    return _Tensor(read, write)
+    return _Tensor(sources, read, write)
 
 
 def _linear_out(suffix: str, in_dims: Callable, out_dim: Callable) -> _Tensor:
     """nn.Linear weight [out, in] <-> ours [*in_dims, out] (attention output projection)."""
-    def read(r, p, c):
-        ins = in_dims(c)
-        return r.get(p + suffix, (out_dim(c), int(np.prod(ins)))).T.reshape(*ins, out_dim(c))
+    def sources(r, p, c):
+        return {p + suffix: (out_dim(c), int(np.prod(in_dims(c))))}
+
+    def read(r, p, c, index):
+        inner = tuple(in_dims(c))[1:]
+        block = r.read(p + suffix, (index[-1], _merged_rows(index[0], inner))).T
+        block = block.reshape(index[0].stop - index[0].start, *inner, block.shape[-1])
+        return block[(slice(None), *index[1:-1], slice(None))]
 
     def write(a, p, c):
         return {p + suffix: np.ascontiguousarray(a.reshape(-1, out_dim(c)).T)}
-    return _Tensor(read, write)
+    return _Tensor(sources, read, write)
 
 
 def _experts(name: str) -> _Tensor:
@@ -136,23 +172,33 @@ def _experts(name: str) -> _Tensor:
         e, m = c.hidden_size, c.moe_intermediate_size
         return (m, e) if name == "down_proj" else (e, m)
 
-    def read(r, p, c):
+    def per_expert(p, j):
+        return f"{p}mlp.experts.{j}.{name}.weight"
+
+    def fused(p):
+        return f"{p}mlp.experts.{'down_proj' if name == 'down_proj' else 'gate_up_proj'}"
+
+    def sources(r, p, c):
         n, (i, o) = c.num_experts, dims(c)
-        per_expert = [f"{p}mlp.experts.{j}.{name}.weight" for j in range(n)]
-        if per_expert[0] not in r and not _has_fused(r, p):
-            raise KeyError(f"tensor {per_expert[0]!r} is missing from the checkpoint at {r.path} "
-                           f"(nor is the fused {p}mlp.experts.down_proj there)")
-        if per_expert[0] in r:
-            return np.stack([r.get(key, (o, i)).T for key in per_expert])
-        if name == "down_proj":
-            return np.swapaxes(r.get(f"{p}mlp.experts.down_proj", (n, o, i)), 1, 2)
-        fused = r.get(f"{p}mlp.experts.gate_up_proj", (n, 2 * o, i))
-        half = fused[:, :o] if name == "gate_proj" else fused[:, o:]
-        return np.swapaxes(half, 1, 2)
+        if per_expert(p, 0) in r:
+            return {per_expert(p, j): (o, i) for j in range(n)}
+        if _has_fused(r, p):
+            return {fused(p): (n, o, i) if name == "down_proj" else (n, 2 * o, i)}
+        raise KeyError(f"tensor {per_expert(p, 0)!r} is missing from the checkpoint at {r.path} "
+                       f"(nor is the fused {p}mlp.experts.down_proj there)")
+
+    def read(r, p, c, index):
+        experts, ins, outs = index
+        if per_expert(p, 0) in r:
+            return np.stack([r.read(per_expert(p, j), (outs, ins)).T for j in range(experts.start, experts.stop)])
+        if name == "up_proj":  # second half of the fused rows
+            o = dims(c)[1]
+            outs = slice(outs.start + o, outs.stop + o)
+        return np.swapaxes(r.read(fused(p), (experts, outs, ins)), 1, 2)
 
     def write(a, p, c):
-        return {f"{p}mlp.experts.{j}.{name}.weight": np.ascontiguousarray(a[j].T) for j in range(a.shape[0])}
-    return _Tensor(read, write)
+        return {per_expert(p, j): np.ascontiguousarray(a[j].T) for j in range(a.shape[0])}
+    return _Tensor(sources, read, write)
 
 
 def _has_fused(r: SafetensorsReader, prefix: str) -> bool:
@@ -227,27 +273,35 @@ def load_config(path: str | os.PathLike, **overrides) -> Qwen3Config:
 
 
 def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, compute_dtype=None, remat: bool = False,
-                    scan_layers: bool = True) -> Qwen3ForCausalLM:
+                    scan_layers: bool = True, mesh: jax.sharding.Mesh | None = None,
+                    rules: ShardingRules | None = None, attention_impl: str | None = None,
+                    moe_impl: str | None = None, moe_dispatch: str | None = None) -> Qwen3ForCausalLM:
     """Load a transformers Qwen3 / Qwen3-MoE checkpoint directory into a ``Qwen3ForCausalLM``.
 
     ``dtype`` is the parameter dtype (and the compute dtype unless ``compute_dtype`` is given). The
     model is built abstractly (no random initialisation) and filled tensor by tensor; a missing or
-    mis-shaped tensor raises naming it, as do tensors the config has no place for.
+    mis-shaped tensor raises naming it, as do tensors the config has no place for. Kernels default to
+    ``default_kernels`` of the backend (the mesh's devices, else JAX's default backend); pass
+    ``attention_impl`` / ``moe_impl`` / ``moe_dispatch`` to choose.
+
+    With ``mesh`` (and ``rules``, default ``ShardingRules()``), every parameter is created directly in
+    its ``NamedSharding`` with ``jax.make_array_from_callback``: each process reads from the files
+    only the blocks its own devices hold, and no parameter is gathered on one device; the model's
+    config carries the mesh and rules, so its forward runs sharded.
     """
     cfg = load_config(path, param_dtype=dtype, dtype=dtype if compute_dtype is None else compute_dtype,
-                      remat=remat, scan_layers=scan_layers)
+                      remat=remat, scan_layers=scan_layers, mesh=mesh,
+                      rules=ShardingRules() if rules is None else rules)
+    kernels = dict(attention_impl=attention_impl, moe_impl=moe_impl, moe_dispatch=moe_dispatch)
+    cfg = cfg.with_default_kernels().replace(**{k: v for k, v in kernels.items() if v is not None})
     reader = SafetensorsReader(path)
     abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    param_dtype = np.dtype(jnp.dtype(cfg.param_dtype))
-    for path_, var in nnx.to_flat_state(state):
-        entry, prefixes = _locate(path_, cfg)
-        arrays = [entry.read(reader, prefix, cfg) for prefix in prefixes]
-        value = np.stack(arrays) if _stacked(path_) else arrays[0]
-        if value.shape != tuple(var.shape):
-            raise ValueError(f"parameter {'.'.join(map(str, path_))}: assembled shape {value.shape}, "
-                             f"model expects {tuple(var.shape)}")
-        var.set_value(jnp.asarray(value.astype(param_dtype)))
+    params = [(path_, var, *_locate(path_, cfg)) for path_, var in nnx.to_flat_state(state)]
+    for _, _, entry, prefixes in params:  # every name and shape, before any data is read
+        for prefix in prefixes:
+            for name, shape in entry.sources(reader, prefix, cfg).items():
+                reader.check(name, shape)
     unexpected = reader.names() - reader.used
     if cfg.tie_word_embeddings and "lm_head.weight" in reader:
         # Some tied checkpoints store the shared matrix twice; a different one means the config is wrong.
@@ -266,7 +320,43 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, compute_dtype
     if unexpected:
         raise ValueError(f"checkpoint at {reader.path} has tensors this config does not use: "
                          f"{sorted(unexpected)[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    param_dtype = np.dtype(jnp.dtype(cfg.param_dtype))
+    for path_, var, entry, prefixes in params:
+        name = ".".join(map(str, path_))
+        load = _block_reader(entry, prefixes, _stacked(path_), reader, cfg, tuple(var.shape), param_dtype, name)
+        if mesh is None:
+            value = jnp.asarray(load(tuple(slice(None) for _ in var.shape)))
+        else:
+            sharding = cfg.rules.sharding(mesh, variable_axes(var, name), var.shape, what=name)
+            value = jax.make_array_from_callback(tuple(var.shape), sharding, load)
+        var.set_value(value)
     return nnx.merge(graphdef, state)
+
+
+def _block_reader(entry: _Tensor, prefixes: list[str], stacked: bool, reader: SafetensorsReader,
+                  cfg: Qwen3Config, shape: tuple[int, ...], dtype: np.dtype, name: str):
+    """index (slices of our parameter) -> that block as a NumPy array of ``dtype``; a stacked parameter's
+    leading index picks the layers. Blocks are remembered, so devices holding the same block (replicas)
+    read it once."""
+    blocks: dict[tuple, np.ndarray] = {}
+
+    def load(index) -> np.ndarray:
+        index = tuple(slice(*sl.indices(size)[:2]) for sl, size in zip(index, shape))
+        key = tuple((sl.start, sl.stop) for sl in index)
+        if key not in blocks:
+            if stacked:
+                layers = range(index[0].start, index[0].stop)
+                block = np.stack([entry.read(reader, prefixes[i], cfg, index[1:]) for i in layers])
+            else:
+                block = entry.read(reader, prefixes[0], cfg, index)
+            expected = tuple(sl.stop - sl.start for sl in index)
+            if block.shape != expected:
+                raise ValueError(f"parameter {name}: block {key} assembled with shape {block.shape}, "
+                                 f"expected {expected}")
+            blocks[key] = block.astype(dtype)
+        return blocks[key]
+
+    return load
 
 
 def hf_state_dict(model: Qwen3ForCausalLM, dtype=None) -> dict[str, np.ndarray]:

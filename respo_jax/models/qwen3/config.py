@@ -1,5 +1,6 @@
 """Qwen3 / Qwen3-MoE configuration: the architecture fields of a Hugging Face ``config.json`` plus the
-few run-time choices (dtypes, rematerialization, layer scan) our Flax port reads.
+run-time choices our Flax port reads (dtypes, rematerialization, layer scan, kernels, mesh and
+sharding rules). Only the architecture fields travel through ``config.json``.
 
 One frozen dataclass serves both the dense (``model_type="qwen3"``) and the sparse
 (``model_type="qwen3_moe"``) model: ``num_experts == 0`` means dense. Presets carry the published
@@ -14,9 +15,33 @@ import json
 import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
+from respo_jax.sharding import ShardingRules, axis_size
+
 _DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("causal_blocks", "dense")
+MOE_IMPLS = ("ragged", "tiled")
+MOE_DISPATCHES = ("all_to_all", "ragged_all_to_all")
+
+
+def default_kernels(backend: str) -> dict[str, str]:
+    """The kernel choices for a JAX backend (``"cpu"``, ``"gpu"``, ``"tpu"``): the one place they are
+    decided. ``Qwen3Config``'s own defaults are the CPU ones, which run on every backend.
+
+    - attention_impl: ``causal_blocks`` (query blocks that skip fully masked key blocks; about half
+      the score FLOPs and memory of ``dense``, ~2× faster forward + backward on CPU) everywhere.
+    - moe_impl: ``ragged`` (``lax.ragged_dot``, the grouped-matmul kernel) on GPU/TPU; ``tiled`` on CPU,
+      where XLA lowers ``ragged_dot`` to work and memory proportional to rows × experts.
+    - moe_dispatch (expert parallelism): ``ragged_all_to_all`` on GPU/TPU (sends only the routed
+      rows); ``all_to_all`` with dropless padded buffers on CPU, where XLA:CPU (jax 0.10) does not
+      implement ``ragged_all_to_all``.
+    """
+    accelerated = backend in ("gpu", "cuda", "rocm", "tpu")
+    return dict(attention_impl="causal_blocks",
+                moe_impl="ragged" if accelerated else "tiled",
+                moe_dispatch="ragged_all_to_all" if accelerated else "all_to_all")
 
 
 def read_json_file(path: str | os.PathLike) -> Any:
@@ -44,7 +69,14 @@ class Qwen3Config:
     ``remat`` wraps each decoder layer in ``jax.checkpoint`` (activations are recomputed in the
     backward pass); ``scan_layers`` runs each run of same-kind layers as one ``lax.scan`` so the
     compile time does not grow with depth (``False`` unrolls a Python loop over the same stacked
-    parameters; useful only for debugging).
+    parameters: faster on CPU, compile time grows with depth).
+
+    Kernels (``attention_impl``, ``moe_impl``, ``moe_dispatch``; see ``default_kernels`` for what each
+    does and the per-backend choice) are explicit fields: every backend and mesh runs the same
+    program, only the named kernels differ. ``mesh`` (a ``respo_jax.sharding.make_mesh`` mesh, or None
+    for one device) and ``rules`` (the logical-axis table) make the forward sharded: activations are
+    constrained by logical names and MoE layers run expert-parallel (tokens exchanged with the devices
+    owning their experts). Parameters are placed by ``init_model`` / ``from_pretrained``.
     """
 
     vocab_size: int
@@ -75,6 +107,11 @@ class Qwen3Config:
     param_dtype: str = "float32"
     remat: bool = False
     scan_layers: bool = True
+    attention_impl: str = "causal_blocks"
+    moe_impl: str = "tiled"
+    moe_dispatch: str = "all_to_all"
+    mesh: jax.sharding.Mesh | None = None
+    rules: ShardingRules = ShardingRules()
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen dataclass)
@@ -107,6 +144,31 @@ class Qwen3Config:
         bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
         if bad:
             raise ValueError(f"mlp_only_layers {bad} outside [0, {self.num_hidden_layers})")
+        for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", MOE_IMPLS),
+                              ("moe_dispatch", MOE_DISPATCHES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not isinstance(self.rules, ShardingRules):
+            raise TypeError(f"rules must be a respo_jax.sharding.ShardingRules, got {type(self.rules).__name__}")
+        if self.mesh is not None:
+            self._check_mesh()
+
+    def _check_mesh(self) -> None:
+        """The rules fit the mesh; MoE experts split evenly over the expert axes, whose devices must
+        also split the tokens (expert parallelism exchanges tokens along those axes)."""
+        self.rules.check_mesh(self.mesh)
+        if not self.is_moe:
+            return
+        expert_axes = self.rules.mesh_axes("experts")
+        shards = axis_size(self.mesh, expert_axes)
+        if self.num_experts % shards:
+            raise ValueError(f"num_experts={self.num_experts} does not split over mesh axes {expert_axes} "
+                             f"({shards} devices)")
+        token_axes = set(self.rules.mesh_axes("batch")) | set(self.rules.mesh_axes("sequence"))
+        if not set(expert_axes) <= token_axes:
+            raise ValueError(f"experts are split over mesh axes {expert_axes}, but tokens only over "
+                             f"{sorted(token_axes)} (rules 'batch' + 'sequence'); expert parallelism needs "
+                             "the tokens split over the expert axes too")
 
     # ----------------------------------------------------------------------------------------------
     # Layer layout
@@ -151,6 +213,17 @@ class Qwen3Config:
 
     def replace(self, **changes: Any) -> "Qwen3Config":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def backend(self) -> str:
+        """The platform the model runs on: its mesh's devices, else JAX's default backend."""
+        if self.mesh is not None:
+            return self.mesh.devices.flat[0].platform
+        return jax.default_backend()
+
+    def with_default_kernels(self, backend: str | None = None) -> "Qwen3Config":
+        """This config with ``default_kernels(backend)`` (default: ``self.backend``)."""
+        return self.replace(**default_kernels(self.backend if backend is None else backend))
 
     # ----------------------------------------------------------------------------------------------
     # Presets

@@ -2,25 +2,27 @@
 position embeddings and activation sharding constraints.
 
 Every parameter carries its logical axis names (``vocab``, ``embed``, ``heads``, ``kv_heads``,
-``head_dim``, ``mlp``, ``experts``, ``expert_mlp``; stacked layers add ``layers`` in front) as NNX
-``out_sharding`` metadata, so running sharded only needs a mesh and a rules table
-(``nnx.get_partition_spec`` + ``flax.core.spmd`` logical rules). With no mesh everything is plain
-single-device JAX.
+``head_dim``, ``mlp``, ``experts``, ``expert_embed``, ``expert_mlp``; stacked layers add ``layers`` in
+front) as NNX ``out_sharding`` metadata, and activations are constrained by logical names (``batch``,
+``sequence``, ``activation_embed``, ``heads``, ``mlp``, ``vocab``, …). ``respo_jax.sharding.ShardingRules``
+is the one table from these names to mesh axes; the model reads it, and the mesh, from its config —
+with ``config.mesh=None`` the constraints are no-ops and the program is plain single-device JAX.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import flax.core.spmd as flax_spmd
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import PartitionSpec
 
-# Logical axis names of activations.
-BATCH, SEQ = "batch", "seq"
+from respo_jax.models.qwen3.config import Qwen3Config
+
+# Logical axis names of activations (parameters name theirs where they are created).
+BATCH, SEQ, EMBED = "batch", "sequence", "activation_embed"
+HIDDEN = (BATCH, SEQ, EMBED)  # [batch, seq, embed] between blocks
 
 
 def make_param(rngs: nnx.Rngs | None, shape: Sequence[int], axes: Sequence[str | None], dtype,
@@ -29,7 +31,8 @@ def make_param(rngs: nnx.Rngs | None, shape: Sequence[int], axes: Sequence[str |
     axis names as sharding metadata.
 
     ``eager_sharding=False``: the names are metadata only, so building the model never needs a mesh;
-    a sharded run creates the parameters under ``jax.jit(..., out_shardings=...)`` instead.
+    a sharded run creates the parameters under ``jax.jit(..., out_shardings=...)`` instead
+    (``respo_jax.sharding.sharded_init``).
     """
     if len(shape) != len(axes):
         raise ValueError(f"parameter shape {tuple(shape)} and axis names {tuple(axes)} differ in rank")
@@ -40,50 +43,22 @@ def make_param(rngs: nnx.Rngs | None, shape: Sequence[int], axes: Sequence[str |
     return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
 
 
-def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
-    """Sharding constraint by logical axis names; a no-op unless logical axis rules
-    (``nnx.logical_axis_rules``) are set *and* a mesh is active (``jax.set_mesh``). On a mesh with
-    ``Explicit`` axes the array is resharded; on ``Auto`` axes it is a constraint for the partitioner."""
-    rules = flax_spmd.get_logical_axis_rules()
-    mesh = jax.sharding.get_abstract_mesh()
-    if not rules or mesh.empty:
+def constrain(x: jax.Array, axes: Sequence[str | None], cfg: Qwen3Config) -> jax.Array:
+    """Sharding constraint of ``x`` by logical axis names under ``cfg.rules`` on ``cfg.mesh`` (a
+    constraint for the partitioner); ``x`` itself when the config has no mesh."""
+    if cfg.mesh is None:
         return x
-    spec = logical_to_mesh_spec(axes, rules)
-    if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
-        return jax.sharding.reshard(x, spec)
-    return jax.lax.with_sharding_constraint(x, spec)
+    return jax.lax.with_sharding_constraint(x, cfg.rules.sharding(cfg.mesh, axes))
 
 
-def token_rows(x: jax.Array) -> jax.Array | None:
-    """x [..., features] as [tokens, features] when no mesh is active, else None (keep the batch axes).
-
-    Dense layers run their matmuls on these 2-D token rows: from 3-D operands XLA:CPU builds the
-    weight-gradient dots with explicit transposes of the [batch, seq, features] activations, which
-    cost ~25% of a layer's forward + backward on CPU (experiments/benchmarks/README.md). Under a mesh
-    the batch axes stay visible to the partitioner (a sharded axis cannot be merged and split freely).
-    """
-    if not jax.sharding.get_abstract_mesh().empty:
-        return None
+def rows(x: jax.Array) -> jax.Array:
+    """x [..., features] -> [tokens, features]. Dense layers run their matmuls on these 2-D token rows:
+    from 3-D operands XLA:CPU builds the weight-gradient dots with explicit transposes of the
+    [batch, seq, features] activations, which cost ~25% of a layer's forward + backward on CPU
+    (experiments/benchmarks/README.md). Under a mesh the merge is free too: the batch is the major,
+    split dimension and the sequence the minor one, so XLA's SPMD partitioner keeps the token rows
+    split as the batch was (same collectives as the 3-D einsums; checked on an 8-device mesh)."""
     return x.reshape(-1, x.shape[-1])
-
-
-def logical_to_mesh_spec(axes: Sequence[str | None], rules) -> PartitionSpec:
-    """Map logical names to mesh axes with the first applicable rule; a mesh axis is used at most
-    once per array (a later logical axis that would reuse it stays unsharded)."""
-    used: set[str] = set()
-    spec = []
-    for name in axes:
-        target = None
-        for logical, mesh_axes in rules:
-            if logical != name:
-                continue
-            flat = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
-            if flat and not used.intersection(flat):
-                target = mesh_axes
-                used.update(flat)
-                break
-        spec.append(target)
-    return PartitionSpec(*spec)
 
 
 class RMSNorm(nnx.Module):

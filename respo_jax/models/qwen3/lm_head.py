@@ -20,7 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from respo_jax.models.qwen3.layers import token_rows
+from respo_jax.models.qwen3.layers import rows as token_rows
 
 
 def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *, tied: bool,

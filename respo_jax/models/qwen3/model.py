@@ -27,18 +27,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from respo_jax.models.qwen3.attention import (
-    Attention,
-    attention_mask_from_slots,
-    causal_block_attention,
-    dot_product_attention,
-)
-from respo_jax.models.qwen3.cache import KVCache
+from respo_jax.models.qwen3.attention import Attention, attention_mask_from_slots
+from respo_jax.models.qwen3.cache import CACHE_AXES, KVCache
 from respo_jax.models.qwen3.config import Qwen3Config
-from respo_jax.models.qwen3.layers import BATCH, SEQ, RMSNorm, constrain, make_param, rope_cos_sin, token_rows
+from respo_jax.models.qwen3.layers import BATCH, HIDDEN, SEQ, RMSNorm, constrain, make_param, rope_cos_sin, rows
 from respo_jax.models.qwen3.lm_head import chunked_token_logprobs
 from respo_jax.models.qwen3.mlp import MLP
 from respo_jax.models.qwen3.moe import MoE, load_balancing_loss_from_terms
+from respo_jax.sharding import sharded_init, state_shardings
 
 
 # Tokens per chunk of the vocabulary projection in ``token_logprobs``: [1024, 151,936] float32 logits
@@ -69,8 +65,7 @@ class DecoderLayer(nnx.Module):
         if is_moe:
             self.mlp = MoE(cfg, rngs=rngs)
         else:
-            self.mlp = MLP(e, cfg.intermediate_size, param_dtype=pd, dtype=dt, std=cfg.initializer_range,
-                           rngs=rngs)
+            self.mlp = MLP(cfg, rngs=rngs)
         self.is_moe = is_moe
 
 
@@ -103,6 +98,7 @@ class _Context:
 def _layer_forward(layer: DecoderLayer, x: jax.Array, ctx: _Context, kv, layer_idx, routing):
     """One decoder layer. x: [batch, seq, embed]; kv: None or the full (k, v) cache arrays
     [num_layers, batch, max_len, kv_heads, head_dim]; routing: None or [batch, seq, top_k]."""
+    cfg = layer.attn.config
     q, k, v = layer.attn.project(layer.input_layernorm(x), ctx.cos, ctx.sin)
     if kv is None:
         keys, values = k, v
@@ -111,17 +107,17 @@ def _layer_forward(layer: DecoderLayer, x: jax.Array, ctx: _Context, kv, layer_i
         start = (layer_idx, 0, ctx.index, 0, 0)
         cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
         cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
+        cache_k, cache_v = constrain(cache_k, CACHE_AXES, cfg), constrain(cache_v, CACHE_AXES, cfg)
         keys = jax.lax.dynamic_index_in_dim(cache_k, layer_idx, 0, keepdims=False).astype(q.dtype)
         values = jax.lax.dynamic_index_in_dim(cache_v, layer_idx, 0, keepdims=False).astype(q.dtype)
         kv = (cache_k, cache_v)
-    attend = causal_block_attention if kv is None else dot_product_attention  # no cache: keys = queries
-    x = x + layer.attn.output(attend(q, keys, values, ctx.mask, layer.attn.scale))
+    x = x + layer.attn.output(layer.attn.attend(q, keys, values, ctx.mask, cached=kv is not None))
     h = layer.post_attention_layernorm(x)
     if layer.is_moe:
         y, indices, terms = layer.mlp(h, ctx.token_mask, routing)
     else:
         y, indices, terms = layer.mlp(h), None, None
-    return constrain(x + y, (BATCH, SEQ, "embed")), kv, indices, terms
+    return constrain(x + y, HIDDEN, cfg), kv, indices, terms
 
 
 def _run_stack(stack: LayerStack, cfg: Qwen3Config, x, ctx: _Context, kv, routing, layer_states=None):
@@ -261,7 +257,7 @@ class Qwen3ForCausalLM(nnx.Module):
                       layers=None):
         hidden, cache, indices, aux = self._backbone(input_ids, positions, attention_mask, cache, routing,
                                                      layers)
-        logits = constrain(self._project(hidden), (BATCH, SEQ, "vocab"))
+        logits = constrain(self._project(hidden), (BATCH, SEQ, "vocab"), self.config)
         return Qwen3Output(logits=logits, cache=cache, routing=indices if return_routing else None,
                            aux_loss=aux)
 
@@ -306,8 +302,11 @@ class Qwen3ForCausalLM(nnx.Module):
         ctx = _Context(cos=cos, sin=sin, mask=attention_mask_from_slots(query_slots, key_valid),
                        token_mask=token_mask, index=index)
 
-        x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(cfg.dtype)
-        x = constrain(x, (BATCH, SEQ, "embed"))
+        # The lookup reads whole rows: gather the table's FSDP-split embed dimension first (vocab may stay
+        # split; the partitioner then gathers locally and sums over those axes).
+        table = constrain(self.embed_tokens[...], ("vocab", None), cfg)
+        x = jnp.take(table, input_ids, axis=0).astype(cfg.dtype)
+        x = constrain(x, HIDDEN, cfg)
         all_indices, counts, prob_sums = [], 0.0, 0.0
         moe_offset = 0
         for stack_idx, stack in enumerate(self.stacks):
@@ -334,6 +333,28 @@ class Qwen3ForCausalLM(nnx.Module):
         return hidden, new_cache, indices, aux
 
 
+def init_model(cfg: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
+    """A randomly initialised model (N(0, initializer_range²) weights, unit norms), created by one jit.
+    With ``cfg.mesh`` every parameter comes out of that jit already split by ``cfg.rules`` — never
+    materialised whole on one device — with the same values as without a mesh (same seed)."""
+    def create():
+        return Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(seed))
+
+    if cfg.mesh is not None:
+        return sharded_init(create, cfg.mesh, cfg.rules)
+    graphdef, _ = nnx.split(nnx.eval_shape(create))
+    return nnx.merge(graphdef, jax.jit(lambda: nnx.state(create()))())
+
+
+def param_shardings(cfg: Qwen3Config) -> nnx.State:
+    """NamedSharding of every parameter of a model of ``cfg`` (which must have a mesh), as a prefix of
+    ``nnx.state(model)``: the ``in_shardings`` / ``out_shardings`` of a jit taking the parameters."""
+    if cfg.mesh is None:
+        raise ValueError("param_shardings needs a config with a mesh")
+    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    return state_shardings(nnx.state(abstract), cfg.mesh, cfg.rules)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "return_routing"))
 def _forward_jit(graphdef, state, input_ids, positions, attention_mask, cache, routing, layers, *,
                  return_routing):
@@ -354,11 +375,8 @@ def _token_logprobs_jit(graphdef, state, input_ids, targets, positions, attentio
 def _project_with(hidden: jax.Array, weight: jax.Array, tied: bool) -> jax.Array:
     """hidden [..., embed] -> float32 logits [..., vocab] (weight: [vocab, embed] if tied else
     [embed, vocab])."""
-    tokens = token_rows(hidden)
-    if tokens is None:
-        spec = "...e,ve->...v" if tied else "...e,ev->...v"
-        return jnp.einsum(spec, hidden, weight, preferred_element_type=jnp.float32)
-    logits = jnp.einsum("te,ve->tv" if tied else "te,ev->tv", tokens, weight, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("te,ve->tv" if tied else "te,ev->tv", rows(hidden), weight,
+                        preferred_element_type=jnp.float32)
     return logits.reshape(*hidden.shape[:-1], -1)
 
 
