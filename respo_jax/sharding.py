@@ -10,7 +10,7 @@ dimensions of an array raises: silently replicating a dimension hides a wrong ta
 Typical use (what the trainer and the loader do)::
 
     mesh = make_mesh(MeshConfig(data=2, expert=4))          # 8 devices: (data, fsdp, tensor, expert)
-    rules = ShardingRules()                                  # or ShardingRules().replace(sequence="fsdp")
+    rules = ShardingRules()                                  # or ShardingRules().replace(embed="fsdp")
     cfg = qwen3.Qwen3Config.preset("tiny-moe", mesh=mesh, rules=rules)
     model = qwen3.init_model(cfg, seed=0)                    # parameters created sharded (jit out_shardings)
     model = qwen3.from_pretrained(path, mesh=mesh, rules=rules)   # each process reads only its slices
@@ -19,6 +19,12 @@ Typical use (what the trainer and the loader do)::
     opt_state = init_optimizer_state(tx, params, param_sh)   # moments sharded like their parameters
     step = jax.jit(update, in_shardings=(param_sh, optimizer_state_shardings(tx, params, param_sh), ...),
                    out_shardings=..., donate_argnums=(0, 1))
+    batch_sh = rules.sharding(mesh, ("batch", "sequence"))   # inputs [batch, seq]; the batch must divide
+                                                             # the product of the batch axes
+
+The model reads the mesh and the rules from its config (``Qwen3Config.mesh`` / ``.rules``; never from a
+global context): its activation constraints use them, and with a mesh its MoE layers run expert
+parallel (``Qwen3Config.moe_dispatch`` picks the exchange, ``moe_impl`` the grouped matmul).
 
 Default table (FSDP + tensor + expert parallelism, as MaxText's defaults; justification on the fields):
 activations split their batch over ``(data, fsdp, expert)``; parameters split ``embed`` over

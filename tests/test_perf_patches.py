@@ -63,7 +63,7 @@ def test_long_left_padded_logits_match_transformers():
 
 
 @pytest.mark.parametrize("num_experts,top_k", [(4, 2), (16, 4)])
-def test_tiled_expert_ffn_matches_ragged_dot(num_experts, top_k):
+def test_tiled_expert_kernel_matches_ragged_dot(num_experts, top_k):
     rng = np.random.default_rng(num_experts)
     tokens, embed, mlp = 70, 16, 8
     x = jnp.asarray(rng.standard_normal((tokens, embed)), jnp.float32)

@@ -328,8 +328,8 @@ class Qwen3ForCausalLM(nnx.Module):
         indices = aux = None
         if cfg.is_moe:
             indices = jnp.concatenate(all_indices, axis=0)
-            rows = cfg.num_moe_layers * jnp.sum(token_mask.astype(jnp.float32))
-            aux = load_balancing_loss_from_terms(counts, prob_sums, rows)
+            routed = cfg.num_moe_layers * jnp.sum(token_mask.astype(jnp.float32))
+            aux = load_balancing_loss_from_terms(counts, prob_sums, routed)
         return hidden, new_cache, indices, aux
 
 

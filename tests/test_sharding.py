@@ -1,0 +1,178 @@
+"""respo_jax.sharding and the sharded Qwen3: mesh configs, the rules table, kernel fields, and (in
+subprocesses with 8 simulated CPU devices, tests/mesh_checks.py) parameter shardings, sharded init and
+loading, expert parallelism and sharded forward/backward against the single-device model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from respo_jax.models import qwen3
+from respo_jax.sharding import MESH_AXES, MeshConfig, ShardingRules, make_mesh
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKS_FILE = os.path.join(REPO, "tests", "mesh_checks.py")
+MULTI_DEVICE_CHECKS = [
+    "param_shardings_init_and_memory_on_8_devices",
+    "sharded_loading_equals_unsharded_and_reads_slices",
+    "forward_and_gradients_match_one_device",
+    "expert_parallel_moe_replays_routing_like_one_device",
+    "expert_parallel_ffn_matches_single_device",
+    "cached_decode_matches_one_device",
+    "optimizer_state_follows_parameters",
+]
+FE = ("fsdp", "expert")
+
+
+# ---------------------------------------------------------------------------------------- MeshConfig
+
+
+@pytest.mark.parametrize("config,devices,sizes", [
+    (MeshConfig(data=2, fsdp=2, tensor=2, expert=1), 8, (2, 2, 2, 1)),
+    (MeshConfig(expert=4), 8, (2, 1, 1, 4)),              # data=-1 fills
+    (MeshConfig(data=1, fsdp=-1, tensor=2), 8, (1, 4, 2, 1)),
+    (MeshConfig(), 1, (1, 1, 1, 1)),
+])
+def test_mesh_config_resolves_the_fill_axis(config, devices, sizes):
+    assert config.axis_sizes(devices) == sizes
+
+
+@pytest.mark.parametrize("kwargs,devices,match", [
+    (dict(data=-1, fsdp=-1), None, "at most one mesh axis may be -1"),
+    (dict(tensor=0), None, "positive integers or -1"),
+    (dict(expert=2.0), None, "positive integers or -1"),
+    (dict(data=3), 8, "has 3 devices, but 8 are available"),
+    (dict(fsdp=3), 8, "cannot fill 8 devices"),
+])
+def test_mesh_config_rejects_sizes_that_do_not_fit(kwargs, devices, match):
+    with pytest.raises(ValueError, match=match):
+        MeshConfig(**kwargs).axis_sizes(devices)
+
+
+def test_make_mesh_names_four_auto_axes_and_checks_the_device_count():
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    assert mesh.axis_names == MESH_AXES and tuple(mesh.shape.values()) == (1, 1, 1, 1)
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+    with pytest.raises(ValueError, match="has 2 devices, but 1 are available"):
+        make_mesh(MeshConfig(data=2), devices=jax.devices()[:1])
+
+
+# --------------------------------------------------------------------------------------- the rules
+
+
+def test_default_rules_spec_of_parameters_and_activations():
+    rules = ShardingRules()
+    assert rules.spec(("layers", "embed", "heads", "head_dim")) == P(None, FE, "tensor", None)
+    assert rules.spec(("layers", "experts", "expert_embed", "expert_mlp")) == P(None, "expert", "fsdp", "tensor")
+    assert rules.spec(("batch", "sequence", "activation_embed")) == P(("data", "fsdp", "expert"), None, None)
+    assert rules.spec(("batch", "sequence", "vocab")) == P(("data", "fsdp", "expert"), None, "tensor")
+    assert rules.spec(("vocab", None)) == P("tensor", None)
+
+
+def test_a_lookup_that_reuses_a_mesh_axis_raises():
+    # an activation labelled with the parameters' "embed": batch and embed both want fsdp (and expert)
+    with pytest.raises(ValueError, match=r"map both 'batch' and 'embed' to mesh axis 'fsdp'"):
+        ShardingRules().spec(("batch", "sequence", "embed"))
+    with pytest.raises(ValueError, match=r"map both 'embed' and 'mlp' to mesh axis 'fsdp'"):
+        ShardingRules().replace(mlp="fsdp").spec(("embed", "mlp"))
+    with pytest.raises(ValueError, match=r"map both 'heads' and 'kv_heads' to mesh axis 'tensor'"):
+        ShardingRules().spec(("heads", "kv_heads"))
+
+
+def test_rules_reject_unknown_names_and_malformed_entries():
+    with pytest.raises(KeyError, match="unknown logical axis 'seq'"):
+        ShardingRules().spec(("batch", "seq"))
+    with pytest.raises(KeyError, match=r"unknown logical axes \['hidden'\]"):
+        ShardingRules().replace(hidden="tensor")
+    with pytest.raises(ValueError, match="rule 'vocab' must name mesh axes"):
+        ShardingRules(vocab=3)
+    with pytest.raises(ValueError, match="rule 'batch' repeats a mesh axis"):
+        ShardingRules(batch=("data", "data"))
+    assert ShardingRules(vocab="tensor").vocab == ("tensor",) and ShardingRules(layers=None).layers == ()
+    assert hash(ShardingRules()) == hash(ShardingRules())  # usable as static jit metadata
+
+
+def test_rules_name_the_mesh_axes_a_mesh_lacks():
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:1])
+    with pytest.raises(ValueError, match=r"mesh axes \['expert', 'fsdp'\], which the mesh"):
+        ShardingRules().sharding(mesh, ("batch", None))
+    with pytest.raises(ValueError, match="sharding rules name mesh axes"):
+        qwen3.Qwen3Config.preset("tiny", mesh=mesh)
+
+
+# ------------------------------------------------------------------------------- kernels and config
+
+
+def test_kernel_choices_are_validated_fields_with_per_backend_defaults():
+    cfg = qwen3.Qwen3Config.preset("tiny-moe")
+    assert (cfg.attention_impl, cfg.moe_impl, cfg.moe_dispatch) == ("causal_blocks", "tiled", "all_to_all")
+    assert qwen3.default_kernels("cpu") == dict(attention_impl="causal_blocks", moe_impl="tiled",
+                                                moe_dispatch="all_to_all")
+    for backend in ("gpu", "tpu"):
+        assert qwen3.default_kernels(backend) == dict(attention_impl="causal_blocks", moe_impl="ragged",
+                                                      moe_dispatch="ragged_all_to_all")
+    assert cfg.with_default_kernels("tpu").moe_impl == "ragged"
+    assert cfg.with_default_kernels().moe_impl == qwen3.default_kernels(jax.default_backend())["moe_impl"]
+    for field, value in (("attention_impl", "flash"), ("moe_impl", "dense"), ("moe_dispatch", "allgather")):
+        with pytest.raises(ValueError, match=f"{field} must be one of"):
+            cfg.replace(**{field: value})
+
+
+def test_runtime_fields_stay_out_of_config_json():
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    cfg = qwen3.Qwen3Config.preset("tiny-moe", moe_impl="ragged", attention_impl="dense", mesh=mesh,
+                                   rules=ShardingRules().replace(sequence="tensor"))
+    hf = cfg.to_hf_dict()
+    json.dumps(hf)
+    assert not {"attention_impl", "moe_impl", "moe_dispatch", "mesh", "rules", "remat", "scan_layers"} & set(hf)
+    assert qwen3.Qwen3Config.from_hf_dict(hf) == qwen3.Qwen3Config.preset("tiny-moe")
+
+
+def test_expert_parallelism_needs_tokens_split_over_the_expert_axes():
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    rules = ShardingRules().replace(batch=("data", "fsdp"))
+    with pytest.raises(ValueError, match=r"experts are split over mesh axes \('expert',\), but tokens only"):
+        qwen3.Qwen3Config.preset("tiny-moe", mesh=mesh, rules=rules)
+    qwen3.Qwen3Config.preset("tiny", mesh=mesh, rules=rules)  # a dense model has no experts to place
+    explicit = jax.make_mesh((1, 1, 1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Explicit,) * 4,
+                             devices=jax.devices()[:1])
+    with pytest.raises(ValueError, match="Auto axis types"):
+        qwen3.Qwen3Config.preset("tiny", mesh=explicit)
+
+
+def test_from_pretrained_picks_the_backend_kernels_unless_told(tmp_path):
+    cfg = qwen3.Qwen3Config.preset("tiny-moe")
+    qwen3.save_pretrained(qwen3.init_model(cfg, 0), tmp_path)
+    default = qwen3.from_pretrained(tmp_path)
+    assert default.config.moe_impl == qwen3.default_kernels(jax.default_backend())["moe_impl"]
+    chosen = qwen3.from_pretrained(tmp_path, moe_impl="ragged", attention_impl="dense")
+    assert (chosen.config.moe_impl, chosen.config.attention_impl) == ("ragged", "dense")
+    assert chosen.config.moe_dispatch == default.config.moe_dispatch
+
+
+# ------------------------------------------------------------------- multi-device (8 CPU devices)
+
+
+def test_the_check_list_matches_the_checks_file():
+    with open(CHECKS_FILE, encoding="utf-8") as f:
+        defined = re.findall(r"@check\ndef (\w+)\(", f.read())
+    assert defined == MULTI_DEVICE_CHECKS
+
+
+@pytest.mark.parametrize("name", MULTI_DEVICE_CHECKS)
+def test_on_8_simulated_devices(name, tmp_path):
+    out = tmp_path / "results.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, CHECKS_FILE, str(out), name], env=env, capture_output=True,
+                            text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0 and out.exists(), result.stdout[-3000:] + result.stderr[-5000:]
+    outcome = json.loads(out.read_text())[name]
+    assert outcome == "ok", outcome
