@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from experiments.cli import run_cli, run_failures
 from respo_jax.eval.rollout_files import write_rollout_file
-from respo_jax.host_allocator import configure_host_allocator
+from respo_jax.distributed import initialize_from_env
+from respo_jax.host_allocator import configure_host_allocator, expected_platform
 from respo_jax.training import run_dir
 from respo_jax.training.checkpoint import (
     CheckpointError,
@@ -42,6 +43,8 @@ from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
+# devices, mesh axis sizes, where the parameters live (param_bytes_total, param_bytes_max_per_device)
+RUN_INFO_FILE = "run_info.json"
 
 
 def load_config(path: str, expected: type = ExperimentConfig):
@@ -73,7 +76,13 @@ def run_experiment(config: ExperimentConfig) -> dict:
     """Trains `config` into its run.out_dir (checked first, see the module docstring); returns the summary."""
     config = config.validate().check_paths()
     plan = run_dir.plan_run_dir(config)
-    if config.run.host_allocator:  # before the first JAX computation starts XLA's threads
+    # Once, before the first JAX computation: join the other processes of a multi-process launch
+    # (respo_jax.distributed), and on CPU keep XLA's host buffers mapped (respo_jax.host_allocator).
+    try:
+        initialize_from_env()
+    except ValueError as err:
+        raise ConfigError(f"multi-process launch: {err}") from None
+    if config.run.host_allocator and expected_platform() == "cpu":
         configure_host_allocator()
     out_dir = config.run.out_dir
     checkpoint_dir = os.path.join(out_dir, run_dir.CHECKPOINT_DIR)
@@ -85,6 +94,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
 
     # -- nothing was written above this line: a failed start leaves an existing run untouched ---------
     run_dir.start_run_dir(plan, config)
+    run_dir.atomic_write_json(os.path.join(out_dir, RUN_INFO_FILE), trainer.run_info())
     records: list[dict] = []
     last_saved = None
     if restored is not None:

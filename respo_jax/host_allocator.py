@@ -85,6 +85,23 @@ def configure_host_allocator(jax_dispatch: bool = True) -> dict:
     return _applied
 
 
+def expected_platform() -> str:
+    """The platform JAX will run on ("cpu", "gpu", "tpu"), decided without starting JAX (the allocator
+    must be configured before): the first of `JAX_PLATFORMS` when set, else "cpu" unless a GPU or TPU
+    plugin is installed."""
+    import importlib.util
+    import os
+
+    chosen = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
+    if chosen:
+        return "gpu" if chosen in ("cuda", "rocm", "gpu") else chosen
+    for module, platform_name in (("jax_cuda13_plugin", "gpu"), ("jax_cuda12_plugin", "gpu"),
+                                  ("jax_rocm7_plugin", "gpu"), ("jax_rocm60_plugin", "gpu"), ("libtpu", "tpu")):
+        if importlib.util.find_spec(module) is not None:
+            return platform_name
+    return "cpu"
+
+
 def release_host_memory() -> bool:
     """Returns the free memory of the malloc heap to the OS (glibc `malloc_trim(0)`, which also releases
     free pages in the middle of the heap). True if glibc released something; False where it released

@@ -149,8 +149,9 @@ class ShardingRules:
     def __post_init__(self):
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            axes = (value,) if isinstance(value, str) else tuple(value or ())
-            if not all(isinstance(a, str) and a for a in axes):
+            ok = value is None or isinstance(value, (str, tuple, list))
+            axes = (value,) if isinstance(value, str) else tuple(value or ()) if ok else ()
+            if not ok or not all(isinstance(a, str) and a for a in axes):
                 raise ValueError(f"rule {field.name!r} must name mesh axes (a string, a tuple of strings or "
                                  f"None); got {value!r}")
             if len(set(axes)) != len(axes):

@@ -309,39 +309,40 @@ def test_bad_engine_config_raises():
 
 
 def test_sharded_batch_on_a_simulated_8_device_mesh(tmp_path):
-    # The batch is split over ('data', 'fsdp') of a 2x2x2 mesh; results equal the unsharded run.
+    # The sampler runs under the model config's mesh and rules: the batch is split by the "batch" rule
+    # (data, fsdp, expert) of a 2x2x2x1 mesh, or by whatever the table says; results equal one device.
     script = textwrap.dedent(
         """
         import jax, numpy as np
-        from flax import nnx
         from respo_jax.models import qwen3
         from respo_jax.sampling import SamplingParams, generate
+        from respo_jax.sharding import MeshConfig, ShardingRules, make_mesh
         assert jax.device_count() == 8
         # initializer_range 0.3: well-separated logits, so top-k sets are not decided by float rounding
         cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3)
-        model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
+        model = qwen3.init_model(cfg, seed=0)
+        mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2, expert=1))
+        sharded_model = qwen3.init_model(cfg.replace(mesh=mesh), seed=0)
+        data_only = ShardingRules().replace(batch="data")
+        data_model = qwen3.init_model(cfg.replace(mesh=mesh, rules=data_only), seed=0)
         prompts = [[5, 9, 17], [3, 1, 4, 1, 5, 9], [100], [8, 8]]
         params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=1)
-        auto = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
-                             axis_types=(jax.sharding.AxisType.Auto,) * 3)
         plain = generate(model, prompts, params, return_routing=True)
-        sharded = generate(model, prompts, params, return_routing=True, mesh=auto)
-        assert sharded.tokens.sharding.spec[0] == ("data", "fsdp"), sharded.tokens.sharding
-        assert sharded.routing.sharding.spec[1] == ("data", "fsdp"), sharded.routing.sharding
+        sharded = generate(sharded_model, prompts, params, return_routing=True)
+        batch_axes = ("data", "fsdp", "expert")
+        assert sharded.tokens.sharding.spec[0] == batch_axes, sharded.tokens.sharding
+        assert sharded.routing.sharding.spec[1] == batch_axes, sharded.routing.sharding
+        by_data = generate(data_model, prompts, params, return_routing=True)
+        assert by_data.tokens.sharding.spec[0] == "data", by_data.tokens.sharding
         # 3 rows are padded to 4 (a multiple of data x fsdp) with filler rows; a row's samples depend
         # only on its own prompt, index and the seed, so they equal the first 3 unsharded rows.
-        padded = generate(model, prompts[:3], params, return_routing=True, mesh=auto)
+        padded = generate(sharded_model, prompts[:3], params, return_routing=True)
         for name in ("tokens", "routing", "logprobs"):
             want = np.asarray(getattr(plain, name))
             np.testing.assert_allclose(np.asarray(getattr(sharded, name)), want, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(getattr(by_data, name)), want, atol=1e-5)
             first3 = want[:, :3] if name == "routing" else want[:3]
             np.testing.assert_allclose(np.asarray(getattr(padded, name)), first3, atol=1e-5)
-        explicit = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
-        try:
-            generate(model, prompts, params, mesh=explicit)
-            raise AssertionError("an Explicit mesh was accepted")
-        except ValueError as error:
-            assert "Auto axis types" in str(error)
         print("OK", sharded.tokens.sharding)
         """
     )

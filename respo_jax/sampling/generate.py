@@ -118,21 +118,23 @@ def _validate_prompts(prompts, vocab_size: int | None) -> list[list[int]]:
     return out
 
 
-def _batch_axes(mesh: jax.sharding.Mesh | None) -> tuple[str, ...]:
+def _batch_sharding(cfg, ndim: int, axis: int = 0):
+    """NamedSharding splitting dimension `axis` of an `ndim`-array like the activations' batch (the
+    model config's `rules` on its `mesh`), the other dimensions whole; None without a mesh."""
+    mesh = getattr(cfg, "mesh", None)
     if mesh is None:
-        return ()
-    if any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
-        # The model's gathers/einsums carry no out_sharding annotations, which Explicit axes require.
-        raise ValueError(
-            f"generate needs a mesh with Auto axis types (sharding propagated by the compiler), got "
-            f"{mesh.axis_types}; build it with jax.make_mesh(..., axis_types=(AxisType.Auto,) * n)"
-        )
-    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
-    if not axes:
-        raise ValueError(
-            f"mesh axes {mesh.axis_names} contain neither 'data' nor 'fsdp' to shard the batch over"
-        )
-    return axes
+        return None
+    names = [None] * ndim
+    names[axis] = "batch"
+    return cfg.rules.sharding(mesh, names)
+
+
+def _batch_shards(cfg) -> int:
+    """Devices the batch is split over (1 without a mesh): rows are padded to a multiple."""
+    mesh = getattr(cfg, "mesh", None)
+    if mesh is None:
+        return 1
+    return math.prod(mesh.shape[a] for a in cfg.rules.mesh_axes("batch"))
 
 
 def left_pad(prompts: list[list[int]], length: int, num_rows: int) -> tuple[np.ndarray, ...]:
@@ -240,26 +242,16 @@ def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, retu
     return jax.lax.while_loop(cond, body, state)
 
 
-def _shard_batch_axis(x, mesh, batch_axes, axis: int):
-    """Constrain axis `axis` of `x` to the mesh's batch axes, other axes left to the partitioner."""
-    if mesh is None:
-        return x
-    spec = [jax.sharding.PartitionSpec.UNCONSTRAINED] * x.ndim
-    spec[axis] = batch_axes
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
-    return jax.lax.with_sharding_constraint(x, sharding)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=(
         "graphdef", "params", "cache_len", "stop", "prefill_chunk", "cache_dtype", "return_routing",
-        "capture_last", "mesh", "batch_axes",
+        "capture_last",
     ),
 )
 def _prefill_and_decode(
     graphdef, model_state, layers, input_ids, positions, attention_mask, active, seed, first_row,
-    *, params, cache_len, stop, prefill_chunk, cache_dtype, return_routing, capture_last, mesh, batch_axes,
+    *, params, cache_len, stop, prefill_chunk, cache_dtype, return_routing, capture_last,
 ):
     """Prefill `[batch, P]` prompts, sample the first token and decode until `stop` (jitted once per
     shape/params). `layers`: per-layer weights for the decode loop (`_decode_layers`) or None; the
@@ -269,12 +261,6 @@ def _prefill_and_decode(
     model = nnx.merge(graphdef, model_state)
     batch, prompt_len = input_ids.shape
     cache = qwen3.init_cache(_model_config(model), batch, cache_len, dtype=jnp.dtype(cache_dtype))
-    if mesh is not None:
-        cache = cache.replace(
-            k=_shard_batch_axis(cache.k, mesh, batch_axes, 1),
-            v=_shard_batch_axis(cache.v, mesh, batch_axes, 1),
-            valid=_shard_batch_axis(cache.valid, mesh, batch_axes, 0),
-        )
 
     # Prefill as pieces of at most `prefill_chunk` tokens, the last token on its own: only the last
     # position's logits are used, so XLA drops the vocabulary projection of every other piece and
@@ -359,7 +345,6 @@ def generate(
     *,
     return_routing: bool = False,
     engine: EngineConfig = EngineConfig(),
-    mesh: jax.sharding.Mesh | None = None,
 ) -> GenerateOutput:
     """Sample `params.num_samples` continuations of every prompt.
 
@@ -370,8 +355,11 @@ def generate(
       params: sampling distribution and limits (static: a new value compiles once).
       return_routing: also return the routed experts of prompt and generated tokens (MoE only).
       engine: buckets, prefill/decode chunking and cache dtype.
-      mesh: optional mesh; the batch is split over its ('data', 'fsdp') axes (padded with inactive
-        filler rows to a multiple of their size); the model's own shardings are left as they are.
+    The sampler runs under the model config's `mesh` and `rules` (`respo_jax.sharding`), as the
+    trainer does: prompts, sampled tokens, log-probs and routing split their batch dimension by the
+    `batch` rule (rows padded with inactive filler rows to a multiple of those axes' size), the KV
+    cache is constrained by its logical axes (`qwen3.cache.CACHE_AXES`) inside the model, and the
+    parameters stay where they are.
     Returns:
       GenerateOutput with rows in prompt-major order (`len(prompts) * num_samples` rows).
     """
@@ -405,16 +393,13 @@ def generate(
         return slots if engine.max_cache_len is None else min(slots, engine.max_cache_len)
 
     rows = [p for p in prompts for _ in range(params.num_samples)]
-    batch_axes = _batch_axes(mesh)
-    shards = math.prod(mesh.shape[a] for a in batch_axes) if mesh is not None else 1
-    chunk_rows = _round_up(_chunk_rows(len(rows), engine.max_batch_rows), shards)
+    chunk_rows = _round_up(_chunk_rows(len(rows), engine.max_batch_rows), _batch_shards(cfg))
     graphdef, model_state = nnx.split(model)
     layers = _decode_layers(model, graphdef, model_state)
     run = functools.partial(
-        _generate_chunk, graphdef=graphdef, model_state=model_state, layers=layers, params=params,
-        engine=engine,
-        prompt_len=prompt_len, cache_slots=cache_slots, return_routing=return_routing, mesh=mesh,
-        batch_axes=batch_axes, cache_dtype=engine.cache_dtype or getattr(cfg, "dtype", "float32"),
+        _generate_chunk, graphdef=graphdef, model_state=model_state, layers=layers, params=params, engine=engine,
+        prompt_len=prompt_len, cache_slots=cache_slots, return_routing=return_routing, cfg=cfg,
+        cache_dtype=engine.cache_dtype or getattr(cfg, "dtype", "float32"),
     )
     outputs = [run(rows[first:first + chunk_rows], first, chunk_rows)
                for first in range(0, len(rows), chunk_rows)]
@@ -439,17 +424,11 @@ def _chunk_rows(rows: int, max_rows: int | None) -> int:
 
 
 def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers, params, engine, prompt_len,
-                    cache_slots, return_routing, mesh, batch_axes, cache_dtype) -> GenerateOutput:
+                    cache_slots, return_routing, cfg, cache_dtype) -> GenerateOutput:
     """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch) as one jitted batch of
     `num_rows` rows (filler rows past `len(rows)`, dropped from the output)."""
     host_arrays = left_pad(rows, prompt_len, num_rows)
-    if mesh is not None:
-        shard = lambda a: jax.sharding.NamedSharding(  # noqa: E731 - batch axis over the data axes
-            mesh, jax.sharding.PartitionSpec(batch_axes, *([None] * (a.ndim - 1)))
-        )
-        device_arrays = [jax.device_put(a, shard(a)) for a in host_arrays]
-    else:
-        device_arrays = [jnp.asarray(a) for a in host_arrays]
+    device_arrays = [jax.device_put(a, _batch_sharding(cfg, a.ndim)) for a in host_arrays]
     input_ids, positions, attention_mask, active = device_arrays
 
     total = params.max_new_tokens
@@ -461,7 +440,7 @@ def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers,
         np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32), np.uint32(first_row),
         params=static_params, cache_len=cache_slots(stop), stop=stop,
         prefill_chunk=engine.prefill_chunk_size, cache_dtype=cache_dtype, return_routing=return_routing,
-        capture_last=return_routing and stop == total, mesh=mesh, batch_axes=batch_axes,
+        capture_last=return_routing and stop == total,
     )
     while stop < total:
         if bool(jax.device_get(jnp.all(state.done))):  # one host sync per decode segment

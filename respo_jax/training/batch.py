@@ -32,6 +32,12 @@ class PolicyBatch:
     response_mask:  [batch, response_len] float32, 1 on the generated tokens (EOS included)
     old_logp:       [batch, response_len] float32, log π_old of each response token (0 where masked)
     advantages:     [batch] float32
+    routing:        None, or (Routing Replay) [batch, num_moe_layers, prompt_len + response_len - 1, top_k]
+                    int32: the experts the sampler routed each input token to (the model input is the
+                    sequence without its last token); log π_old and the policy forward replay them
+
+    Every array has the rows first, so one sharding of the leading dimension (`batch_sharding`) places
+    the whole batch and `take` selects rows of every field alike.
     """
 
     input_ids: jnp.ndarray
@@ -40,6 +46,7 @@ class PolicyBatch:
     response_mask: jnp.ndarray
     old_logp: jnp.ndarray
     advantages: jnp.ndarray
+    routing: jnp.ndarray | None = None
     prompt_len: int = flax.struct.field(pytree_node=False, default=0)
 
     def take(self, rows: np.ndarray) -> "PolicyBatch":
@@ -51,6 +58,7 @@ class PolicyBatch:
             response_mask=self.response_mask[rows],
             old_logp=self.old_logp[rows],
             advantages=self.advantages[rows],
+            routing=None if self.routing is None else self.routing[rows],
         )
 
 
@@ -113,20 +121,57 @@ def build_sequences(
     return input_ids, positions, attention_mask, response_mask, prompt_len
 
 
+def replay_routing(prompt_routing: np.ndarray, routing: np.ndarray, prompt_len: int,
+                   response_len: int) -> np.ndarray:
+    """The sampler's routed experts laid out like a `PolicyBatch`'s model input (Routing Replay).
+
+    prompt_routing: [layers, batch, P, top_k], the sampler's left-padded prompts (any P >= every prompt);
+    routing: [layers, batch, T, top_k], the generated tokens (T >= response_len);
+    -> [batch, layers, prompt_len + response_len - 1, top_k] int32 (`PolicyBatch.routing`'s rows-first
+    layout): position j < prompt_len holds the
+    prompt token's experts (both layouts are left-padded, so they align at the right; pad slots, whose
+    outputs nothing reads, get expert 0), position prompt_len + t the experts of response token t. The
+    last response slot is dropped, as the model input drops the last token.
+    """
+    prompt_routing, routing = np.asarray(prompt_routing), np.asarray(routing)
+    if prompt_routing.ndim != 4 or routing.ndim != 4 or prompt_routing.shape[:2] != routing.shape[:2]:
+        raise ValueError(f"expected prompt routing and routing [layers, batch, len, top_k] of the same rows; "
+                         f"got {prompt_routing.shape} and {routing.shape}")
+    if routing.shape[2] < response_len:
+        raise ValueError(f"routing covers {routing.shape[2]} generated tokens; the batch has {response_len}")
+    layers, batch, sampler_len, top_k = prompt_routing.shape
+    prompt = np.zeros((layers, batch, prompt_len, top_k), np.int32)
+    keep = min(sampler_len, prompt_len)
+    prompt[:, :, prompt_len - keep:] = prompt_routing[:, :, sampler_len - keep:]
+    out = np.concatenate([prompt, routing[:, :, :response_len].astype(np.int32)], axis=2)
+    return np.ascontiguousarray(out[:, :, :-1].swapaxes(0, 1))
+
+
+def batch_sharding(mesh, rules):
+    """The sharding of every `PolicyBatch` field (and of the trainer's other [batch, ...] inputs): rows
+    split by the "batch" rule, everything else whole."""
+    return rules.sharding(mesh, ("batch",))
+
+
 def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: int, temperature: float = 1.0,
-                      return_entropy: bool = False, *, chunk_size: int = LOGPROB_CHUNK_TOKENS):
+                      return_entropy: bool = False, *, chunk_size: int = LOGPROB_CHUNK_TOKENS, routing=None,
+                      return_aux: bool = False):
     """log π(o_t | q, o_<t) of every response slot: [batch, response_len] float32, under the logits divided
     by the rollout ``temperature`` (the distribution the responses were sampled from, before truncation).
 
     Slot t of the response is predicted by the logits at sequence position prompt_len - 1 + t; the
     vocabulary projection runs for those positions only, ``chunk_size`` tokens at a time.
     ``return_entropy=True``: also the entropy of that full distribution at each slot, (logp, entropy).
+    ``routing`` ([batch, num_moe_layers, seq - 1, top_k], `PolicyBatch.routing`): experts to replay.
+    ``return_aux=True`` appends the forward's router load-balancing loss (None for dense models).
     """
-    return model.token_logprobs(
-        input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1],
-        attention_mask=attention_mask[:, :-1],
+    *values, aux = model.token_logprobs(
+        input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1], attention_mask=attention_mask[:, :-1],
         chunk_size=chunk_size, temperature=temperature, return_entropy=return_entropy, start=prompt_len - 1,
+        routing=None if routing is None else jnp.swapaxes(routing, 0, 1), return_aux=True,
     )
+    values = tuple(values) if return_entropy else values[0]
+    return (values, aux) if return_aux else values
 
 
 def microbatch_size(rows: int, seq_len: int, max_tokens: int) -> int:
@@ -160,4 +205,5 @@ def split_microbatches(batch: PolicyBatch, rows_per_microbatch: int) -> PolicyBa
         input_ids=pad(batch.input_ids, False), positions=pad(batch.positions, False),
         attention_mask=pad(batch.attention_mask, False), response_mask=pad(batch.response_mask, True),
         old_logp=pad(batch.old_logp, True), advantages=pad(batch.advantages, True),
+        routing=None if batch.routing is None else pad(batch.routing, False),
     )

@@ -230,6 +230,10 @@ class RolloutConfig(_Section):
     response_bucket: int = 64
     max_tokens_per_microbatch: int = 16384
     sampler_max_rows: int = 256
+    # Routing Replay (R3, MoE only): the sampler records the experts it routed every token to, and the
+    # recomputation of log π_old and every policy forward reuse them (gate weights still come from the
+    # current router, which keeps its gradient), so sampler and trainer run the same experts.
+    routing_replay: bool = False
 
     def validate(self) -> None:
         from respo_jax.sampling import SamplingParams
@@ -263,11 +267,16 @@ class ObjectiveConfig(_Section):
     section = "objective"
     name: str = "respo"
     hparams: dict = dataclasses.field(default_factory=dict)
+    # MoE only: weight of the router load-balancing loss (Switch Transformer, transformers' normalisation)
+    # added to the policy loss; 0 = not added (its value is still logged for MoE models). Qwen3-MoE
+    # checkpoints' config.json say router_aux_loss_coef=0.001 for pre-training.
+    load_balancing_weight: float = 0.0
 
     def validate(self) -> None:
         from respo_jax.objectives import OBJECTIVES, get_objective
 
         self._check_types()
+        self._need("load_balancing_weight", self.load_balancing_weight >= 0, "a finite number >= 0")
         self._need("name", self.name in OBJECTIVES, f"one of {sorted(OBJECTIVES)}")
         try:  # the registry checks names and ranges of the hyperparameters
             get_objective(self.name, **self.hparams)
@@ -369,6 +378,41 @@ def validate_sections(config) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshSection(_Section):
+    """The device mesh of the run (`respo_jax.sharding.MeshConfig`): sizes of the axes data, fsdp,
+    tensor and expert; one of them may be -1 (all devices the others leave). The default puts every
+    device on `data`. Parameters, optimizer state, batches, the sampler and the KV cache are placed by
+    the one logical-axis table `respo_jax.sharding.ShardingRules` on this mesh."""
+
+    section = "mesh"
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    expert: int = 1
+
+    def validate(self) -> None:
+        self._check_types()
+        for name in ("data", "fsdp", "tensor", "expert"):
+            self._need(name, getattr(self, name) >= 1 or getattr(self, name) == -1,
+                       "an integer >= 1, or -1 (fill with the devices the other axes leave)")
+        fills = [name for name in ("data", "fsdp", "tensor", "expert") if getattr(self, name) == -1]
+        _require(len(fills) <= 1, "mesh", {n: getattr(self, n) for n in ("data", "fsdp", "tensor", "expert")},
+                 "at most one axis set to -1")
+
+    def mesh_config(self):
+        from respo_jax.sharding import MeshConfig
+
+        return MeshConfig(data=self.data, fsdp=self.fsdp, tensor=self.tensor, expert=self.expert)
+
+    def axis_sizes(self, device_count: int) -> tuple[int, int, int, int]:
+        """(data, fsdp, tensor, expert) for `device_count` devices; ConfigError when they do not fit."""
+        try:
+            return self.mesh_config().axis_sizes(device_count)
+        except ValueError as err:
+            raise ConfigError(f"mesh: {_one_line(err)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
@@ -377,6 +421,7 @@ class ExperimentConfig:
     optim: OptimConfig = OptimConfig()
     warmup: WarmupConfig = WarmupConfig()
     run: RunConfig = RunConfig()
+    mesh: MeshSection = MeshSection()
 
     def validate(self) -> "ExperimentConfig":
         """Checks every field and the relations between them; raises `ConfigError` (one line) or returns

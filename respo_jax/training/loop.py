@@ -12,6 +12,7 @@ iteration (`last_rollout`); writing files is the caller's (`experiments/train.py
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Iterator
 
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.data.batches import PromptBatches
 from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
@@ -26,17 +28,33 @@ from respo_jax.data.records import load_dapo_math
 from respo_jax.data.synthetic import CharTokenizer
 from respo_jax.data.tokenizer import load_tokenizer
 from respo_jax.eval.positive_branch import pooled_diagnostics
-from respo_jax.host_allocator import release_host_memory
+from respo_jax.host_allocator import host_allocator_settings, release_host_memory
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
 from respo_jax.rewards import overlong_penalty, strict_box_score
 from respo_jax.sampling import EngineConfig, SamplingParams, generate
-from respo_jax.training.batch import PolicyBatch, bucket_length, build_sequences, microbatch_size
+from respo_jax.sharding import (
+    ShardingRules,
+    bytes_per_device,
+    init_optimizer_state,
+    make_mesh,
+    optimizer_state_shardings,
+    state_shardings,
+)
+from respo_jax.training.batch import (
+    PolicyBatch,
+    batch_sharding,
+    bucket_length,
+    build_sequences,
+    microbatch_size,
+    replay_routing,
+)
 from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.step import (
     NonFiniteError,
+    StepShardings,
     learning_rate_schedule,
     make_logprob_fn,
     make_optimizer,
@@ -87,16 +105,27 @@ def load_task(config: ExperimentConfig):
     return tokenizer, prompt_format, records[num_eval:], records[:num_eval], None
 
 
-def build_model(config: ExperimentConfig, vocab_size: int) -> nnx.Module:
+def build_mesh(config: ExperimentConfig) -> jax.sharding.Mesh:
+    """The run's (data, fsdp, tensor, expert) mesh over every device of every process (`config.mesh`);
+    ConfigError when the sizes do not fit the devices."""
+    devices = jax.devices()
+    config.mesh.axis_sizes(len(devices))  # a ConfigError naming the mesh keys
+    return make_mesh(config.mesh.mesh_config(), devices)
+
+
+def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Mesh | None = None,
+                rules: ShardingRules = ShardingRules()) -> nnx.Module:
     """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint;
-    both in `model.dtype` compute with `model.param_dtype` parameters."""
+    both in `model.dtype` compute with `model.param_dtype` parameters, kernels chosen for the backend
+    (`qwen3.default_kernels`). With `mesh`, every parameter is created (or read) directly in its
+    sharding by `rules`, and the model's forward runs under them."""
     dtype = config.model.dtype
     param_dtype = config.model.param_dtype or dtype
     if config.model.checkpoint_dir:
         try:
             return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=jnp.dtype(param_dtype),
                                          compute_dtype=jnp.dtype(dtype), remat=config.model.remat,
-                                         scan_layers=config.model.scan_layers)
+                                         scan_layers=config.model.scan_layers, mesh=mesh, rules=rules)
         except (OSError, ValueError, KeyError) as err:  # a damaged or foreign checkpoint: the user's to fix
             raise ConfigError(f"model.checkpoint_dir={config.model.checkpoint_dir!r}: {err}") from None
     model_cfg = qwen3.Qwen3Config.preset(config.model.preset)
@@ -108,7 +137,13 @@ def build_model(config: ExperimentConfig, vocab_size: int) -> nnx.Module:
     if model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.overrides.vocab_size={model_cfg.vocab_size}: expected at least the "
                           f"tokenizer's {vocab_size}")
-    return qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(config.run.seed))
+    kernels = qwen3.default_kernels(mesh.devices.flat[0].platform if mesh is not None else jax.default_backend())
+    kernels = {k: v for k, v in kernels.items() if k not in config.model.overrides}  # explicit choices win
+    try:
+        model_cfg = model_cfg.replace(mesh=mesh, rules=rules, **kernels)
+    except ValueError as err:  # e.g. experts that do not split over mesh.expert
+        raise ConfigError(f"mesh: {err}") from None
+    return qwen3.init_model(model_cfg, seed=config.run.seed)
 
 
 class RLTrainer:
@@ -126,17 +161,65 @@ class RLTrainer:
         self._batch_shapes: set[tuple] = set()  # policy-batch shapes seen so far (one compilation each)
         self.engine = EngineConfig(prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows)
         self.last_rollout: dict | None = None  # per-response arrays of the last iteration (rollout file)
-        model = build_model(config, self.tokenizer.vocab_size)
+        self.mesh, self.rules = build_mesh(config), ShardingRules()
+        model = build_model(config, self.tokenizer.vocab_size, self.mesh, self.rules)
+        self.model_config = model.config
+        self._check_mesh_fits(model.config)
         graphdef, params = nnx.split(model)
         opt = config.optim
         updates_per_step = r.reuse if opt.schedule_per == "rollout" else 1
         self.learning_rate = learning_rate_schedule(opt.learning_rate, config.lr_warmup_steps, updates_per_step)
         self.tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm,
                                  config.lr_warmup_steps, updates_per_step)
-        self.state = TrainState(graphdef, params, self.tx.init(params))
-        self._policy_step = make_policy_step(graphdef, self.objective, self.tx, temperature=r.temperature)
-        self._logprobs = make_logprob_fn(graphdef, temperature=r.temperature)
-        self._old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True)
+        param_sh = state_shardings(params, self.mesh, self.rules)
+        self.shardings = StepShardings(
+            params=param_sh, opt_state=optimizer_state_shardings(self.tx, params, param_sh),
+            batch=batch_sharding(self.mesh, self.rules),
+            replicated=NamedSharding(self.mesh, PartitionSpec()))
+        self.state = TrainState(graphdef, params, init_optimizer_state(self.tx, params, param_sh))
+        self._policy_step = make_policy_step(graphdef, self.objective, self.tx, temperature=r.temperature,
+                                             shardings=self.shardings,
+                                             load_balancing_weight=config.objective.load_balancing_weight)
+        self._old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
+                                             shardings=self.shardings)
+
+    def _check_mesh_fits(self, model_cfg) -> None:
+        """What the mesh and the MoE options need, checked before any compute (ConfigError)."""
+        cfg, shards = self.config, self.batch_shards
+        r = cfg.rollout
+        if (r.routing_replay or cfg.objective.load_balancing_weight) and not model_cfg.is_moe:
+            key = "rollout.routing_replay" if r.routing_replay else "objective.load_balancing_weight"
+            raise ConfigError(f"{key}: needs an MoE model (num_experts > 0); the model is dense")
+        sizes = {"rollout.prompts_per_minibatch * rollout.group_size": r.prompts_per_minibatch * r.group_size}
+        if cfg.warmup.steps:
+            sizes["warmup.batch_size"] = cfg.warmup.batch_size
+        for key, rows in sizes.items():
+            if rows % shards:
+                raise ConfigError(f"{key}={rows}: expected a multiple of the {shards} devices the batch is "
+                                  f"split over (mesh axes {self.rules.mesh_axes('batch')} of {dict(self.mesh.shape)})")
+
+    @property
+    def batch_shards(self) -> int:
+        """Devices a batch's rows are split over (the "batch" rule's mesh axes)."""
+        return math.prod(self.mesh.shape[a] for a in self.rules.mesh_axes("batch"))
+
+    def place(self, batch: PolicyBatch) -> PolicyBatch:
+        """A host (or differently placed) batch in the step's batch sharding."""
+        return jax.device_put(batch, self.shardings.batch)
+
+    def run_info(self) -> dict:
+        """The run's devices, mesh and where the parameters live (written as run_info.json)."""
+        held = bytes_per_device(self.state.params)
+        total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(self.state.params))
+        return {
+            "devices": jax.device_count(),
+            "processes": jax.process_count(),
+            "platform": self.mesh.devices.flat[0].platform,
+            "mesh": {name: int(size) for name, size in self.mesh.shape.items()},
+            "param_bytes_total": int(total),
+            "param_bytes_max_per_device": int(max(held.values())),
+            "kernels": {k: getattr(self.model_config, k) for k in ("attention_impl", "moe_impl", "moe_dispatch")},
+        }
 
     # -- data ------------------------------------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
@@ -175,8 +258,9 @@ class RLTrainer:
         if self.task is None:
             raise ValueError("warmup needs reference responses: only the synthetic task has them")
         tx = make_optimizer(cfg.learning_rate, 0.0, 0.9, 0.999, 1.0, 0)
-        opt_state = tx.init(self.state.params)
-        step = make_sft_step(self.state.graphdef, tx)
+        opt_shardings = optimizer_state_shardings(tx, self.state.params, self.shardings.params)
+        opt_state = init_optimizer_state(tx, self.state.params, self.shardings.params)
+        step = make_sft_step(self.state.graphdef, tx, self.shardings.params, opt_shardings, self.shardings.batch)
         rng = np.random.default_rng(self.config.run.seed + 1)
         for index in range(cfg.steps):
             records = self._warmup_records(rng, cfg.batch_size)
@@ -190,8 +274,8 @@ class RLTrainer:
                 prompts, padded, lengths, self.tokenizer.pad_id)
             loss_mask = np.zeros(ids.shape, np.float32)
             loss_mask[:, prompt_len:] = response_mask
-            self.state.params, opt_state, loss, finite = step(
-                self.state.params, opt_state, ids, positions, attention, loss_mask)
+            inputs = jax.device_put((ids, positions, attention, loss_mask), self.shardings.batch)
+            self.state.params, opt_state, loss, finite = step(self.state.params, opt_state, *inputs)
             loss = float(loss)
             if not (np.isfinite(loss) and bool(finite)):
                 quantity = f"sft_loss is {loss}" if not np.isfinite(loss) else "the parameters hold NaN/inf"
@@ -219,31 +303,39 @@ class RLTrainer:
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
         )
-        out = generate(self.model(), prompts, params, engine=self.engine)
+        out = generate(self.model(), prompts, params, engine=self.engine, return_routing=r.routing_replay)
         answers = [rec["answer"] for rec in records for _ in range(r.group_size)]
         scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), answers)
         expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
         return expanded_prompts, out, scores
 
     def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
-                     advantages: np.ndarray) -> tuple[PolicyBatch, int]:
-        """A mini-batch laid out with bucketed prompt and response lengths (old_logp still zero), and
-        the rows per micro-batch that keep it within `rollout.max_tokens_per_microbatch`."""
+                     advantages: np.ndarray, sampler_routing: tuple | None = None) -> tuple[PolicyBatch, int]:
+        """A mini-batch laid out with bucketed prompt and response lengths (old_logp still zero), placed on
+        the devices in the step's batch sharding, and the rows per micro-batch that keep it within
+        `rollout.max_tokens_per_microbatch` (a multiple of the batch devices, so every micro-batch is
+        spread over all of them). `sampler_routing`: (prompt_routing, routing) of these rows from the
+        sampler, to replay (Routing Replay)."""
         r = self.config.rollout
         prompt_len = bucket_length(max(len(p) for p in prompts), r.prompt_bucket)
         response_len = bucket_length(max(int(lengths.max()), 1), r.response_bucket, r.max_new_tokens)
         ids, positions, attention, response_mask, prompt_len = build_sequences(
             prompts, tokens, lengths, self.tokenizer.pad_id, prompt_len=prompt_len, response_len=response_len)
         if ids.shape not in self._batch_shapes:  # see respo_jax.host_allocator: holes from other shapes
-            release_host_memory()
+            if host_allocator_settings()["applied"]:  # configured at start-up (CPU runs only)
+                release_host_memory()
             self._batch_shapes.add(ids.shape)
-        batch = PolicyBatch(
-            input_ids=jnp.asarray(ids), positions=jnp.asarray(positions),
-            attention_mask=jnp.asarray(attention),
-            response_mask=jnp.asarray(response_mask), old_logp=jnp.zeros(response_mask.shape, jnp.float32),
-            advantages=jnp.asarray(advantages, jnp.float32), prompt_len=prompt_len,
-        )
-        return batch, microbatch_size(ids.shape[0], ids.shape[1], r.max_tokens_per_microbatch)
+        routing = None
+        if sampler_routing is not None:  # the sampler's experts, laid out like the model input (R3)
+            routing = replay_routing(*sampler_routing, prompt_len, response_len)
+        batch = self.place(PolicyBatch(
+            input_ids=ids, positions=positions, attention_mask=attention, response_mask=response_mask,
+            old_logp=np.zeros(response_mask.shape, np.float32), advantages=np.asarray(advantages, np.float32),
+            routing=routing, prompt_len=prompt_len,
+        ))
+        micro = microbatch_size(ids.shape[0], ids.shape[1], r.max_tokens_per_microbatch)
+        shards = self.batch_shards
+        return batch, min(ids.shape[0], -(-micro // shards) * shards)
 
     def iteration(self) -> dict:
         """One rollout batch and its N policy updates; returns the iteration's metrics record."""
@@ -259,6 +351,8 @@ class RLTrainer:
                                                  normalize_by_std=self.objective.scale_advantages)).reshape(-1)
         lengths = np.asarray(out.lengths)
         tokens, sampler_logp = np.asarray(out.tokens), np.asarray(out.logprobs)
+        prompt_routing, routing = (np.asarray(out.prompt_routing), np.asarray(out.routing)) if r.routing_replay \
+            else (None, None)
 
         # N mini-batches of M prompts × G responses: consecutive (paper §4.1) or verl's balanced order.
         sequence_lengths = np.array([len(p) for p in prompts]) + lengths
@@ -267,8 +361,9 @@ class RLTrainer:
         # them under the rollout-time parameters, before any update.
         batches, gap, entropy, response_tokens = [], 0.0, 0.0, 0.0
         for rows in minibatches:
+            replay = (prompt_routing[:, rows], routing[:, rows]) if r.routing_replay else None
             batch, micro = self.policy_batch([prompts[i] for i in rows], tokens[rows], lengths[rows],
-                                             advantages[rows])
+                                             advantages[rows], replay)
             old_logp, token_entropy = self._old_logprobs(self.state.params, batch, microbatch_rows=micro)
             batches.append((batch.replace(old_logp=old_logp), micro))
             mask = np.asarray(batch.response_mask)

@@ -11,10 +11,14 @@ at no extra device round trip.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS
 from respo_jax.objectives import PolicyObjective
@@ -75,12 +79,27 @@ def sequence_approx_kl(logp, old_logp, mask) -> jnp.ndarray:
     return jnp.where(lengths > 0, total / jnp.maximum(lengths, 1.0), 0.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepShardings:
+    """Where the update step's arguments live (`respo_jax.sharding`): `params` and `opt_state` (a
+    NamedSharding per leaf, from the parameters' logical axes), `batch` (one NamedSharding for every
+    `PolicyBatch` field: rows split by the "batch" rule, `batch.batch_sharding`) and `replicated`
+    (metrics, scalars)."""
+
+    params: Any
+    opt_state: Any
+    batch: Any
+    replicated: NamedSharding
+
+
 def make_policy_step(
     graphdef: nnx.GraphDef,
     objective: PolicyObjective,
     tx: optax.GradientTransformation,
     temperature: float = 1.0,
     chunk_size: int = LOGPROB_CHUNK_TOKENS,
+    shardings: StepShardings | None = None,
+    load_balancing_weight: float = 0.0,
 ):
     """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
     a `PolicyBatch` (one mini-batch).
@@ -99,36 +118,53 @@ def make_policy_step(
     (`respo_jax.objectives.aggregation`) while only one micro-batch's activations are alive. The loss
     and every metric are computed once from the log-probs of the whole mini-batch, so they are the
     one-shot values too (a min stays a min, a fraction a fraction).
+
+    MoE models: a batch with `routing` replays the sampler's experts (Routing Replay);
+    `metrics["load_balancing_loss"]` is the router load-balancing loss of the forward, added to the
+    loss times `load_balancing_weight` (the reported `loss` is the objective's alone). With
+    micro-batches it is the token-weighted mean of the micro-batches' losses (each is a product of
+    means over its own tokens, so this is not exactly the one-shot value; the objective's gradient is).
+    `shardings`: the one jit gets them as in/out shardings (parameters and optimizer state donated), and
+    every micro-batch is split over the batch devices like the mini-batch.
     """
 
     def logprobs_of(params, batch: PolicyBatch):
         model = nnx.merge(graphdef, params)
-        return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask,
-                                 batch.prompt_len, temperature=temperature, chunk_size=chunk_size)
+        return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
+                                 temperature=temperature, chunk_size=chunk_size, routing=batch.routing,
+                                 return_aux=True)
+
+    def place(part: PolicyBatch) -> PolicyBatch:
+        return part if shardings is None else jax.lax.with_sharding_constraint(part, shardings.batch)
 
     def step(params, opt_state, batch: PolicyBatch, microbatch_rows: int | None = None):
         rows = batch.input_ids.shape[0]
         denominator = objective.denominator(batch.response_mask)
+        input_tokens = jnp.maximum(jnp.sum(batch.attention_mask[:, :-1]), 1)
 
         def grad_of(part: PolicyBatch):
             def loss_fn(p):
-                logp = logprobs_of(p, part)
+                logp, aux = logprobs_of(p, part)
                 terms = objective.evaluate(logp, part.old_logp, part.advantages, part.response_mask).terms
-                return safe_divide(terms.total, denominator), logp
+                loss = safe_divide(terms.total, denominator)
+                if aux is None:  # a dense model
+                    return loss, (logp, None)
+                aux = aux * jnp.sum(part.attention_mask[:, :-1]) / input_tokens  # this part's token share
+                return loss + load_balancing_weight * aux, (logp, aux)
 
-            (_, logp), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-            return grads, logp
+            (_, (logp, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            return grads, logp, aux
 
         if microbatch_rows is None or microbatch_rows >= rows:
-            grads, logp = grad_of(batch)
+            grads, logp, aux = grad_of(batch)
         else:
             def accumulate(total, part):
-                grads, logp = grad_of(part)
-                return jax.tree.map(jnp.add, total, grads), logp
+                grads, logp, aux = grad_of(place(part))
+                return jax.tree.map(jnp.add, total, grads), (logp, aux)
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            grads, logp = jax.lax.scan(accumulate, zeros, split_microbatches(batch, microbatch_rows))
-            logp = logp.reshape(-1, logp.shape[-1])[:rows]
+            grads, (logp, aux) = jax.lax.scan(accumulate, zeros, split_microbatches(batch, microbatch_rows))
+            logp, aux = logp.reshape(-1, logp.shape[-1])[:rows], None if aux is None else jnp.sum(aux)
         logp = jax.lax.stop_gradient(logp)
         out = objective.evaluate(logp, batch.old_logp, batch.advantages, batch.response_mask)
         mask = batch.response_mask
@@ -140,28 +176,37 @@ def make_policy_step(
         metrics["neg_logp"] = -jnp.sum(logp * mask) / tokens  # an entropy proxy
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
+        if aux is not None:
+            metrics["load_balancing_loss"] = aux
         metrics = dict(metrics, loss=out.terms.loss(), grad_norm=optax.tree.norm(grads),
                        responses={**out.responses, "approx_kl": kl}, params_finite=tree_all_finite(params))
         return params, opt_state, metrics
 
-    return jax.jit(step, donate_argnums=(0, 1), static_argnames=("microbatch_rows",))
+    if shardings is None:
+        return jax.jit(step, donate_argnums=(0, 1), static_argnames=("microbatch_rows",))
+    return jax.jit(step, donate_argnums=(0, 1), static_argnames=("microbatch_rows",),
+                   in_shardings=(shardings.params, shardings.opt_state, shardings.batch),
+                   out_shardings=(shardings.params, shardings.opt_state, shardings.replicated))
 
 
 def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_entropy: bool = False,
-                    chunk_size: int = LOGPROB_CHUNK_TOKENS):
+                    chunk_size: int = LOGPROB_CHUNK_TOKENS, shardings: StepShardings | None = None):
     """Jitted `logprobs(params, batch, microbatch_rows=None)`: log π(response | prompt) of a `PolicyBatch`
     under `params`, [batch, response_len] float32 (0 where masked), at the rollout `temperature`;
     `return_entropy`: also the entropy of the full distribution at each response token, `(logp,
     entropy)` — verl logs its token mean from this pass (actor/entropy). `microbatch_rows` (static)
     runs the batch that many rows at a time, so recomputing log π_old needs no more memory than one
-    micro-batch."""
+    micro-batch. A batch with `routing` replays it (Routing Replay). `shardings`: in/out shardings of
+    the jit (outputs split like the batch)."""
 
     def logprobs(params, batch: PolicyBatch, microbatch_rows: int | None = None):
         def of(part: PolicyBatch):
             model = nnx.merge(graphdef, params)
-            return response_logprobs(model, part.input_ids, part.positions, part.attention_mask,
-                                     part.prompt_len, temperature=temperature, return_entropy=return_entropy,
-                                     chunk_size=chunk_size)
+            if shardings is not None:
+                part = jax.lax.with_sharding_constraint(part, shardings.batch)
+            return response_logprobs(model, part.input_ids, part.positions, part.attention_mask, part.prompt_len,
+                                     temperature=temperature, return_entropy=return_entropy, chunk_size=chunk_size,
+                                     routing=part.routing)
 
         rows = batch.input_ids.shape[0]
         if microbatch_rows is None or microbatch_rows >= rows:
@@ -172,13 +217,18 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
         valid = batch.response_mask > 0
         return jax.tree.map(lambda x: jnp.where(valid, x, 0.0), out)
 
-    return jax.jit(logprobs, static_argnames=("microbatch_rows",))
+    if shardings is None:
+        return jax.jit(logprobs, static_argnames=("microbatch_rows",))
+    return jax.jit(logprobs, static_argnames=("microbatch_rows",), in_shardings=(shardings.params, shardings.batch),
+                   out_shardings=shardings.batch)
 
 
-def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
+def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, param_shardings=None,
+                  opt_shardings=None, rows_sharding: NamedSharding | None = None):
     """Supervised next-token step on `(input_ids, positions, attention_mask, loss_mask)`, all [batch, seq];
     loss_mask marks the target tokens (the response) to be predicted. Returns
-    `(params, opt_state, loss, params_finite)`."""
+    `(params, opt_state, loss, params_finite)`. With shardings (parameters, optimizer state, and the
+    [batch, seq] inputs' `rows_sharding`) the jit gets them as in/out shardings."""
 
     def loss_fn(params, input_ids, positions, attention_mask, loss_mask):
         model = nnx.merge(graphdef, params)
@@ -194,4 +244,9 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
         params = optax.apply_updates(params, updates)
         return params, opt_state, loss, tree_all_finite(params)
 
-    return jax.jit(step, donate_argnums=(0, 1))
+    if rows_sharding is None:
+        return jax.jit(step, donate_argnums=(0, 1))
+    replicated = NamedSharding(rows_sharding.mesh, PartitionSpec())
+    return jax.jit(step, donate_argnums=(0, 1),
+                   in_shardings=(param_shardings, opt_shardings) + (rows_sharding,) * 4,
+                   out_shardings=(param_shardings, opt_shardings, replicated, replicated))

@@ -297,6 +297,7 @@ class Qwen3ForCausalLM(nnx.Module):
             key_valid = token_mask
         else:
             key_valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, index))
+            key_valid = constrain(key_valid, (BATCH, "cache_sequence"), cfg)
             kv = (cache.k, cache.v)
         cos, sin = rope_cos_sin(positions.astype(jnp.int32), cfg.head_dim, cfg.rope_theta)
         ctx = _Context(cos=cos, sin=sin, mask=attention_mask_from_slots(query_slots, key_valid),

@@ -1,0 +1,36 @@
+"""A tiny Qwen3-MoE (8 experts, top-2) on the synthetic task: the sharded / expert-parallel path at CPU
+scale, with Routing Replay and the router load-balancing loss on.
+
+    python -m experiments.train --config experiments/configs/toy_moe.py
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.train \
+        --config experiments/configs/toy_moe.py mesh.data=2 mesh.expert=4
+
+Every batch (M·G = 16 responses per mini-batch, 32 warm-up sequences) splits evenly over up to 16
+data-parallel devices (data × fsdp × expert); experts over up to 8 `expert` devices, heads over 2 `tensor`.
+"""
+
+from respo_jax.training.config import (
+    ExperimentConfig,
+    MeshSection,
+    ModelConfig,
+    ObjectiveConfig,
+    OptimConfig,
+    RolloutConfig,
+    RunConfig,
+    TaskConfig,
+    WarmupConfig,
+)
+
+
+def get_config() -> ExperimentConfig:
+    return ExperimentConfig(
+        model=ModelConfig(preset="tiny-moe", scan_layers=False),
+        task=TaskConfig(name="synthetic", difficulty="easy", seed=0),
+        rollout=RolloutConfig(prompts_per_minibatch=2, group_size=8, reuse=2, max_new_tokens=6,
+                              routing_replay=True),
+        objective=ObjectiveConfig(name="respo", load_balancing_weight=0.001),
+        optim=OptimConfig(learning_rate=2e-4, max_grad_norm=1.0),
+        warmup=WarmupConfig(steps=40, batch_size=32, learning_rate=3e-3),
+        run=RunConfig(iterations=20, seed=0, out_dir="runs/toy_moe", eval_problems=16),
+        mesh=MeshSection(),
+    )
