@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from experiments.cli import run_cli, run_failures
 from respo_jax.eval.rollout_files import write_rollout_file
-from respo_jax.distributed import initialize_from_env
+from respo_jax.distributed import initialize_from_env, is_primary_process, sync_processes
 from respo_jax.host_allocator import configure_host_allocator, expected_platform
 from respo_jax.training import run_dir
 from respo_jax.training.checkpoint import (
@@ -93,8 +93,14 @@ def run_experiment(config: ExperimentConfig) -> dict:
         run_dir.read_metrics(os.path.join(out_dir, run_dir.METRICS_FILE), kept_records)
 
     # -- nothing was written above this line: a failed start leaves an existing run untouched ---------
-    run_dir.start_run_dir(plan, config)
-    run_dir.atomic_write_json(os.path.join(out_dir, RUN_INFO_FILE), trainer.run_info())
+    # Several processes (respo_jax.distributed) share out_dir: process 0 writes the run's files, all of
+    # them write the checkpoints together (Orbax).
+    primary = is_primary_process()
+    info = trainer.run_info()  # a collective in a multi-process run: every process computes it
+    if primary:
+        run_dir.start_run_dir(plan, config)
+        run_dir.atomic_write_json(os.path.join(out_dir, RUN_INFO_FILE), info)
+    sync_processes("run directory ready")
     records: list[dict] = []
     last_saved = None
     if restored is not None:
@@ -104,10 +110,10 @@ def run_experiment(config: ExperimentConfig) -> dict:
         for step in restored.damaged:
             moved = set_aside(checkpoint_dir, step)
             print(f"moved damaged checkpoint step {step} to {moved}", file=sys.stderr)
-    if plan.mode == "resume":  # the log as an uninterrupted run would have it at this checkpoint
+    if plan.mode == "resume" and primary:  # the log as an uninterrupted run would have it at this checkpoint
         records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
-    show = config.run.progress
-    with run_dir.MetricsLog(out_dir) as log:
+    show = config.run.progress and primary
+    with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log:
 
         def emit(record: dict) -> None:
             log.append(record)
@@ -133,7 +139,8 @@ def run_experiment(config: ExperimentConfig) -> dict:
         bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
         for _ in bar:
             record = trainer.iteration()  # raises NonFiniteError before anything of a diverged step is kept
-            write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
+            if primary:
+                write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
             emit(record)
             bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",
                             len=f"{record['response_length']:.1f}")
@@ -143,13 +150,30 @@ def run_experiment(config: ExperimentConfig) -> dict:
         if last_saved != trainer.state.iteration:
             checkpoint()
         evaluate()  # after the last checkpoint: a resumed finished run re-evaluates instead of repeating it
+    summary = summarize(records)
+    if not primary:
+        return summary
     plot_path = plot_training_curves(records, os.path.join(out_dir, run_dir.CURVES_FILE),
                                      title=f"{config.objective.name}, N={config.rollout.reuse}")
-    summary = summarize(records)
     run_dir.atomic_write_json(os.path.join(out_dir, run_dir.SUMMARY_FILE), summary)
     print(json.dumps(summary, indent=2))
     print(f"metrics: {log.path}\ncurves:  {plot_path}")
     return summary
+
+
+class _NoLog:
+    """The metrics log of a process other than 0 (process 0 writes metrics.jsonl)."""
+
+    path = None
+
+    def append(self, record: dict) -> None:
+        pass
+
+    def __enter__(self) -> "_NoLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
 def _restore(trainer: RLTrainer, checkpoint_dir: str) -> Restored | None:

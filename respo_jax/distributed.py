@@ -72,3 +72,35 @@ def initialize_from_env(environ=None) -> dict:
     jax.distributed.initialize(**launch)
     _state = {"processes": jax.process_count(), "process_id": jax.process_index()}
     return _state
+
+
+def is_primary_process() -> bool:
+    """True in process 0 (the one that writes a run's files), and in a single-process run."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def sync_processes(name: str) -> None:
+    """Waits until every process reached the point `name` (nothing to wait for in one process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def to_host(x):
+    """A (possibly multi-process) array as a NumPy array holding all of it, on every process: arrays
+    split over other processes' devices are gathered (a collective: every process must call it)."""
+    import jax
+    import numpy as np
+
+    if x is None:
+        return None
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)

@@ -27,6 +27,7 @@ from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
 from respo_jax.data.records import load_dapo_math
 from respo_jax.data.synthetic import CharTokenizer
 from respo_jax.data.tokenizer import load_tokenizer
+from respo_jax.distributed import to_host
 from respo_jax.eval.positive_branch import pooled_diagnostics
 from respo_jax.host_allocator import host_allocator_settings, release_host_memory
 from respo_jax.models import qwen3
@@ -209,7 +210,11 @@ class RLTrainer:
 
     def run_info(self) -> dict:
         """The run's devices, mesh and where the parameters live (written as run_info.json)."""
-        held = bytes_per_device(self.state.params)
+        held = max(bytes_per_device(self.state.params).values())  # this process's devices
+        if jax.process_count() > 1:  # a collective: every process calls run_info
+            from jax.experimental import multihost_utils
+
+            held = int(np.max(multihost_utils.process_allgather(np.array([held], np.int64))))
         total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(self.state.params))
         return {
             "devices": jax.device_count(),
@@ -217,7 +222,7 @@ class RLTrainer:
             "platform": self.mesh.devices.flat[0].platform,
             "mesh": {name: int(size) for name, size in self.mesh.shape.items()},
             "param_bytes_total": int(total),
-            "param_bytes_max_per_device": int(max(held.values())),
+            "param_bytes_max_per_device": int(held),
             "kernels": {k: getattr(self.model_config, k) for k in ("attention_impl", "moe_impl", "moe_dispatch")},
         }
 
@@ -304,6 +309,7 @@ class RLTrainer:
             seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
         )
         out = generate(self.model(), prompts, params, engine=self.engine, return_routing=r.routing_replay)
+        out = jax.tree.map(to_host, out)  # every process gets all rows (a gather across processes)
         answers = [rec["answer"] for rec in records for _ in range(r.group_size)]
         scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), answers)
         expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
@@ -366,9 +372,9 @@ class RLTrainer:
                                              advantages[rows], replay)
             old_logp, token_entropy = self._old_logprobs(self.state.params, batch, microbatch_rows=micro)
             batches.append((batch.replace(old_logp=old_logp), micro))
-            mask = np.asarray(batch.response_mask)
-            gap += float(np.abs(sampler_logp[rows, :mask.shape[1]] * mask - np.asarray(old_logp)).sum())
-            entropy += float(np.asarray(token_entropy).sum())
+            mask = to_host(batch.response_mask)
+            gap += float(np.abs(sampler_logp[rows, :mask.shape[1]] * mask - to_host(old_logp)).sum())
+            entropy += float(to_host(token_entropy).sum())
             response_tokens += float(mask.sum())
         response_tokens = max(response_tokens, 1.0)
 
@@ -446,7 +452,11 @@ class RLTrainer:
         prompts = [self._encode(rec) for rec in self.held_out]
         params = SamplingParams(max_new_tokens=self.config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_ids=self.tokenizer.eos_ids)
+<<<<<<< HEAD
         out = generate(self.model(), prompts, params, engine=self.engine)
+=======
+        out = jax.tree.map(to_host, generate(self.model(), prompts, params))
+>>>>>>> 3c4b58f (Multi-process runs: process 0 writes the run's files, arrays gathered to every host, run_info over all processes; two-process test; R3/mesh trainer tests; mesh equivalence script)
         scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), [rec["answer"] for rec in self.held_out])
         return float(np.mean(scores > 0))
 
