@@ -4,7 +4,8 @@ the pytest worker itself).
 
 ``python tests/mesh_checks.py OUT.json [NAME ...]`` runs the named checks (default: all) and writes
 ``{name: "ok" | traceback}``. Every check compares against the same computation on one device.
-The test module runs each check in its own process, so pytest-xdist can spread them over workers.
+The test module runs the checks in two groups, one process each (compiled programs are shared within
+a group; pytest-xdist can run the two groups side by side).
 """
 
 from __future__ import annotations
@@ -368,6 +369,38 @@ def optimizer_state_follows_parameters():
         jax.tree.structure(jax.tree.map(lambda x: 0, tx.init(params)))
     leaves = jax.tree.leaves(shardings)
     assert all(isinstance(s, jax.sharding.NamedSharding) for s in leaves)
+
+
+@check
+def sampler_runs_under_the_model_mesh_and_rules():
+    """generate runs under the model config's mesh and rules: tokens, log-probs and routing split their
+    batch by the "batch" rule (default (data, fsdp, expert); a table saying "data" splits over data
+    only), filler rows pad the batch to a multiple, and the samples equal the single-device ones."""
+    from respo_jax.sampling import SamplingParams, generate
+
+    # initializer_range 0.3: well-separated logits, so top-k sets are not decided by float rounding
+    cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3)
+    mesh = mesh_of(2, 2, 2, 1)
+    plain = qwen3.init_model(cfg, seed=0)
+    sharded = qwen3.init_model(cfg.replace(mesh=mesh), seed=0)
+    by_data = qwen3.init_model(cfg.replace(mesh=mesh, rules=ShardingRules().replace(batch="data")), seed=0)
+    prompts = [[5, 9, 17], [3, 1, 4, 1, 5, 9], [100], [8, 8]]
+    params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=1)
+    want = generate(plain, prompts, params, return_routing=True)
+    got = generate(sharded, prompts, params, return_routing=True)
+    assert got.tokens.sharding.spec[0] == ("data", "fsdp", "expert"), got.tokens.sharding
+    assert got.routing.sharding.spec[1] == ("data", "fsdp", "expert"), got.routing.sharding
+    data_only = generate(by_data, prompts, params, return_routing=True)
+    assert data_only.tokens.sharding.spec[0] == "data", data_only.tokens.sharding
+    # 3 rows are padded to 4 (a multiple of data x fsdp) with filler rows; a row's samples depend only on
+    # its own prompt, index and the seed, so they equal the first 3 unsharded rows.
+    padded = generate(sharded, prompts[:3], params, return_routing=True)
+    for name in ("tokens", "routing", "logprobs"):
+        expected = np.asarray(getattr(want, name))
+        np.testing.assert_allclose(np.asarray(getattr(got, name)), expected, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(np.asarray(getattr(data_only, name)), expected, atol=1e-5, err_msg=name)
+        first3 = expected[:, :3] if name == "routing" else expected[:3]
+        np.testing.assert_allclose(np.asarray(getattr(padded, name)), first3, atol=1e-5, err_msg=name)
 
 
 def main(argv):

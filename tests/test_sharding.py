@@ -19,15 +19,21 @@ from respo_jax.sharding import MESH_AXES, MeshConfig, ShardingRules, make_mesh
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS_FILE = os.path.join(REPO, "tests", "mesh_checks.py")
-MULTI_DEVICE_CHECKS = [
-    "param_shardings_init_and_memory_on_8_devices",
-    "sharded_loading_equals_unsharded_and_reads_slices",
-    "forward_and_gradients_match_one_device",
-    "expert_parallel_moe_replays_routing_like_one_device",
-    "expert_parallel_ffn_matches_single_device",
-    "cached_decode_matches_one_device",
-    "optimizer_state_follows_parameters",
-]
+# Two groups, one subprocess each: the first shares the sharded models its checks build.
+MULTI_DEVICE_CHECKS = {
+    "models": [
+        "param_shardings_init_and_memory_on_8_devices",
+        "forward_and_gradients_match_one_device",
+        "expert_parallel_moe_replays_routing_like_one_device",
+        "cached_decode_matches_one_device",
+        "optimizer_state_follows_parameters",
+    ],
+    "loading_dispatch_sampler": [
+        "sharded_loading_equals_unsharded_and_reads_slices",
+        "expert_parallel_ffn_matches_single_device",
+        "sampler_runs_under_the_model_mesh_and_rules",
+    ],
+}
 FE = ("fsdp", "expert")
 
 
@@ -163,16 +169,18 @@ def test_from_pretrained_picks_the_backend_kernels_unless_told(tmp_path):
 def test_the_check_list_matches_the_checks_file():
     with open(CHECKS_FILE, encoding="utf-8") as f:
         defined = re.findall(r"@check\ndef (\w+)\(", f.read())
-    assert defined == MULTI_DEVICE_CHECKS
+    assert sorted(defined) == sorted(name for group in MULTI_DEVICE_CHECKS.values() for name in group)
 
 
-@pytest.mark.parametrize("name", MULTI_DEVICE_CHECKS)
-def test_on_8_simulated_devices(name, tmp_path):
+@pytest.mark.parametrize("group", sorted(MULTI_DEVICE_CHECKS))
+def test_on_8_simulated_devices(group, tmp_path):
+    names = MULTI_DEVICE_CHECKS[group]
     out = tmp_path / "results.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("XLA_FLAGS", None)
-    result = subprocess.run([sys.executable, CHECKS_FILE, str(out), name], env=env, capture_output=True,
-                            text=True, timeout=900, cwd=REPO)
+    result = subprocess.run([sys.executable, CHECKS_FILE, str(out), *names], env=env, capture_output=True,
+                            text=True, timeout=1200, cwd=REPO)
     assert result.returncode == 0 and out.exists(), result.stdout[-3000:] + result.stderr[-5000:]
-    outcome = json.loads(out.read_text())[name]
-    assert outcome == "ok", outcome
+    outcomes = json.loads(out.read_text())
+    failed = {name: outcome for name, outcome in outcomes.items() if outcome != "ok"}
+    assert set(outcomes) == set(names) and not failed, "\n".join(f"{k}:\n{v}" for k, v in failed.items())

@@ -107,9 +107,13 @@ def load_task(config: ExperimentConfig):
 
 
 def build_mesh(config: ExperimentConfig) -> jax.sharding.Mesh:
-    """The run's (data, fsdp, tensor, expert) mesh over every device of every process (`config.mesh`);
-    ConfigError when the sizes do not fit the devices."""
+    """The run's (data, fsdp, tensor, expert) mesh (`config.mesh`) over every device of every process;
+    in a single process, explicit sizes multiplying to fewer devices use the first ones (e.g. a
+    one-device run on a host with eight). ConfigError when the sizes do not fit the devices."""
     devices = jax.devices()
+    sizes = [getattr(config.mesh, axis) for axis in ("data", "fsdp", "tensor", "expert")]
+    if -1 not in sizes and math.prod(sizes) < len(devices) and jax.process_count() == 1:
+        devices = devices[:math.prod(sizes)]
     config.mesh.axis_sizes(len(devices))  # a ConfigError naming the mesh keys
     return make_mesh(config.mesh.mesh_config(), devices)
 
@@ -217,7 +221,8 @@ class RLTrainer:
             held = int(np.max(multihost_utils.process_allgather(np.array([held], np.int64))))
         total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(self.state.params))
         return {
-            "devices": jax.device_count(),
+            "devices": int(self.mesh.devices.size),
+            "devices_available": jax.device_count(),
             "processes": jax.process_count(),
             "platform": self.mesh.devices.flat[0].platform,
             "mesh": {name: int(size) for name, size in self.mesh.shape.items()},
