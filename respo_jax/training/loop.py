@@ -457,11 +457,7 @@ class RLTrainer:
         prompts = [self._encode(rec) for rec in self.held_out]
         params = SamplingParams(max_new_tokens=self.config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_ids=self.tokenizer.eos_ids)
-<<<<<<< HEAD
-        out = generate(self.model(), prompts, params, engine=self.engine)
-=======
-        out = jax.tree.map(to_host, generate(self.model(), prompts, params))
->>>>>>> 3c4b58f (Multi-process runs: process 0 writes the run's files, arrays gathered to every host, run_info over all processes; two-process test; R3/mesh trainer tests; mesh equivalence script)
+        out = jax.tree.map(to_host, generate(self.model(), prompts, params, engine=self.engine))
         scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), [rec["answer"] for rec in self.held_out])
         return float(np.mean(scores > 0))
 
