@@ -46,8 +46,8 @@ class PolicyBatch:
     response_mask: jnp.ndarray
     old_logp: jnp.ndarray
     advantages: jnp.ndarray
-    routing: jnp.ndarray | None = None
     prompt_len: int = flax.struct.field(pytree_node=False, default=0)
+    routing: jnp.ndarray | None = None
 
     def take(self, rows: np.ndarray) -> "PolicyBatch":
         """The sub-batch of the given rows (a mini-batch)."""
