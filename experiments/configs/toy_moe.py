@@ -5,8 +5,9 @@ scale, with Routing Replay and the router load-balancing loss on.
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m experiments.train \
         --config experiments/configs/toy_moe.py mesh.data=2 mesh.expert=4
 
-Every batch (M·G = 16 responses per mini-batch, 32 warm-up sequences) splits evenly over up to 16
-data-parallel devices (data × fsdp × expert); experts over up to 8 `expert` devices, heads over 2 `tensor`.
+Every batch (M·G = 16 responses per mini-batch in two micro-batches of 8, 32 warm-up sequences) splits
+evenly over up to 8 data-parallel devices (data × fsdp × expert); experts over up to 8 `expert` devices,
+heads over 2 `tensor`.
 """
 
 from respo_jax.training.config import (
@@ -26,8 +27,10 @@ def get_config() -> ExperimentConfig:
     return ExperimentConfig(
         model=ModelConfig(preset="tiny-moe", scan_layers=False),
         task=TaskConfig(name="synthetic", difficulty="easy", seed=0),
+        # Prompts padded to 32 tokens; 16 responses of 32 + 6 tokens per mini-batch split into two
+        # micro-batches of 8 (320 tokens at most each), so accumulation runs on every mesh.
         rollout=RolloutConfig(prompts_per_minibatch=2, group_size=8, reuse=2, max_new_tokens=6,
-                              routing_replay=True),
+                              routing_replay=True, prompt_bucket=32, max_tokens_per_microbatch=320),
         objective=ObjectiveConfig(name="respo", load_balancing_weight=0.001),
         optim=OptimConfig(learning_rate=2e-4, max_grad_norm=1.0),
         warmup=WarmupConfig(steps=40, batch_size=32, learning_rate=3e-3),
