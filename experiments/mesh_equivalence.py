@@ -40,7 +40,8 @@ def run_mesh(mesh: str, config: str, out: str, devices: int, extra: list[str]) -
     run = os.path.join(out, "mesh_" + "x".join(map(str, sizes)))
     env = dict(os.environ)
     if devices:
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+        flag = f"--xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
         env.setdefault("JAX_PLATFORMS", "cpu")
     cmd = [sys.executable, "-m", "experiments.train", "--config", config, "run.iterations=1",
            f"run.out_dir={run}", "run.overwrite=true", "run.progress=false",
@@ -67,7 +68,8 @@ def run_mesh(mesh: str, config: str, out: str, devices: int, extra: list[str]) -
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "configs", "toy_moe.py"))
     parser.add_argument("--meshes", nargs="+", default=list(DEFAULT_MESHES))
     parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices (0: the real ones)")
@@ -85,13 +87,14 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"config": args.config, "overrides": args.overrides, "runs": rows}
     with open(os.path.join(args.out, "mesh_equivalence.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
-    lines = ["| mesh (data,fsdp,tensor,expert) | last warm-up loss | max rel. diff warm-up | loss | rel. diff | "
-             "grad norm | rel. diff | params on one device |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| mesh (data,fsdp,tensor,expert) | last warm-up loss | max rel. diff warm-up | loss | "
+             "rel. diff | grad norm | rel. diff | params on one device |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(
             f"| {','.join(str(row['mesh'][a]) for a in AXES)} | {row['warmup_losses'][-1]:.6f} | "
             f"{row['max_rel_diff_warmup_loss']:.1e} | {row['loss']:.6g} | {row['rel_diff_loss']:.1e} | "
-            f"{row['grad_norm']:.6g} | {row['rel_diff_grad_norm']:.1e} | {100 * row['param_fraction_max_per_device']:.1f}% |")
+            f"{row['grad_norm']:.6g} | {row['rel_diff_grad_norm']:.1e} | "
+            f"{100 * row['param_fraction_max_per_device']:.1f}% |")
     with open(os.path.join(args.out, "mesh_equivalence.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -33,7 +33,8 @@ def distributed_env(environ=None) -> dict | None:
     auto = environ.get(ENV_AUTO, "").strip().lower() in ("1", "true")
     if not raw_num and not auto:
         return None
-    out = {"coordinator_address": environ.get(ENV_COORDINATOR) or None, "num_processes": None, "process_id": None}
+    out = {"coordinator_address": environ.get(ENV_COORDINATOR) or None, "num_processes": None,
+           "process_id": None}
     if raw_num:
         try:
             num = int(raw_num)
@@ -48,7 +49,8 @@ def distributed_env(environ=None) -> dict | None:
         if num == 1:
             return None
         if out["coordinator_address"] is None:
-            raise ValueError(f"{ENV_NUM_PROCESSES}={num} needs {ENV_COORDINATOR}=host:port (process 0's address)")
+            raise ValueError(f"{ENV_NUM_PROCESSES}={num} needs {ENV_COORDINATOR}=host:port "
+                             "(process 0's address)")
         out.update(num_processes=num, process_id=pid)
     return out
 

@@ -95,8 +95,9 @@ def expected_platform() -> str:
     chosen = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
     if chosen:
         return "gpu" if chosen in ("cuda", "rocm", "gpu") else chosen
-    for module, platform_name in (("jax_cuda13_plugin", "gpu"), ("jax_cuda12_plugin", "gpu"),
-                                  ("jax_rocm7_plugin", "gpu"), ("jax_rocm60_plugin", "gpu"), ("libtpu", "tpu")):
+    plugins = (("jax_cuda13_plugin", "gpu"), ("jax_cuda12_plugin", "gpu"), ("jax_rocm7_plugin", "gpu"),
+               ("jax_rocm60_plugin", "gpu"), ("libtpu", "tpu"))
+    for module, platform_name in plugins:
         if importlib.util.find_spec(module) is not None:
             return platform_name
     return "cpu"

@@ -22,8 +22,8 @@ FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=
 
 
 def _env(devices: int, **extra) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FLAGS}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {FLAGS}"
     for key in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"):
         env.pop(key, None)
     env.update({k: str(v) for k, v in extra.items()})
@@ -47,10 +47,11 @@ def test_two_processes_train_like_one(tmp_path):
     address = f"localhost:{_free_port()}"
     workers = [subprocess.Popen(command + [f"run.out_dir={two}"], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,
-                                env=_env(2, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i, JAX_COORDINATOR_ADDRESS=address))
+                                env=_env(2, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i,
+                                         JAX_COORDINATOR_ADDRESS=address))
                for i in range(2)]
-    single = subprocess.run(command + [f"run.out_dir={one}"], cwd=REPO, capture_output=True, text=True, env=_env(4),
-                            timeout=900)
+    single = subprocess.run(command + [f"run.out_dir={one}"], cwd=REPO, capture_output=True, text=True,
+                            env=_env(4), timeout=900)
     outputs = [w.communicate(timeout=900)[0] for w in workers]
     assert single.returncode == 0, single.stderr[-3000:]
     for i, (worker, output) in enumerate(zip(workers, outputs)):

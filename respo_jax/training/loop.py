@@ -142,7 +142,8 @@ def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Me
     if model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.overrides.vocab_size={model_cfg.vocab_size}: expected at least the "
                           f"tokenizer's {vocab_size}")
-    kernels = qwen3.default_kernels(mesh.devices.flat[0].platform if mesh is not None else jax.default_backend())
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    kernels = qwen3.default_kernels(platform)
     kernels = {k: v for k, v in kernels.items() if k not in config.model.overrides}  # explicit choices win
     try:
         model_cfg = model_cfg.replace(mesh=mesh, rules=rules, **kernels)
@@ -201,7 +202,8 @@ class RLTrainer:
         for key, rows in sizes.items():
             if rows % shards:
                 raise ConfigError(f"{key}={rows}: expected a multiple of the {shards} devices the batch is "
-                                  f"split over (mesh axes {self.rules.mesh_axes('batch')} of {dict(self.mesh.shape)})")
+                                  f"split over (mesh axes {self.rules.mesh_axes('batch')} of "
+                                  f"{dict(self.mesh.shape)})")
 
     @property
     def batch_shards(self) -> int:
@@ -228,7 +230,8 @@ class RLTrainer:
             "mesh": {name: int(size) for name, size in self.mesh.shape.items()},
             "param_bytes_total": int(total),
             "param_bytes_max_per_device": int(held),
-            "kernels": {k: getattr(self.model_config, k) for k in ("attention_impl", "moe_impl", "moe_dispatch")},
+            "kernels": {k: getattr(self.model_config, k)
+                        for k in ("attention_impl", "moe_impl", "moe_dispatch")},
         }
 
     # -- data ------------------------------------------------------------------------------------------
@@ -270,7 +273,8 @@ class RLTrainer:
         tx = make_optimizer(cfg.learning_rate, 0.0, 0.9, 0.999, 1.0, 0)
         opt_shardings = optimizer_state_shardings(tx, self.state.params, self.shardings.params)
         opt_state = init_optimizer_state(tx, self.state.params, self.shardings.params)
-        step = make_sft_step(self.state.graphdef, tx, self.shardings.params, opt_shardings, self.shardings.batch)
+        step = make_sft_step(self.state.graphdef, tx, self.shardings.params, opt_shardings,
+                             self.shardings.batch)
         rng = np.random.default_rng(self.config.run.seed + 1)
         for index in range(cfg.steps):
             records = self._warmup_records(rng, cfg.batch_size)
@@ -362,8 +366,7 @@ class RLTrainer:
                                                  normalize_by_std=self.objective.scale_advantages)).reshape(-1)
         lengths = np.asarray(out.lengths)
         tokens, sampler_logp = np.asarray(out.tokens), np.asarray(out.logprobs)
-        prompt_routing, routing = (np.asarray(out.prompt_routing), np.asarray(out.routing)) if r.routing_replay \
-            else (None, None)
+        prompt_routing, routing = out.prompt_routing, out.routing  # None unless routing_replay
 
         # N mini-batches of M prompts × G responses: consecutive (paper §4.1) or verl's balanced order.
         sequence_lengths = np.array([len(p) for p in prompts]) + lengths

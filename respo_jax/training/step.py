@@ -130,9 +130,9 @@ def make_policy_step(
 
     def logprobs_of(params, batch: PolicyBatch):
         model = nnx.merge(graphdef, params)
-        return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
-                                 temperature=temperature, chunk_size=chunk_size, routing=batch.routing,
-                                 return_aux=True)
+        return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask,
+                                 batch.prompt_len, temperature=temperature, chunk_size=chunk_size,
+                                 routing=batch.routing, return_aux=True)
 
     def place(part: PolicyBatch) -> PolicyBatch:
         return part if shardings is None else jax.lax.with_sharding_constraint(part, shardings.batch)
@@ -204,9 +204,9 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
             model = nnx.merge(graphdef, params)
             if shardings is not None:
                 part = jax.lax.with_sharding_constraint(part, shardings.batch)
-            return response_logprobs(model, part.input_ids, part.positions, part.attention_mask, part.prompt_len,
-                                     temperature=temperature, return_entropy=return_entropy, chunk_size=chunk_size,
-                                     routing=part.routing)
+            return response_logprobs(model, part.input_ids, part.positions, part.attention_mask,
+                                     part.prompt_len, temperature=temperature, return_entropy=return_entropy,
+                                     chunk_size=chunk_size, routing=part.routing)
 
         rows = batch.input_ids.shape[0]
         if microbatch_rows is None or microbatch_rows >= rows:
@@ -219,8 +219,8 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
 
     if shardings is None:
         return jax.jit(logprobs, static_argnames=("microbatch_rows",))
-    return jax.jit(logprobs, static_argnames=("microbatch_rows",), in_shardings=(shardings.params, shardings.batch),
-                   out_shardings=shardings.batch)
+    return jax.jit(logprobs, static_argnames=("microbatch_rows",),
+                   in_shardings=(shardings.params, shardings.batch), out_shardings=shardings.batch)
 
 
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, param_shardings=None,
