@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     with open(os.path.join(args.out, "mesh_equivalence.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
     lines = ["| mesh (data,fsdp,tensor,expert) | last warm-up loss | max rel. diff warm-up | loss | "
-             "rel. diff | grad norm | rel. diff | params on one device |", "|---|---|---|---|---|---|---|---|"]
+             "rel. diff | grad norm | rel. diff | params on one device |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(
             f"| {','.join(str(row['mesh'][a]) for a in AXES)} | {row['warmup_losses'][-1]:.6f} | "
