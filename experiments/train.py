@@ -43,8 +43,6 @@ from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
-# devices, mesh axis sizes, where the parameters live (param_bytes_total, param_bytes_max_per_device)
-RUN_INFO_FILE = "run_info.json"
 
 
 def load_config(path: str, expected: type = ExperimentConfig):
@@ -99,7 +97,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
     info = trainer.run_info()  # a collective in a multi-process run: every process computes it
     if primary:
         run_dir.start_run_dir(plan, config)
-        run_dir.atomic_write_json(os.path.join(out_dir, RUN_INFO_FILE), info)
+        run_dir.atomic_write_json(os.path.join(out_dir, run_dir.RUN_INFO_FILE), info)
     sync_processes("run directory ready")
     records: list[dict] = []
     last_saved = None
