@@ -378,7 +378,7 @@ class RLTrainer:
             replay = (prompt_routing[:, rows], routing[:, rows]) if r.routing_replay else None
             batch, micro = self.policy_batch([prompts[i] for i in rows], tokens[rows], lengths[rows],
                                              advantages[rows], replay)
-            old_logp, token_entropy = self._old_logprobs(self.state.params, batch, microbatch_rows=micro)
+            old_logp, token_entropy = self._old_logprobs(self.state.params, batch, micro)
             batches.append((batch.replace(old_logp=old_logp), micro))
             mask = to_host(batch.response_mask)
             gap += float(np.abs(sampler_logp[rows, :mask.shape[1]] * mask - to_host(old_logp)).sum())
@@ -392,7 +392,7 @@ class RLTrainer:
         step_metrics = []
         for batch, micro in batches:
             self.state.params, self.state.opt_state, metrics = self._policy_step(
-                self.state.params, self.state.opt_state, batch, microbatch_rows=micro)
+                self.state.params, self.state.opt_state, batch, micro)
             step_metrics.append(metrics)
         self.state.policy_updates += r.reuse
         self.state.iteration += 1

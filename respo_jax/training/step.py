@@ -183,8 +183,9 @@ def make_policy_step(
         return params, opt_state, metrics
 
     if shardings is None:
-        return jax.jit(step, donate_argnums=(0, 1), static_argnames=("microbatch_rows",))
-    return jax.jit(step, donate_argnums=(0, 1), static_argnames=("microbatch_rows",),
+        return jax.jit(step, donate_argnums=(0, 1), static_argnums=(3,))
+    # jit takes no keyword arguments together with in_shardings: pass microbatch_rows positionally.
+    return jax.jit(step, donate_argnums=(0, 1), static_argnums=(3,),
                    in_shardings=(shardings.params, shardings.opt_state, shardings.batch),
                    out_shardings=(shardings.params, shardings.opt_state, shardings.replicated))
 
@@ -218,9 +219,10 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
         return jax.tree.map(lambda x: jnp.where(valid, x, 0.0), out)
 
     if shardings is None:
-        return jax.jit(logprobs, static_argnames=("microbatch_rows",))
-    return jax.jit(logprobs, static_argnames=("microbatch_rows",),
-                   in_shardings=(shardings.params, shardings.batch), out_shardings=shardings.batch)
+        return jax.jit(logprobs, static_argnums=(2,))
+    # jit takes no keyword arguments together with in_shardings: pass microbatch_rows positionally.
+    return jax.jit(logprobs, static_argnums=(2,), in_shardings=(shardings.params, shardings.batch),
+                   out_shardings=shardings.batch)
 
 
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, param_shardings=None,
