@@ -246,7 +246,8 @@ class Qwen3ForCausalLM(nnx.Module):
         graphdef, state = nnx.split(self)
         logp, entropy, aux = _token_logprobs_jit(
             graphdef, state, input_ids, targets, positions, attention_mask, routing,
-            chunk_size=int(chunk_size), start=int(start), temperature=float(temperature), return_entropy=bool(return_entropy))
+            chunk_size=int(chunk_size), start=int(start), temperature=float(temperature),
+            return_entropy=bool(return_entropy))
         out = (logp, entropy) if return_entropy else (logp,)
         out = out + (aux,) if return_aux else out
         return out if len(out) > 1 else logp
