@@ -16,6 +16,7 @@ import optax
 import pyarrow.parquet as pq
 import pytest
 
+import jitted_model as jm
 from experiments.train import DEFAULT_CONFIG, load_config, main
 from respo_jax.data import PromptFormat, encode_prompt, load_tokenizer, render_prompt
 from respo_jax.data.records import dapo_problem_text
@@ -31,7 +32,7 @@ from respo_jax.eval import (
 )
 from respo_jax.eval.positive_branch import DEEP_TAIL, LOW_W, bin_labels, log_w_bin
 from respo_jax.objectives import get_objective
-from respo_jax.training.batch import PolicyBatch, build_sequences, response_logprobs
+from respo_jax.training.batch import PolicyBatch, build_sequences
 from respo_jax.training.config import apply_overrides
 from respo_jax.training.loop import RLTrainer, build_model, load_task
 from respo_jax.training.minibatches import (
@@ -248,13 +249,13 @@ def test_trainer_logprobs_take_the_rollout_temperature_and_the_full_distribution
     responses = np.array([[6, 24, 2], [9, 9, 24]])
     ids, positions, attention, mask, prompt_len = build_sequences(prompts, responses, np.array([3, 2]), 0)
     for temperature in (1.0, 0.7):
-        logp, entropy = response_logprobs(
+        logp, entropy = jm.response_logprobs(
             model, jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention), prompt_len,
             temperature=temperature, return_entropy=True,
         )
         for row, (prompt, length) in enumerate(zip(prompts, [3, 2])):
             seq = jnp.asarray([prompt + responses[row, :length].tolist()], jnp.int32)
-            logits = np.asarray(model(seq)[0, len(prompt) - 1: -1], np.float64) / temperature
+            logits = np.asarray(jm.logits(model, seq)[0, len(prompt) - 1: -1], np.float64) / temperature
             top = logits.max(-1, keepdims=True)
             log_softmax = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
             expected = np.take_along_axis(log_softmax, responses[row, :length, None], axis=-1)[:, 0]
@@ -274,7 +275,7 @@ def test_policy_step_reports_k1_approx_kl_and_per_response_log_w_and_phi():
     responses = np.array([[6, 24, 2, 5], [7, 24, 2, 0], [8, 3, 0, 0]])
     lengths = np.array([4, 3, 2])
     ids, positions, attention, mask, prompt_len = build_sequences(prompts, responses, lengths, 0)
-    logp = response_logprobs(
+    logp = jm.response_logprobs(
         model, jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention), prompt_len
     )
     shift = np.array([[0.3, -0.2, 0.1, 0.4], [-0.5, 0.2, 0.6, 0.0], [0.25, -0.75, 0.0, 0.0]]) * mask

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+import jitted_model as jm
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.attention import attention_mask_from_slots, causal_block_attention, dot_product_attention
 from respo_jax.models.qwen3.moe import expert_ffn, grouped_ffn, route
@@ -55,8 +56,8 @@ def test_long_left_padded_logits_match_transformers():
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
                  position_ids=torch.tensor(positions)).logits.numpy()
-    logp = model.token_logprobs(jnp.asarray(ids[:, :-1]), jnp.asarray(ids[:, 1:]), positions=jnp.asarray(positions[:, :-1]),
-                                attention_mask=jnp.asarray(mask[:, :-1]))
+    logp = jm.token_logprobs(model, jnp.asarray(ids[:, :-1]), jnp.asarray(ids[:, 1:]),
+                             positions=jnp.asarray(positions[:, :-1]), attention_mask=jnp.asarray(mask[:, :-1]))
     ref_logp = torch.log_softmax(torch.tensor(ref[:, :-1]), -1).gather(-1, torch.tensor(ids[:, 1:])[..., None])[..., 0].numpy()
     for row, pad in enumerate(pads):
         np.testing.assert_allclose(np.asarray(logp)[row, pad:], ref_logp[row, pad:], rtol=1e-4, atol=1e-4)

@@ -15,6 +15,7 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+import jitted_model as jm
 from respo_jax.models import qwen3
 from respo_jax.sharding import MeshConfig, ShardingRules, make_mesh
 
@@ -70,14 +71,14 @@ def test_logits_match_transformers_left_padded(checkpoints, tie):
         ref = hf_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.numpy()
     model = qwen3.from_pretrained(path, dtype=jnp.float32)
     assert model.config.tie_word_embeddings is tie and (model.lm_head is None) is tie
-    logits = model(jnp.asarray(ids.numpy()), jnp.asarray(positions.numpy()), jnp.asarray(mask.numpy()))
+    logits = jm.logits(model, jnp.asarray(ids.numpy()), jnp.asarray(positions.numpy()), jnp.asarray(mask.numpy()))
     assert logits.shape == (3, 11, VOCAB) and logits.dtype == jnp.float32
     real = mask.numpy().astype(bool)
     assert _rel_err(logits, ref, real) < REL_TOL
     # Defaults (no mask, positions 0..s-1) match transformers' defaults.
     with torch.no_grad():
         ref_plain = hf_model(input_ids=ids).logits.numpy()
-    assert _rel_err(model(jnp.asarray(ids.numpy())), ref_plain) < REL_TOL
+    assert _rel_err(jm.logits(model, jnp.asarray(ids.numpy())), ref_plain) < REL_TOL
 
 
 def test_save_pretrained_reloads_in_transformers_with_identical_logits(checkpoints, tmp_path):
@@ -109,7 +110,7 @@ def test_sharded_save_and_load(checkpoints, tmp_path):
     assert "lm_head.weight" not in index["weight_map"]  # tied: stored once, like transformers
     again = qwen3.from_pretrained(tmp_path)
     ids = jnp.asarray(_left_padded_batch()[0].numpy())
-    np.testing.assert_array_equal(np.asarray(again(ids)), np.asarray(model(ids)))
+    np.testing.assert_array_equal(np.asarray(jm.logits(again, ids)), np.asarray(jm.logits(model, ids)))
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
     with torch.no_grad():
         ids_pt = torch.tensor(np.asarray(ids))
@@ -122,7 +123,7 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(checkpoints):
     _, path = checkpoints[False]
     model = qwen3.from_pretrained(path)
     ids, mask, positions = (jnp.asarray(t.numpy()) for t in _left_padded_batch(seed=5, seq=11))
-    full = model(ids, positions, mask)
+    full = jm.logits(model, ids, positions, mask)
     graphdef, state = nnx.split(model)
 
     @jax.jit
@@ -147,8 +148,8 @@ def test_cache_overflow_and_shape_errors(checkpoints):
     model = qwen3.from_pretrained(path)
     cache = qwen3.init_cache(model.config, batch=1, max_len=4)
     with pytest.raises(ValueError, match="cache overflow"):
-        model.forward(jnp.zeros((1, 3), jnp.int32), cache=model.forward(jnp.zeros((1, 2), jnp.int32),
-                                                                          cache=cache).cache)
+        model.forward(jnp.zeros((1, 3), jnp.int32), cache=jm.forward(model, jnp.zeros((1, 2), jnp.int32),
+                                                                       cache=cache).cache)
     with pytest.raises(ValueError, match="cache k/v have shape"):
         model.forward(jnp.zeros((2, 1), jnp.int32), cache=cache)
     with pytest.raises(ValueError, match="attention_mask has shape"):
@@ -183,12 +184,12 @@ def test_token_logprobs_equal_log_softmax_of_full_logits(checkpoints):
     model = qwen3.from_pretrained(path)
     ids, mask, positions = (jnp.asarray(t.numpy()) for t in _left_padded_batch(seed=9))
     targets = jax.random.randint(jax.random.key(0), ids.shape, 0, VOCAB)
-    logits = np.asarray(model(ids, positions, mask), np.float64)
+    logits = np.asarray(jm.logits(model, ids, positions, mask), np.float64)
     shifted = logits - logits.max(-1, keepdims=True)
     full = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))  # float64 log-softmax
     expected = np.take_along_axis(full, np.asarray(targets)[..., None], axis=-1)[..., 0]
     for chunk in (1, 4, 11, 64):  # 4 does not divide 11: the last chunk is padded
-        got = model.token_logprobs(ids, targets, positions, mask, chunk_size=chunk)
+        got = jm.token_logprobs(model, ids, targets, positions, mask, chunk_size=chunk)
         assert got.shape == ids.shape and got.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="targets has shape"):
@@ -216,16 +217,16 @@ def test_response_only_chunked_logprobs_equal_the_dense_computation_in_values_an
                                     temperature=temperature)
 
     for start, temperature, chunk in ((0, 1.0, 64), (6, 1.0, 4), (6, 0.6, 7), (10, 1.7, 1)):
-        want = dense(model, start, temperature)
-        got = chunked(model, start, temperature, chunk)
+        want = nnx.jit(lambda m: dense(m, start, temperature))(model)
+        got = nnx.jit(lambda m: chunked(m, start, temperature, chunk))(model)
         assert got.shape == (3, 11 - start) and got.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
         def loss(fn, model):
             return jnp.sum(fn(model) * weights[:, start:])
 
-        grads_want = nnx.grad(lambda m: loss(lambda m: dense(m, start, temperature), m))(model)
-        grads_got = nnx.grad(lambda m: loss(lambda m: chunked(m, start, temperature, chunk), m))(model)
+        grads_want = nnx.jit(nnx.grad(lambda m: loss(lambda m: dense(m, start, temperature), m)))(model)
+        grads_got = nnx.jit(nnx.grad(lambda m: loss(lambda m: chunked(m, start, temperature, chunk), m)))(model)
         pairs = list(zip(jax.tree.leaves(nnx.to_pure_dict(grads_got)), jax.tree.leaves(nnx.to_pure_dict(grads_want))))
         assert len(pairs) == (13 if tie else 14) and all(np.abs(np.asarray(r)).max() > 0 for _, r in pairs)
         for g, r in pairs:
@@ -240,10 +241,10 @@ def test_bf16_forward_close_to_fp32(checkpoints):
     |Δ log p| below 0.02 nats (float32 softmax/norm statistics, bf16 matmuls)."""
     _, path = checkpoints[False]
     ids, mask, positions = (jnp.asarray(t.numpy()) for t in _left_padded_batch(seed=11))
-    fp32 = qwen3.from_pretrained(path, dtype=jnp.float32)(ids, positions, mask)
+    fp32 = jm.logits(qwen3.from_pretrained(path, dtype=jnp.float32), ids, positions, mask)
     model = qwen3.from_pretrained(path, dtype=jnp.bfloat16)
     assert jax.tree.leaves(nnx.state(model))[0].dtype == jnp.bfloat16
-    bf16 = model(ids, positions, mask)
+    bf16 = jm.logits(model, ids, positions, mask)
     real = np.asarray(mask).astype(bool)
     assert 0 < _rel_err(bf16, fp32, real) < 0.03
     dlogp = np.abs(np.asarray(jax.nn.log_softmax(bf16) - jax.nn.log_softmax(fp32)))[real]
@@ -342,7 +343,7 @@ def test_runs_under_a_one_device_mesh_with_rules(checkpoints):
     _, path = checkpoints[False]
     model = qwen3.from_pretrained(path)
     ids, mask, positions = (jnp.asarray(t.numpy()) for t in _left_padded_batch())
-    expected = np.asarray(model(ids, positions, mask))
+    expected = np.asarray(jm.logits(model, ids, positions, mask))
     mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
     meshed = qwen3.from_pretrained(path, mesh=mesh)
     assert meshed.config.mesh is mesh
@@ -371,8 +372,8 @@ def test_unstacked_layers_path_matches_layer_scan(moe):
     steps = [(ids, positions, mask)] + [
         (ids[:, -1:] + t, positions[:, -1:] + 1 + t, np.ones((2, 1), np.int32)) for t in range(2)]
     for step_ids, step_pos, step_mask in steps:
-        outs = [model.forward(step_ids, step_pos, step_mask, cache=caches[i], return_routing=moe,
-                              layers=(None, layers)[i]) for i in range(2)]
+        outs = [jm.forward(model, step_ids, step_pos, step_mask, cache=caches[i], return_routing=moe,
+                           layers=(None, layers)[i]) for i in range(2)]
         caches = [out.cache for out in outs]
         np.testing.assert_allclose(outs[1].logits, outs[0].logits, rtol=1e-6, atol=1e-6)
         for name in ("k", "v", "valid", "index"):
@@ -383,7 +384,20 @@ def test_unstacked_layers_path_matches_layer_scan(moe):
             np.testing.assert_allclose(outs[1].aux_loss, outs[0].aux_loss, rtol=1e-6)
             replay = jnp.flip(outs[0].routing, axis=-1)  # replayed routing takes the same path
             np.testing.assert_allclose(
-                model.forward(step_ids, step_pos, step_mask, routing=replay, layers=layers).logits,
-                model.forward(step_ids, step_pos, step_mask, routing=replay).logits, rtol=1e-6, atol=1e-6)
+                jm.forward(model, step_ids, step_pos, step_mask, routing=replay, layers=layers).logits,
+                jm.forward(model, step_ids, step_pos, step_mask, routing=replay).logits, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="unstacked_layers"):
         model.forward(ids, positions, mask, layers=layers[:-1] + (layers[-1][:-1],))
+
+
+def test_model_methods_hold_no_jit_the_caller_jits():
+    """forward / token_logprobs trace straight into the caller's program: the layer scan sits at the
+    top level of the caller's jaxpr (a jit hidden in a method would wrap it in a nested call), so the
+    caller's jit, with its shardings and donation, is the only one."""
+    cfg = qwen3.Qwen3Config.preset("tiny", num_hidden_layers=2)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))))
+    ids = jnp.zeros((2, 5), jnp.int32)
+    for fn in (lambda p: qwen3.forward(graphdef, p, ids).logits,
+               lambda p: qwen3.token_logprobs(graphdef, p, ids, ids, chunk_size=4)):
+        primitives = [eqn.primitive.name for eqn in jax.make_jaxpr(fn)(params).jaxpr.eqns]
+        assert "scan" in primitives, primitives

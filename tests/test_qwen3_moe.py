@@ -16,6 +16,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
+import jitted_model as jm
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.moe import expert_ffn, route
 
@@ -83,7 +84,7 @@ def test_logits_and_aux_loss_match_transformers(checkpoints, name):
     expected_kinds = {"all_sparse": (True, True), "mlp_only": (True, True, False, True),
                       "sparse_step2": (False, True, False, True)}[name]
     assert tuple(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)) == expected_kinds
-    out = model.forward(*_jax(ids, positions, mask), return_routing=True)
+    out = jm.forward(model, *_jax(ids, positions, mask), return_routing=True)
     real = mask.numpy().astype(bool)
     assert _rel_err(out.logits, ref.logits.numpy(), real) < REL_TOL
     np.testing.assert_allclose(float(out.aux_loss), float(ref.aux_loss), rtol=1e-5)
@@ -167,12 +168,12 @@ def test_routing_replay_reproduces_logits_and_keeps_router_gradient(checkpoints)
     _, path = checkpoints["all_sparse"]
     model = qwen3.from_pretrained(path)
     ids, mask, positions = _jax(*_left_padded_batch(seed=2))
-    own = model.forward(ids, positions, mask, return_routing=True)
-    replayed = model.forward(ids, positions, mask, routing=own.routing, return_routing=True)
+    own = jm.forward(model, ids, positions, mask, return_routing=True)
+    replayed = jm.forward(model, ids, positions, mask, routing=own.routing, return_routing=True)
     np.testing.assert_array_equal(np.asarray(replayed.logits), np.asarray(own.logits))
     np.testing.assert_array_equal(np.asarray(replayed.routing), np.asarray(own.routing))
     shifted = (own.routing + 1) % model.config.num_experts
-    other = model.forward(ids, positions, mask, routing=shifted, return_routing=True)
+    other = jm.forward(model, ids, positions, mask, routing=shifted, return_routing=True)
     assert np.array_equal(np.asarray(other.routing), np.asarray(shifted))
     assert _rel_err(other.logits, own.logits) > 1e-2
 
@@ -187,7 +188,7 @@ def test_routing_replay_reproduces_logits_and_keeps_router_gradient(checkpoints)
     replay = nnx.to_flat_state(grad_fn(model, own.routing))
     for (path_, g_free), (_, g_replay) in zip(free, replay):
         assert _rel_err(g_replay[...], g_free[...]) < 1e-5, path_
-    logp, aux = model.token_logprobs(ids, targets, positions, mask, routing=own.routing, return_aux=True)
+    logp, aux = jm.token_logprobs(model, ids, targets, positions, mask, routing=own.routing, return_aux=True)
     np.testing.assert_allclose(float(aux), float(own.aux_loss), rtol=1e-6)
     expected = np.take_along_axis(np.asarray(jax.nn.log_softmax(own.logits)), np.asarray(targets)[..., None],
                                   -1)[..., 0]
@@ -204,7 +205,7 @@ def test_kv_cache_decode_matches_full_forward(checkpoints):
     _, path = checkpoints["sparse_step2"]
     model = qwen3.from_pretrained(path)
     ids, mask, positions = _jax(*_left_padded_batch(seed=4))
-    full = model.forward(ids, positions, mask, return_routing=True)
+    full = jm.forward(model, ids, positions, mask, return_routing=True)
     graphdef, state = nnx.split(model)
 
     @jax.jit
@@ -265,7 +266,7 @@ def test_loads_fused_expert_layout_and_classic_config_names(checkpoints, tmp_pat
     assert qwen3.load_config(tmp_path) == qwen3.load_config(path)
     model = qwen3.from_pretrained(tmp_path)
     ids = _jax(_left_padded_batch()[0])[0]
-    np.testing.assert_array_equal(np.asarray(model(ids)), np.asarray(reference(ids)))
+    np.testing.assert_array_equal(np.asarray(jm.logits(model, ids)), np.asarray(jm.logits(reference, ids)))
     del fused["model.layers.3.mlp.experts.down_proj"]
     save_file(fused, str(tmp_path / "model.safetensors"))
     with pytest.raises(KeyError, match=r"model\.layers\.3\.mlp\.experts\.0\.down_proj\.weight.*fused"):
@@ -277,8 +278,8 @@ def test_bf16_close_to_fp32_under_replayed_routing(checkpoints):
     3% of the largest fp32 logit."""
     _, path = checkpoints["mlp_only"]
     ids, mask, positions = _jax(*_left_padded_batch(seed=8))
-    fp32 = qwen3.from_pretrained(path).forward(ids, positions, mask, return_routing=True)
-    bf16 = qwen3.from_pretrained(path, dtype=jnp.bfloat16).forward(ids, positions, mask, routing=fp32.routing)
+    fp32 = jm.forward(qwen3.from_pretrained(path), ids, positions, mask, return_routing=True)
+    bf16 = jm.forward(qwen3.from_pretrained(path, dtype=jnp.bfloat16), ids, positions, mask, routing=fp32.routing)
     real = np.asarray(mask).astype(bool)
     assert 0 < _rel_err(bf16.logits, fp32.logits, real) < 0.03
 
@@ -286,7 +287,7 @@ def test_bf16_close_to_fp32_under_replayed_routing(checkpoints):
 def test_scan_remat_and_unrolled_moe_stacks_agree(checkpoints):
     _, path = checkpoints["mlp_only"]
     ids, mask, positions = _jax(*_left_padded_batch(seed=10))
-    ref = qwen3.from_pretrained(path, scan_layers=False).forward(ids, positions, mask, return_routing=True)
+    ref = jm.forward(qwen3.from_pretrained(path, scan_layers=False), ids, positions, mask, return_routing=True)
     model = qwen3.from_pretrained(path, scan_layers=True, remat=True)
     out = nnx.jit(lambda m: m.forward(ids, positions, mask, return_routing=True))(model)
     np.testing.assert_allclose(np.asarray(out.logits), np.asarray(ref.logits), rtol=1e-5, atol=1e-5)

@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+import jitted_model as jm
 from respo_jax.models import qwen3
 from respo_jax.sampling import EngineConfig, SamplingParams, generate
 
@@ -141,9 +142,9 @@ def test_sampled_logprobs_equal_teacher_forced_forward(kind, temperature, top_k,
     ids, mask = _right_padded(rows)
     if (temperature, top_k, top_p) == (1.0, 0, 1.0):
         # No processing: the model's own teacher-forced log-softmax (model.token_logprobs).
-        teacher = np.asarray(model.token_logprobs(ids[:, :-1], ids[:, 1:], attention_mask=mask[:, :-1]))
+        teacher = np.asarray(jm.token_logprobs(model, ids[:, :-1], ids[:, 1:], attention_mask=mask[:, :-1]))
     else:
-        logits = np.asarray(model(ids, attention_mask=mask))
+        logits = np.asarray(jm.logits(model, ids, attention_mask=mask))
     for row, prompt in enumerate(prompts):
         n = int(lengths[row])
         steps = range(len(prompt) - 1, len(prompt) - 1 + n)  # logits position predicting each new token
@@ -169,7 +170,7 @@ def moe_sampled(moe):
 
 def _teacher_forced_routing(model, rows: list[list[int]]) -> np.ndarray:
     ids, mask = _right_padded(rows)
-    return np.asarray(model.forward(ids, attention_mask=mask, return_routing=True).routing)
+    return np.asarray(jm.forward(model, ids, attention_mask=mask, return_routing=True).routing)
 
 
 def test_same_seed_same_samples_other_seed_other_samples_chunking_changes_nothing(moe, moe_sampled):

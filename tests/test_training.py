@@ -12,6 +12,7 @@ import pytest
 
 from flax import nnx
 
+import jitted_model as jm
 from experiments.train import DEFAULT_CONFIG, load_config, main, summarize
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
@@ -20,7 +21,6 @@ from respo_jax.training.batch import (
     bucket_length,
     build_sequences,
     microbatch_size,
-    response_logprobs,
 )
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
@@ -262,11 +262,11 @@ def test_response_logprobs_match_a_teacher_forced_forward_per_sequence():
     prompts = [[1, 5, 13, 4], [1, 7, 13]]
     responses = np.array([[6, 24, 2], [9, 9, 24]])
     ids, positions, attention, _, prompt_len = build_sequences(prompts, responses, np.array([3, 2]), 0)
-    batched = np.asarray(response_logprobs(model, jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention),
+    batched = np.asarray(jm.response_logprobs(model, jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention),
                                            prompt_len))
     for row, (prompt, length) in enumerate(zip(prompts, [3, 2])):
         seq = jnp.asarray([prompt + responses[row, :length].tolist()], jnp.int32)
-        logits = model(seq)
+        logits = jm.logits(model, seq)
         reference = jax.nn.log_softmax(logits[0, len(prompt) - 1 : -1], axis=-1)
         expected = np.take_along_axis(np.asarray(reference), responses[row, :length, None], axis=-1)[:, 0]
         np.testing.assert_allclose(batched[row, :length], expected, rtol=1e-5, atol=1e-5)

@@ -21,6 +21,13 @@ Public API::
     layers = model.unstacked_layers()       # per-layer weights, once; then forward(..., layers=layers)
                                             # runs the layers unrolled (faster CPU decode, same logits)
 
+    # The methods are plain (op by op when called eagerly): the caller jits. Pure functions of
+    # (graphdef, params) = nnx.split(model) for that, with their static arguments:
+    fwd = jax.jit(qwen3.forward, static_argnames=qwen3.FORWARD_STATIC)
+    out = fwd(graphdef, params, input_ids, positions, attention_mask, return_routing=True)
+    logps = jax.jit(qwen3.token_logprobs, static_argnames=qwen3.TOKEN_LOGPROBS_STATIC)
+    logp = logps(graphdef, params, input_ids, targets, positions, attention_mask, chunk_size=512)
+
 Conventions:
 - ``attention_mask`` [b, s]: 1 real token, 0 pad. Without a cache: causal + padding mask.
 - ``positions`` [b, s] int32 default to ``cache.index + arange(s)`` (0.. without cache), as in
@@ -48,10 +55,20 @@ Conventions:
 from respo_jax.models.qwen3.cache import KVCache, init_cache
 from respo_jax.models.qwen3.checkpoint import from_pretrained, hf_state_dict, load_config, save_pretrained
 from respo_jax.models.qwen3.config import PRESETS, Qwen3Config, default_kernels
-from respo_jax.models.qwen3.model import Qwen3ForCausalLM, Qwen3Output, init_model, param_shardings
+from respo_jax.models.qwen3.model import (
+    FORWARD_STATIC,
+    TOKEN_LOGPROBS_STATIC,
+    Qwen3ForCausalLM,
+    Qwen3Output,
+    forward,
+    init_model,
+    param_shardings,
+    token_logprobs,
+)
 from respo_jax.models.qwen3.moe import load_balancing_loss
 
 __all__ = [
+    "FORWARD_STATIC", "TOKEN_LOGPROBS_STATIC", "forward", "token_logprobs",
     "PRESETS", "KVCache", "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "default_kernels", "from_pretrained",
     "hf_state_dict", "init_cache", "init_model", "load_balancing_loss", "load_config", "param_shardings",
     "save_pretrained",

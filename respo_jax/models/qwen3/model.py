@@ -18,7 +18,6 @@ Unrolling compiles one copy of the layer per layer, so training and prefill keep
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -162,9 +161,12 @@ class Qwen3ForCausalLM(nnx.Module):
     """Qwen3 / Qwen3-MoE causal LM. Parameters: ``embed_tokens`` [vocab, embed], ``stacks`` (one
     LayerStack per ``cfg.layer_groups`` entry), ``norm``, ``lm_head`` [embed, vocab] (None if tied).
 
-    ``forward`` and ``token_logprobs`` validate their inputs eagerly, then run one ``jax.jit``-compiled
-    function of (graphdef, state) — cached across calls, and simply inlined when the caller is itself
-    being traced (``nnx.jit``, ``nnx.grad``, ``jax.jit`` of a merged model).
+    ``forward`` and ``token_logprobs`` are plain code: they check their inputs' shapes (with errors
+    naming the argument, also while being traced) and run the layers; nothing is jitted inside. The
+    caller jits — the trainer's step and the sampler jit pure functions of (parameters, inputs) with
+    their shardings; ``qwen3.forward`` / ``qwen3.token_logprobs`` are those pure functions for anyone
+    else (``jax.jit(qwen3.forward, static_argnames=qwen3.FORWARD_STATIC)``). Called eagerly, the
+    methods run op by op.
     """
 
     def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
@@ -211,8 +213,7 @@ class Qwen3ForCausalLM(nnx.Module):
         args = _check_inputs(self.config, input_ids, positions, attention_mask, cache, routing)
         if layers is not None:
             _check_layers(self, layers)
-        graphdef, state = nnx.split(self)
-        return _forward_jit(graphdef, state, *args, layers, return_routing=bool(return_routing))
+        return self._forward_impl(*args, bool(return_routing), layers)
 
     def token_logprobs(self, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
                        attention_mask: jax.Array | None = None, routing: jax.Array | None = None,
@@ -243,11 +244,9 @@ class Qwen3ForCausalLM(nnx.Module):
                              f"got {start}")
         if not (float(temperature) > 0 and math.isfinite(float(temperature))):
             raise ValueError(f"temperature must be finite and > 0, got {temperature}")
-        graphdef, state = nnx.split(self)
-        logp, entropy, aux = _token_logprobs_jit(
-            graphdef, state, input_ids, targets, positions, attention_mask, routing,
-            chunk_size=int(chunk_size), start=int(start), temperature=float(temperature),
-            return_entropy=bool(return_entropy))
+        logp, entropy, aux = self._token_logprobs_impl(
+            input_ids, targets, positions, attention_mask, routing, int(chunk_size), int(start),
+            float(temperature), bool(return_entropy))
         out = (logp, entropy) if return_entropy else (logp,)
         out = out + (aux,) if return_aux else out
         return out if len(out) > 1 else logp
@@ -357,21 +356,30 @@ def param_shardings(cfg: Qwen3Config) -> nnx.State:
     return state_shardings(nnx.state(abstract), cfg.mesh, cfg.rules)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "return_routing"))
-def _forward_jit(graphdef, state, input_ids, positions, attention_mask, cache, routing, layers, *,
-                 return_routing):
-    model = nnx.merge(graphdef, state)
-    return model._forward_impl(input_ids, positions, attention_mask, cache, routing, return_routing,
-                               layers)
+# The static arguments of the pure functions below, for ``jax.jit(..., static_argnames=...)``.
+FORWARD_STATIC = ("graphdef", "return_routing")
+TOKEN_LOGPROBS_STATIC = ("graphdef", "chunk_size", "start", "temperature", "return_entropy", "return_aux")
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("graphdef", "chunk_size", "start", "temperature", "return_entropy"))
-def _token_logprobs_jit(graphdef, state, input_ids, targets, positions, attention_mask, routing, *,
-                        chunk_size, start=0, temperature=1.0, return_entropy=False):
-    model = nnx.merge(graphdef, state)
-    return model._token_logprobs_impl(input_ids, targets, positions, attention_mask, routing, chunk_size,
-                                      start, temperature, return_entropy)
+def forward(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array, positions: jax.Array | None = None,
+            attention_mask: jax.Array | None = None, cache: KVCache | None = None, routing: jax.Array | None = None,
+            layers: tuple[tuple[nnx.State, ...], ...] | None = None, *, return_routing: bool = False) -> Qwen3Output:
+    """``Qwen3ForCausalLM.forward`` as a pure function of ``(graphdef, params)`` = ``nnx.split(model)``
+    and the inputs, for a caller to jit (``static_argnames=FORWARD_STATIC``) with its own shardings
+    and donation (e.g. ``donate_argnames="cache"`` for a decode step)."""
+    return nnx.merge(graphdef, params).forward(input_ids, positions, attention_mask, cache, routing,
+                                               return_routing, layers)
+
+
+def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array, targets: jax.Array,
+                   positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
+                   routing: jax.Array | None = None, *, chunk_size: int = LOGPROB_CHUNK_TOKENS, start: int = 0,
+                   temperature: float = 1.0, return_entropy: bool = False, return_aux: bool = False):
+    """``Qwen3ForCausalLM.token_logprobs`` as a pure function of ``(graphdef, params)`` and the inputs,
+    for a caller to jit (``static_argnames=TOKEN_LOGPROBS_STATIC``)."""
+    return nnx.merge(graphdef, params).token_logprobs(
+        input_ids, targets, positions, attention_mask, routing, chunk_size=chunk_size, return_aux=return_aux,
+        temperature=temperature, return_entropy=return_entropy, start=start)
 
 
 def _project_with(hidden: jax.Array, weight: jax.Array, tied: bool) -> jax.Array:
