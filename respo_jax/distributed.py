@@ -7,7 +7,9 @@ A run launched as several processes (one per host, or several on one machine) se
 
 `initialize_from_env()` then joins the processes into one JAX runtime before anything else touches
 JAX: `jax.devices()` lists every process's devices, the run's mesh spans them, and each process feeds
-its own rows of every batch (`respo_jax.training.loop`). On CPU the processes exchange collectives over
+its own rows of every batch: it builds only the rows its devices hold (`process_rows`) and the global
+array is assembled from every process's part (`rows_from_process`); host work on rows (rewards) is
+split the same way and the results exchanged explicitly (`process_share`, `gather_rows`). On CPU the processes exchange collectives over
 gloo (`jax_cpu_collectives_implementation`). Cluster managers that JAX detects itself (SLURM, Open MPI,
 Cloud TPU) need only `RESPO_DISTRIBUTED=1`. Without these variables the run is one process.
 """
@@ -106,3 +108,88 @@ def to_host(x):
 
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
+
+
+def process_rows(sharding, rows: int):
+    """The rows of a ``[rows, ...]`` array placed by ``sharding`` (split along its first dimension) that
+    this process's devices hold, ascending — the rows it must supply to `rows_from_process`, in that
+    order: a ``slice`` (all rows in a single-process run or when they are one block), else an index
+    array."""
+    import numpy as np
+
+    if sharding is None or _process_count() == 1:
+        return slice(0, rows)
+    held = np.zeros(rows, bool)
+    for index in sharding.addressable_devices_indices_map((rows,)).values():
+        held[index[0]] = True
+    found = np.nonzero(held)[0]
+    if found.size and found[-1] - found[0] + 1 == found.size:
+        return slice(int(found[0]), int(found[-1]) + 1)
+    return found
+
+
+def take_rows(items, part):
+    """``items[part]`` for a list or an array and a `process_rows` / `process_share` part."""
+    if isinstance(part, slice) or not isinstance(items, (list, tuple)):
+        return items[part]
+    return [items[i] for i in part]
+
+
+def rows_from_process(sharding, local, rows: int):
+    """The global ``[rows, ...]`` array (placed by ``sharding``) of which this process supplies the rows
+    ``process_rows(sharding, rows)`` as the host array ``local``; nothing of other processes' rows
+    needs to exist here. Without a sharding (no mesh): ``local`` (all rows) on the default device."""
+    import jax
+    import numpy as np
+
+    local = np.asarray(local)
+    if sharding is None:
+        return jax.device_put(local)
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    return jax.make_array_from_process_local_data(sharding, local, (rows, *local.shape[1:]))
+
+
+def process_share(count: int) -> slice:
+    """An even split of ``count`` items (e.g. the responses to score) over the processes: this process's
+    ``slice`` (all of them in a single-process run)."""
+    index, processes = _process_index(), _process_count()
+    return slice(index * count // processes, (index + 1) * count // processes)
+
+
+def gather_rows(local, part: slice, rows: int):
+    """Host values each process computed for its own rows ``part`` of ``rows`` (e.g. rewards of
+    `process_share(rows)`), as the whole ``[rows, ...]`` NumPy array on every process. A collective:
+    every process calls it; the parts must cover every row."""
+    import numpy as np
+
+    local = np.asarray(local)
+    if _process_count() == 1:
+        if not np.array_equal(np.arange(rows)[part], np.arange(rows)):
+            raise ValueError(f"one process must supply every row of {rows}; got {part}")
+        return local
+    from jax.experimental import multihost_utils
+
+    values = np.zeros((rows, *local.shape[1:]), local.dtype)
+    have = np.zeros(rows, bool)
+    values[part], have[part] = local, True
+    all_values, all_have = multihost_utils.process_allgather((values, have))  # [processes, rows, ...]
+    out = np.zeros_like(values)
+    for process_values, process_have in zip(all_values, all_have):
+        out[process_have] = process_values[process_have]
+    missing = np.nonzero(~all_have.any(axis=0))[0]
+    if missing.size:
+        raise ValueError(f"rows {missing[:5].tolist()} of {rows} were supplied by no process")
+    return out
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def _process_count() -> int:
+    import jax
+
+    return jax.process_count()

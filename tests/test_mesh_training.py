@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from experiments.train import load_config, main
-from respo_jax.distributed import distributed_env
+from respo_jax.distributed import distributed_env, gather_rows, process_rows, process_share, take_rows
 from respo_jax.host_allocator import expected_platform
 from respo_jax.models import qwen3
 from respo_jax.sampling import SamplingParams, generate
@@ -146,3 +146,13 @@ def test_host_allocator_platform_is_decided_before_jax_starts(monkeypatch):
     assert expected_platform() == "gpu"
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     assert expected_platform() == "cpu"
+
+
+def test_one_process_supplies_every_row():
+    """The multi-process data helpers in one process: every row is this process's, nothing to exchange.
+    (Two processes, each laying out and scoring only its own rows: tests/test_multiprocess.py.)"""
+    assert process_rows(None, 6) == slice(0, 6) == process_share(6)
+    assert take_rows(["a", "b", "c"], np.array([0, 2])) == ["a", "c"]
+    np.testing.assert_array_equal(gather_rows(np.arange(6.0), process_share(6), 6), np.arange(6.0))
+    with pytest.raises(ValueError, match="one process must supply every row of 6"):
+        gather_rows(np.arange(3.0), slice(0, 3), 6)

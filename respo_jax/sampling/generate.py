@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from respo_jax.distributed import process_rows, rows_from_process
 from respo_jax.models import qwen3
 from respo_jax.sampling.logits_processing import sample
 from respo_jax.sampling.params import EngineConfig, SamplingParams
@@ -427,8 +428,11 @@ def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers,
                     cache_slots, return_routing, cfg, cache_dtype) -> GenerateOutput:
     """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch) as one jitted batch of
     `num_rows` rows (filler rows past `len(rows)`, dropped from the output)."""
-    host_arrays = left_pad(rows, prompt_len, num_rows)
-    device_arrays = [jax.device_put(a, _batch_sharding(cfg, a.ndim)) for a in host_arrays]
+    # Each process lays out only the rows its devices hold (all of them in one process); the global
+    # arrays are assembled from the processes' parts (respo_jax.distributed).
+    part = np.arange(num_rows)[process_rows(_batch_sharding(cfg, 1), num_rows)]
+    host_arrays = left_pad([rows[i] for i in part if i < len(rows)], prompt_len, len(part))  # filler rows last
+    device_arrays = [rows_from_process(_batch_sharding(cfg, a.ndim), a, num_rows) for a in host_arrays]
     input_ids, positions, attention_mask, active = device_arrays
 
     total = params.max_new_tokens

@@ -27,7 +27,14 @@ from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
 from respo_jax.data.records import load_dapo_math
 from respo_jax.data.synthetic import CharTokenizer
 from respo_jax.data.tokenizer import load_tokenizer
-from respo_jax.distributed import to_host
+from respo_jax.distributed import (
+    gather_rows,
+    process_rows,
+    process_share,
+    rows_from_process,
+    take_rows,
+    to_host,
+)
 from respo_jax.eval.positive_branch import pooled_diagnostics
 from respo_jax.host_allocator import host_allocator_settings, release_host_memory
 from respo_jax.models import qwen3
@@ -210,10 +217,6 @@ class RLTrainer:
         """Devices a batch's rows are split over (the "batch" rule's mesh axes)."""
         return math.prod(self.mesh.shape[a] for a in self.rules.mesh_axes("batch"))
 
-    def place(self, batch: PolicyBatch) -> PolicyBatch:
-        """A host (or differently placed) batch in the step's batch sharding."""
-        return jax.device_put(batch, self.shardings.batch)
-
     def run_info(self) -> dict:
         """The run's devices, mesh and where the parameters live (written as run_info.json)."""
         held = max(bytes_per_device(self.state.params).values())  # this process's devices
@@ -256,6 +259,13 @@ class RLTrainer:
                                        task_cfg.overlong_penalty_factor)
         return scores
 
+    def _score_shared(self, tokens: np.ndarray, lengths: np.ndarray, answers: list[str]) -> np.ndarray:
+        """`score` of every response, each process verifying its even share of them
+        (`respo_jax.distributed.process_share`; all in one process) and the scores then exchanged, so
+        the (host-bound) reward work is split over the hosts and every process ends up with all scores."""
+        share = process_share(len(answers))
+        return gather_rows(self.score(tokens[share], lengths[share], take_rows(answers, share)), share, len(answers))
+
     def _encode(self, record: dict) -> list[int]:
         return encode_prompt(record["problem"], self.tokenizer, self.prompt_format)
 
@@ -284,11 +294,14 @@ class RLTrainer:
             width = max(len(r) for r in responses)
             padded = np.array([r + [self.tokenizer.pad_id] * (width - len(r)) for r in responses], np.int32)
             lengths = np.array([len(r) for r in responses], np.int32)
+            part = process_rows(self.shardings.batch, len(records))  # this process's rows only
             ids, positions, attention, response_mask, prompt_len = build_sequences(
-                prompts, padded, lengths, self.tokenizer.pad_id)
+                take_rows(prompts, part), padded[part], lengths[part], self.tokenizer.pad_id,
+                prompt_len=max(len(p) for p in prompts))
             loss_mask = np.zeros(ids.shape, np.float32)
             loss_mask[:, prompt_len:] = response_mask
-            inputs = jax.device_put((ids, positions, attention, loss_mask), self.shardings.batch)
+            inputs = [rows_from_process(self.shardings.batch, a, len(records))
+                      for a in (ids, positions, attention, loss_mask)]
             self.state.params, opt_state, loss, finite = step(self.state.params, opt_state, *inputs)
             loss = float(loss)
             if not (np.isfinite(loss) and bool(finite)):
@@ -318,9 +331,11 @@ class RLTrainer:
             seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
         )
         out = generate(self.model(), prompts, params, engine=self.engine, return_routing=r.routing_replay)
-        out = jax.tree.map(to_host, out)  # every process gets all rows (a gather across processes)
+        # Every process gets every response (a gather across processes): the layout of the policy
+        # batches (bucketed lengths, verl's balanced order), the metrics and the rollout file need them.
+        out = jax.tree.map(to_host, out)
         answers = [rec["answer"] for rec in records for _ in range(r.group_size)]
-        scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), answers)
+        scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths), answers)
         expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
         return expanded_prompts, out, scores
 
@@ -330,27 +345,36 @@ class RLTrainer:
         the devices in the step's batch sharding, and the rows per micro-batch that keep it within
         `rollout.max_tokens_per_microbatch` (a multiple of the batch devices, so every micro-batch is
         spread over all of them). `sampler_routing`: (prompt_routing, routing) of these rows from the
-        sampler, to replay (Routing Replay)."""
+        sampler, to replay (Routing Replay).
+
+        The lengths come from all rows (every process computes the same shapes); each process then lays
+        out only the rows its devices hold and the global batch is assembled from the processes' parts
+        (`respo_jax.distributed.rows_from_process`)."""
         r = self.config.rollout
+        rows = len(prompts)
         prompt_len = bucket_length(max(len(p) for p in prompts), r.prompt_bucket)
         response_len = bucket_length(max(int(lengths.max()), 1), r.response_bucket, r.max_new_tokens)
+        part = process_rows(self.shardings.batch, rows)
         ids, positions, attention, response_mask, prompt_len = build_sequences(
-            prompts, tokens, lengths, self.tokenizer.pad_id, prompt_len=prompt_len, response_len=response_len)
-        if ids.shape not in self._batch_shapes:  # see respo_jax.host_allocator: holes from other shapes
+            take_rows(prompts, part), tokens[part], lengths[part], self.tokenizer.pad_id, prompt_len=prompt_len,
+            response_len=response_len)
+        shape = (rows, ids.shape[1])
+        if shape not in self._batch_shapes:  # see respo_jax.host_allocator: holes from other shapes
             if host_allocator_settings()["applied"]:  # configured at start-up (CPU runs only)
                 release_host_memory()
-            self._batch_shapes.add(ids.shape)
+            self._batch_shapes.add(shape)
         routing = None
         if sampler_routing is not None:  # the sampler's experts, laid out like the model input (R3)
-            routing = replay_routing(*sampler_routing, prompt_len, response_len)
-        batch = self.place(PolicyBatch(
+            routing = replay_routing(*(a[:, part] for a in sampler_routing), prompt_len, response_len)
+        local = PolicyBatch(
             input_ids=ids, positions=positions, attention_mask=attention, response_mask=response_mask,
-            old_logp=np.zeros(response_mask.shape, np.float32), advantages=np.asarray(advantages, np.float32),
-            routing=routing, prompt_len=prompt_len,
-        ))
-        micro = microbatch_size(ids.shape[0], ids.shape[1], r.max_tokens_per_microbatch)
+            old_logp=np.zeros(response_mask.shape, np.float32),
+            advantages=np.asarray(advantages, np.float32)[part], routing=routing, prompt_len=prompt_len,
+        )
+        batch = jax.tree.map(lambda x: rows_from_process(self.shardings.batch, x, rows), local)
+        micro = microbatch_size(rows, shape[1], r.max_tokens_per_microbatch)
         shards = self.batch_shards
-        return batch, min(ids.shape[0], -(-micro // shards) * shards)
+        return batch, min(rows, -(-micro // shards) * shards)
 
     def iteration(self) -> dict:
         """One rollout batch and its N policy updates; returns the iteration's metrics record."""
@@ -461,7 +485,8 @@ class RLTrainer:
         params = SamplingParams(max_new_tokens=self.config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_ids=self.tokenizer.eos_ids)
         out = jax.tree.map(to_host, generate(self.model(), prompts, params, engine=self.engine))
-        scores = self.score(np.asarray(out.tokens), np.asarray(out.lengths), [rec["answer"] for rec in self.held_out])
+        scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths),
+                                    [rec["answer"] for rec in self.held_out])
         return float(np.mean(scores > 0))
 
 
