@@ -105,7 +105,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
         s = trainer.state
         s.params, s.opt_state, last_saved = restored.params, restored.opt_state, restored.step
         trainer.restore_meta(restored.meta)
-        for step in restored.damaged:
+        for step in restored.damaged if primary else ():  # one process moves the shared folders
             moved = set_aside(checkpoint_dir, step)
             print(f"moved damaged checkpoint step {step} to {moved}", file=sys.stderr)
     if plan.mode == "resume" and primary:  # the log as an uninterrupted run would have it at this checkpoint

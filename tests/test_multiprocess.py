@@ -1,7 +1,9 @@
-"""Two processes on localhost train as one: `python -m experiments.train` launched twice with
-JAX_NUM_PROCESSES=2 (respo_jax.distributed; CPU collectives over gloo), two CPU devices each, gives the
-same metrics as one process with four devices on the same (data=2, expert=2) mesh, and the processes
-write one run directory together (process 0 its files, both the Orbax checkpoint)."""
+"""Two processes on localhost train as one: `experiments.train` launched twice with JAX_NUM_PROCESSES=2
+(respo_jax.distributed; CPU collectives over gloo), two CPU devices each, on the same (data=2, expert=2)
+mesh as one process with four devices. In the same launch (one process start and one distributed
+set-up, the slow part) the two processes first run one iteration — writing one run directory together
+(process 0 its files, both the Orbax checkpoint) — and then resume that run from its checkpoint for a
+second iteration; every metric of both iterations equals the uninterrupted one-process run's."""
 
 from __future__ import annotations
 
@@ -14,11 +16,15 @@ import sys
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# toy_moe, as small as it gets: 2 warm-up steps, one rollout batch of 16 responses used for 1 update.
-ARGS = ["--config", "experiments/configs/toy_moe.py", "run.iterations=1", "rollout.reuse=1", "warmup.steps=2",
+# toy_moe, as small as it gets: 2 warm-up steps, rollout batches of 16 responses used for 1 update each.
+ARGS = ["--config", "experiments/configs/toy_moe.py", "rollout.reuse=1", "warmup.steps=2",
         "run.eval_problems=0", "run.progress=false", "mesh.data=2", "mesh.expert=2"]
 # Same compile flags in every process (XLA:CPU's LLVM time dominates these tiny programs).
 FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+# Each of the two processes: one iteration, then the same run resumed from its checkpoint for a second.
+RUN_THEN_RESUME = ("import sys; from experiments.train import main; "
+                   "main(sys.argv[1:] + ['run.iterations=1']); "
+                   "main(sys.argv[1:] + ['run.iterations=2', 'run.resume=true'])")
 
 
 def _env(devices: int, **extra) -> dict:
@@ -41,17 +47,17 @@ def _metrics(run) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def test_two_processes_train_like_one(tmp_path):
+def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    command = [sys.executable, "-m", "experiments.train", *ARGS]
     address = f"localhost:{_free_port()}"
-    workers = [subprocess.Popen(command + [f"run.out_dir={two}"], cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True,
+    workers = [subprocess.Popen([sys.executable, "-c", RUN_THEN_RESUME, *ARGS, f"run.out_dir={two}"], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=_env(2, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i,
                                          JAX_COORDINATOR_ADDRESS=address))
                for i in range(2)]
-    single = subprocess.run(command + [f"run.out_dir={one}"], cwd=REPO, capture_output=True, text=True,
-                            env=_env(4), timeout=900)
+    single = subprocess.run([sys.executable, "-m", "experiments.train", *ARGS, "run.iterations=2",
+                             f"run.out_dir={one}"], cwd=REPO, capture_output=True, text=True, env=_env(4),
+                            timeout=900)
     outputs = [w.communicate(timeout=900)[0] for w in workers]
     assert single.returncode == 0, single.stderr[-3000:]
     for i, (worker, output) in enumerate(zip(workers, outputs)):
@@ -61,12 +67,16 @@ def test_two_processes_train_like_one(tmp_path):
     assert info["processes"] == 2 and info["devices"] == 4
     assert info["mesh"] == {"data": 2, "fsdp": 1, "tensor": 1, "expert": 2}
     want, got = _metrics(one), _metrics(two)
-    assert [r["phase"] for r in got] == [r["phase"] for r in want] == ["warmup", "warmup", "rl"]
+    # the resumed run kept the first run's records and added iteration 2 (no second warm-up)
+    assert [r["phase"] for r in got] == [r["phase"] for r in want] == ["warmup", "warmup", "rl", "rl"]
+    assert [r.get("iteration") for r in got] == [None, None, 1, 2]
     for a, b in zip(got, want):
-        for key in ("sft_loss", "loss", "grad_norm", "score", "response_length", "log_w_mean"):
+        for key in ("sft_loss", "loss", "grad_norm", "score", "response_length", "log_w_mean",
+                    "load_balancing_loss"):
             if key in b:
                 np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-7, err_msg=key)
-    # one checkpoint, written by both processes together, with its manifest (process 0)
-    steps = os.listdir(os.path.join(two, "checkpoints"))
-    assert steps == ["1"], steps
-    assert os.path.isfile(os.path.join(two, "checkpoints", "1", "respo_manifest.json"))
+    # checkpoints written by both processes together, each with its manifest (process 0)
+    steps = sorted(os.listdir(os.path.join(two, "checkpoints")))
+    assert steps == ["1", "2"], steps
+    assert os.path.isfile(os.path.join(two, "checkpoints", "2", "respo_manifest.json"))
+    assert sorted(os.listdir(os.path.join(two, "rollouts"))) == ["iteration_000001.npz", "iteration_000002.npz"]

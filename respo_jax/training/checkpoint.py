@@ -29,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from respo_jax.distributed import sync_processes
 from respo_jax.training.step import NonFiniteError, tree_all_finite
 
 MANIFEST = "respo_manifest.json"  # inside each step folder, next to Orbax's own files
@@ -136,6 +137,9 @@ def save_checkpoint(directory: str, step: int, params, opt_state, meta: dict) ->
                               f"{max(list_steps(directory), default=None)}")
     if jax.process_index() == 0:  # one writer; the step folder is shared by all processes
         write_manifest(step_dir(directory, step), step)
+    # No process goes on before the step is complete with its manifest: one that resumed from it at once
+    # (or that read it for any other reason) would otherwise take it for a cut-short save.
+    sync_processes(f"checkpoint step {step} written")
 
 
 def _leaf_name(path) -> str:
