@@ -9,8 +9,8 @@ A run launched as several processes (one per host, or several on one machine) se
 JAX: `jax.devices()` lists every process's devices, the run's mesh spans them, and each process feeds
 its own rows of every batch: it builds only the rows its devices hold (`process_rows`) and the global
 array is assembled from every process's part (`rows_from_process`); host work on rows (rewards) is
-split the same way and the results exchanged explicitly (`process_share`, `gather_rows`). On CPU the processes exchange collectives over
-gloo (`jax_cpu_collectives_implementation`). Cluster managers that JAX detects itself (SLURM, Open MPI,
+split the same way and the results exchanged explicitly (`process_share`, `gather_rows`). On CPU the
+processes exchange collectives over gloo (`jax_cpu_collectives_implementation`). Cluster managers that JAX detects itself (SLURM, Open MPI,
 Cloud TPU) need only `RESPO_DISTRIBUTED=1`. Without these variables the run is one process.
 """
 
@@ -173,9 +173,11 @@ def gather_rows(local, part: slice, rows: int):
     values = np.zeros((rows, *local.shape[1:]), local.dtype)
     have = np.zeros(rows, bool)
     values[part], have[part] = local, True
-    all_values, all_have = multihost_utils.process_allgather((values, have))  # [processes, rows, ...]
+    # [processes, rows, ...] (through JAX: 64-bit values arrive as 32-bit unless jax_enable_x64)
+    all_values, all_have = multihost_utils.process_allgather((values, have.astype(np.int8)))
+    all_have = np.asarray(all_have) > 0
     out = np.zeros_like(values)
-    for process_values, process_have in zip(all_values, all_have):
+    for process_values, process_have in zip(np.asarray(all_values), all_have):
         out[process_have] = process_values[process_have]
     missing = np.nonzero(~all_have.any(axis=0))[0]
     if missing.size:

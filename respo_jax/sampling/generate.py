@@ -360,7 +360,9 @@ def generate(
     trainer does: prompts, sampled tokens, log-probs and routing split their batch dimension by the
     `batch` rule (rows padded with inactive filler rows to a multiple of those axes' size), the KV
     cache is constrained by its logical axes (`qwen3.cache.CACHE_AXES`) inside the model, and the
-    parameters stay where they are.
+    parameters stay where they are. In a run of several processes every process passes all prompts
+    (the shapes depend on all of them) but lays out only the rows its own devices hold
+    (`respo_jax.distributed.process_rows`); the outputs are global arrays split like the batch.
     Returns:
       GenerateOutput with rows in prompt-major order (`len(prompts) * num_samples` rows).
     """
@@ -431,7 +433,7 @@ def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers,
     # Each process lays out only the rows its devices hold (all of them in one process); the global
     # arrays are assembled from the processes' parts (respo_jax.distributed).
     part = np.arange(num_rows)[process_rows(_batch_sharding(cfg, 1), num_rows)]
-    host_arrays = left_pad([rows[i] for i in part if i < len(rows)], prompt_len, len(part))  # filler rows last
+    host_arrays = left_pad([rows[i] for i in part if i < len(rows)], prompt_len, len(part))  # filler last
     device_arrays = [rows_from_process(_batch_sharding(cfg, a.ndim), a, num_rows) for a in host_arrays]
     input_ids, positions, attention_mask, active = device_arrays
 

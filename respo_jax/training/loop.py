@@ -264,7 +264,8 @@ class RLTrainer:
         (`respo_jax.distributed.process_share`; all in one process) and the scores then exchanged, so
         the (host-bound) reward work is split over the hosts and every process ends up with all scores."""
         share = process_share(len(answers))
-        return gather_rows(self.score(tokens[share], lengths[share], take_rows(answers, share)), share, len(answers))
+        scores = self.score(tokens[share], lengths[share], take_rows(answers, share))
+        return gather_rows(scores, share, len(answers))
 
     def _encode(self, record: dict) -> list[int]:
         return encode_prompt(record["problem"], self.tokenizer, self.prompt_format)
@@ -356,8 +357,8 @@ class RLTrainer:
         response_len = bucket_length(max(int(lengths.max()), 1), r.response_bucket, r.max_new_tokens)
         part = process_rows(self.shardings.batch, rows)
         ids, positions, attention, response_mask, prompt_len = build_sequences(
-            take_rows(prompts, part), tokens[part], lengths[part], self.tokenizer.pad_id, prompt_len=prompt_len,
-            response_len=response_len)
+            take_rows(prompts, part), tokens[part], lengths[part], self.tokenizer.pad_id,
+            prompt_len=prompt_len, response_len=response_len)
         shape = (rows, ids.shape[1])
         if shape not in self._batch_shapes:  # see respo_jax.host_allocator: holes from other shapes
             if host_allocator_settings()["applied"]:  # configured at start-up (CPU runs only)

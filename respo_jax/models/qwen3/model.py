@@ -361,9 +361,11 @@ FORWARD_STATIC = ("graphdef", "return_routing")
 TOKEN_LOGPROBS_STATIC = ("graphdef", "chunk_size", "start", "temperature", "return_entropy", "return_aux")
 
 
-def forward(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array, positions: jax.Array | None = None,
-            attention_mask: jax.Array | None = None, cache: KVCache | None = None, routing: jax.Array | None = None,
-            layers: tuple[tuple[nnx.State, ...], ...] | None = None, *, return_routing: bool = False) -> Qwen3Output:
+def forward(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array,
+            positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
+            cache: KVCache | None = None, routing: jax.Array | None = None,
+            layers: tuple[tuple[nnx.State, ...], ...] | None = None, *,
+            return_routing: bool = False) -> Qwen3Output:
     """``Qwen3ForCausalLM.forward`` as a pure function of ``(graphdef, params)`` = ``nnx.split(model)``
     and the inputs, for a caller to jit (``static_argnames=FORWARD_STATIC``) with its own shardings
     and donation (e.g. ``donate_argnames="cache"`` for a decode step)."""
@@ -373,8 +375,9 @@ def forward(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array, pos
 
 def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array, targets: jax.Array,
                    positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
-                   routing: jax.Array | None = None, *, chunk_size: int = LOGPROB_CHUNK_TOKENS, start: int = 0,
-                   temperature: float = 1.0, return_entropy: bool = False, return_aux: bool = False):
+                   routing: jax.Array | None = None, *, chunk_size: int = LOGPROB_CHUNK_TOKENS,
+                   start: int = 0, temperature: float = 1.0, return_entropy: bool = False,
+                   return_aux: bool = False):
     """``Qwen3ForCausalLM.token_logprobs`` as a pure function of ``(graphdef, params)`` and the inputs,
     for a caller to jit (``static_argnames=TOKEN_LOGPROBS_STATIC``)."""
     return nnx.merge(graphdef, params).token_logprobs(
