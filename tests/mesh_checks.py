@@ -388,10 +388,14 @@ def sampler_runs_under_the_model_mesh_and_rules():
     params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=1)
     want = generate(plain, prompts, params, return_routing=True)
     got = generate(sharded, prompts, params, return_routing=True)
-    assert got.tokens.sharding.spec[0] == ("data", "fsdp", "expert"), got.tokens.sharding
-    assert got.routing.sharding.spec[1] == ("data", "fsdp", "expert"), got.routing.sharding
+    # (the compiler may drop the size-1 expert axis from a spec: compare what the shardings place where)
+    batch_split = jax.sharding.NamedSharding(mesh, P(("data", "fsdp", "expert")))
+    assert got.tokens.sharding.is_equivalent_to(batch_split, 2), got.tokens.sharding
+    routing_split = jax.sharding.NamedSharding(mesh, P(None, ("data", "fsdp", "expert")))
+    assert got.routing.sharding.is_equivalent_to(routing_split, 4), got.routing.sharding
     data_only = generate(by_data, prompts, params, return_routing=True)
-    assert data_only.tokens.sharding.spec[0] == "data", data_only.tokens.sharding
+    assert data_only.tokens.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, P("data")), 2), \
+        data_only.tokens.sharding
     # 3 rows are padded to 4 (a multiple of data x fsdp) with filler rows; a row's samples depend only on
     # its own prompt, index and the seed, so they equal the first 3 unsharded rows.
     padded = generate(sharded, prompts[:3], params, return_routing=True)

@@ -216,18 +216,21 @@ def test_response_only_chunked_logprobs_equal_the_dense_computation_in_values_an
         return model.token_logprobs(ids, targets, positions, mask, chunk_size=chunk, start=start,
                                     temperature=temperature)
 
+    def values_and_grads(fn, start):
+        """fn(model) [batch, seq - start] and the gradients of its weighted sum: one jit."""
+        def loss(m):
+            values = fn(m)
+            return jnp.sum(values * weights[:, start:]), values
+
+        (_, values), grads = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+        return values, jax.tree.leaves(nnx.to_pure_dict(grads))
+
     for start, temperature, chunk in ((0, 1.0, 64), (6, 1.0, 4), (6, 0.6, 7), (10, 1.7, 1)):
-        want = nnx.jit(lambda m: dense(m, start, temperature))(model)
-        got = nnx.jit(lambda m: chunked(m, start, temperature, chunk))(model)
+        want, grads_want = values_and_grads(lambda m: dense(m, start, temperature), start)
+        got, grads_got = values_and_grads(lambda m: chunked(m, start, temperature, chunk), start)
         assert got.shape == (3, 11 - start) and got.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-
-        def loss(fn, model):
-            return jnp.sum(fn(model) * weights[:, start:])
-
-        grads_want = nnx.jit(nnx.grad(lambda m: loss(lambda m: dense(m, start, temperature), m)))(model)
-        grads_got = nnx.jit(nnx.grad(lambda m: loss(lambda m: chunked(m, start, temperature, chunk), m)))(model)
-        pairs = list(zip(jax.tree.leaves(nnx.to_pure_dict(grads_got)), jax.tree.leaves(nnx.to_pure_dict(grads_want))))
+        pairs = list(zip(grads_got, grads_want))
         assert len(pairs) == (13 if tie else 14) and all(np.abs(np.asarray(r)).max() > 0 for _, r in pairs)
         for g, r in pairs:
             assert _rel_err(g, r) < 1e-4
@@ -366,8 +369,8 @@ def test_unstacked_layers_path_matches_layer_scan(moe):
     model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(3))
     layers = model.unstacked_layers()
     assert [len(group) for group in layers] == [stack.count for stack in model.stacks]
-    ids, positions, mask = _left_padded_batch(seed=4, batch=2, seq=6)
-    ids = jnp.asarray(ids) % cfg.vocab_size
+    ids, mask, positions = (jnp.asarray(t.numpy()) for t in _left_padded_batch(seed=4, batch=2, seq=6))
+    ids = ids % cfg.vocab_size
     caches = [qwen3.init_cache(cfg, 2, 8), qwen3.init_cache(cfg, 2, 8)]
     steps = [(ids, positions, mask)] + [
         (ids[:, -1:] + t, positions[:, -1:] + 1 + t, np.ones((2, 1), np.int32)) for t in range(2)]
