@@ -383,7 +383,8 @@ def sampler_runs_under_the_model_mesh_and_rules():
     mesh = mesh_of(2, 2, 2, 1)
     plain = qwen3.init_model(cfg, seed=0)
     sharded = qwen3.init_model(cfg.replace(mesh=mesh), seed=0)
-    by_data = qwen3.init_model(cfg.replace(mesh=mesh, rules=ShardingRules().replace(batch="data")), seed=0)
+    by_data = qwen3.init_model(cfg.replace(mesh=mesh, rules=ShardingRules().replace(batch=("data", "expert"))),
+                               seed=0)
     prompts = [[5, 9, 17], [3, 1, 4, 1, 5, 9], [100], [8, 8]]
     params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=1)
     want = generate(plain, prompts, params, return_routing=True)

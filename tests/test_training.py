@@ -279,12 +279,12 @@ def test_policy_update_raises_logp_of_positive_and_lowers_negative_responses():
     ids, positions, attention, response_mask, prompt_len = build_sequences(prompts, responses, np.full(4, 3), 0)
     batch = PolicyBatch(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention), jnp.asarray(response_mask),
                         jnp.zeros(response_mask.shape), jnp.asarray([1.5, -0.5, -0.5, -0.5]), prompt_len)
-    old = trainer._logprobs(trainer.state.params, batch)
+    old = trainer._old_logprobs(trainer.state.params, batch, None)[0]
     batch = batch.replace(old_logp=old)
     for _ in range(3):
         trainer.state.params, trainer.state.opt_state, metrics = trainer._policy_step(
             trainer.state.params, trainer.state.opt_state, batch)
-    change = np.asarray((trainer._logprobs(trainer.state.params, batch) - old).sum(-1))
+    change = np.asarray((trainer._old_logprobs(trainer.state.params, batch, None)[0] - old).sum(-1))
     assert change[0] > 0 and np.all(change[1:] < 0), change
     assert np.isfinite(float(metrics["loss"])) and float(metrics["approx_kl"]) > 0
 

@@ -165,8 +165,7 @@ class Qwen3Config:
             raise ValueError(f"num_experts={self.num_experts} does not split over mesh axes {expert_axes} "
                              f"({shards} devices)")
         token_axes = set(self.rules.mesh_axes("batch")) | set(self.rules.mesh_axes("sequence"))
-        split = {axis for axis in expert_axes if self.mesh.shape[axis] > 1}  # a size-1 axis splits nothing
-        if not split <= token_axes:
+        if not set(expert_axes) <= token_axes:
             raise ValueError(f"experts are split over mesh axes {expert_axes}, but tokens only over "
                              f"{sorted(token_axes)} (rules 'batch' + 'sequence'); expert parallelism needs "
                              "the tokens split over the expert axes too")

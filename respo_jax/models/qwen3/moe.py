@@ -214,8 +214,7 @@ def expert_parallel_ffn(x: jax.Array, indices: jax.Array, weights: jax.Array, ga
             raise ValueError(f"expert parallelism splits the {('batch', 'sequence')[dim]} dimension "
                              f"({x.shape[dim]}) over mesh axes {axes} ({axis_size(mesh, axes)} devices); "
                              "pad it to a multiple")
-    # Axes of size 1 split nothing: no exchange over them (nor need the tokens be split over them).
-    expert_axes = tuple(axis for axis in rules.mesh_axes("experts") if mesh.shape[axis] > 1)
+    expert_axes = rules.mesh_axes("experts")
     tensor_axes = rules.mesh_axes("expert_mlp")
     in_spec = rules.spec(("experts", None, "expert_mlp"))
     out_spec = rules.spec(("experts", "expert_mlp", None))
