@@ -89,7 +89,7 @@ def write_checkpoint(path: str, case: RaceCase, tokenizer_dir: str, seed: int = 
 def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str):
     """The respo-jax side's ExperimentConfig (the trainer's own defaults for buckets and memory)."""
     from experiments.train import DEFAULT_CONFIG, load_config
-    from respo_jax.training.config import apply_overrides
+    from respo_jax.training.config import RolloutConfig, apply_overrides
 
     return apply_overrides(load_config(DEFAULT_CONFIG), [
         "task.name=dapo_math", f"task.data_dir={data_dir}", f"task.tokenizer_dir={tokenizer_dir}",
@@ -97,6 +97,9 @@ def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir
         "warmup.steps=0", "run.eval_problems=0", "run.progress=false", f"run.iterations={case.iterations}",
         f"rollout.prompts_per_minibatch={case.prompts_per_minibatch}", f"rollout.group_size={case.group_size}",
         f"rollout.reuse={case.reuse}", f"rollout.max_new_tokens={case.max_new_tokens}",
+        # The rollout section's own bucket (sized for DAPO-Math's ~100-token prompts), not the default
+        # experiment's 16 (sized for its 12-token synthetic prompts: a new shape every 16 tokens).
+        f"rollout.prompt_bucket={RolloutConfig.prompt_bucket}",
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
         "objective.name=grpo", "objective.hparams.eps_low=0.2", "objective.hparams.eps_high=0.2",
         f"optim.learning_rate={LEARNING_RATE}", "optim.weight_decay=0.0", "optim.max_grad_norm=1.0",

@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS
+from respo_jax.models.qwen3.model import INFERENCE_CHUNK_TOKENS, LOGPROB_CHUNK_TOKENS
 from respo_jax.objectives import PolicyObjective
 from respo_jax.objectives.aggregation import safe_divide
 from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches
@@ -191,7 +191,7 @@ def make_policy_step(
 
 
 def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_entropy: bool = False,
-                    chunk_size: int = LOGPROB_CHUNK_TOKENS, shardings: StepShardings | None = None):
+                    chunk_size: int = INFERENCE_CHUNK_TOKENS, shardings: StepShardings | None = None):
     """Jitted `logprobs(params, batch, microbatch_rows=None)`: log π(response | prompt) of a `PolicyBatch`
     under `params`, [batch, response_len] float32 (0 where masked), at the rollout `temperature`;
     `return_entropy`: also the entropy of the full distribution at each response token, `(logp,
