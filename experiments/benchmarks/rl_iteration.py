@@ -314,6 +314,14 @@ def markdown(results: list[dict]) -> str:
                            "TRL 1st iter s"], rows)
 
 
+def _sides_text(kinds, results) -> str:
+    return f"TRL {results[0]['trl_version']}" if "trl" in kinds else "respo-jax side only"
+
+
+def _median_text(iterations: int) -> str:
+    return f"medians over iterations 2…{iterations}" if iterations > 1 else "one iteration (no median)"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.benchmarks.rl_iteration",
                                      description=__doc__.split("\n")[0])
@@ -345,8 +353,8 @@ def main(argv=None) -> int:
                    "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
         common.write_json(os.path.join(args.out, f"{stem}.json"), payload)
         common.write_markdown(os.path.join(args.out, f"{stem}.md"), "RL iteration: respo-jax vs TRL GRPOTrainer", [
-            ("Command", f"`{payload['command']}` — {payload['wall_s']:.0f} s; TRL {results[0]['trl_version']}, "
-                        f"{THREADS} threads per side; medians over iterations 2…{cases[0].iterations}"),
+            ("Command", f"`{payload['command']}` — {payload['wall_s']:.0f} s; {_sides_text(kinds, results)}, "
+                        f"{THREADS} threads per side; {_median_text(cases[0].iterations)}"),
             ("Results", markdown(results))])
     for r in results:
         sides = "; ".join(f"{kind} {r[kind]['median_s'] or float('nan'):.2f} s/iter (first {r[kind]['first_s']:.1f} "
