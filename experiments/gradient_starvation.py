@@ -41,6 +41,7 @@ from experiments.cli import run_cli, run_failures
 from respo_jax.eval import positive_branch
 from respo_jax.eval.report import ReportError, Run, _write_atomic, load_run, positive_branch_tables
 from respo_jax.eval.statistics import early_peak, late_mean
+from respo_jax.files import file_sha256
 from respo_jax.training import run_dir
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.sweep import Cell, StarvationConfig
@@ -80,14 +81,6 @@ def load_sweep_config(path: str, quick: bool = False) -> StarvationConfig:
 
 def _json_view(obj):
     return json.loads(json.dumps(obj))
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -136,7 +129,7 @@ def prepare_base(config: StarvationConfig, show: bool = True) -> dict:
     weights = sorted(f for f in os.listdir(partial) if f.endswith(".safetensors"))
     info = {
         "config": wanted,
-        "sha256": hashlib.sha256("".join(_sha256(os.path.join(partial, f)) for f in weights).encode())
+        "sha256": hashlib.sha256("".join(file_sha256(os.path.join(partial, f)) for f in weights).encode())
         .hexdigest(),
         "greedy_accuracy": accuracy,
         "sft_loss_last": float(np.mean(losses[-10:])) if losses else None,

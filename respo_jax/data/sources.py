@@ -35,6 +35,7 @@ import urllib.request
 from typing import Callable
 
 from respo_jax.data.records import SPECS
+from respo_jax.files import file_sha256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +130,7 @@ def download_dataset(
     source = PUBLIC_SOURCES[name]
     folder = os.path.join(os.fspath(data_root), SPECS[name].folder)
     target = os.path.join(folder, source.filename)
-    if os.path.isfile(target) and _sha256_file(target) == source.sha256:
+    if os.path.isfile(target) and file_sha256(target) == source.sha256:
         return target
     payload = fetch(source.url)
     digest = hashlib.sha256(payload).hexdigest()
@@ -141,11 +142,3 @@ def download_dataset(
         handle.write(payload)
     os.replace(partial, target)
     return target
-
-
-def _sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

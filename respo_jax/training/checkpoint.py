@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import os
 import sys
@@ -30,6 +29,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from respo_jax.distributed import sync_processes
+from respo_jax.files import file_sha256
 from respo_jax.training.step import NonFiniteError, tree_all_finite
 
 MANIFEST = "respo_manifest.json"  # inside each step folder, next to Orbax's own files
@@ -63,14 +63,6 @@ def step_dir(directory: str, step: int) -> str:
     return os.path.join(os.path.abspath(directory), str(step))
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _file_digests(folder: str) -> dict[str, str]:
     """{relative path: SHA-256} of every file under `folder` except the manifest. Files are hashed on
     several threads (hashlib releases the GIL): about 1 GB/s per core."""
@@ -81,7 +73,7 @@ def _file_digests(folder: str) -> dict[str, str]:
             if relative != MANIFEST:
                 paths[relative] = os.path.join(root, name)
     with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        return dict(zip(paths, pool.map(_sha256, paths.values())))
+        return dict(zip(paths, pool.map(file_sha256, paths.values())))
 
 
 def write_manifest(folder: str, step: int) -> None:
