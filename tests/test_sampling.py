@@ -16,7 +16,8 @@ import transformers
 
 import jitted_model as jm
 from respo_jax.models import qwen3
-from respo_jax.sampling import EngineConfig, SamplingParams, generate
+from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
+from respo_jax.training.compilation import compilation_totals
 
 PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [100], [7, 7, 8, 9, 10, 11]]
 NEW = 10
@@ -205,6 +206,19 @@ def test_a_batch_generated_in_row_chunks_equals_one_batch(moe, moe_sampled):
     assert chunked.tokens.shape == (8, MOE_PARAMS.max_new_tokens)
     with pytest.raises(ValueError, match="max_batch_rows"):
         EngineConfig(max_batch_rows=0)
+
+
+def test_compile_generate_compiles_every_program_of_a_bucket_ahead(moe):
+    # Decode in two segments with a cache that grows between them, and routing capture: every program
+    # generate runs for a prompt bucket is compiled ahead, so generating at that bucket compiles nothing.
+    model, params = moe[1], dataclasses.replace(MOE_PARAMS, max_new_tokens=6)
+    engine = EngineConfig(prompt_bucket=8, decode_chunk_size=4, cache_bucket=4)
+    compile_generate(model, 24, 2, params, return_routing=True, engine=engine)
+    before = compilation_totals()
+    generate(model, [p + [3] * 10 for p in PROMPTS[:2]], params, return_routing=True, engine=engine)  # 21: 24
+    assert (compilation_totals() - before).compiles == 0
+    with pytest.raises(ValueError, match="prompt_len >= 1"):
+        compile_generate(model, 0, 1, params)
 
 
 def test_decoding_stops_when_every_row_is_done(dense, monkeypatch):

@@ -22,6 +22,7 @@ from respo_jax.training.batch import (
     build_sequences,
     microbatch_size,
 )
+from respo_jax.data.batches import PromptBatches
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.config import ExperimentConfig, apply_overrides
@@ -345,13 +346,23 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
         "task.name=dapo_math", f"task.data_dir={SHARED / 'data'}", f"task.tokenizer_dir={SHARED / 'tokenizers' / 'qwen3'}",
         "task.max_prompt_tokens=160", "task.overlong_buffer_length=2", "warmup.steps=0", "run.eval_problems=4",
         "rollout.prompts_per_minibatch=1", "rollout.group_size=2", "rollout.reuse=1", "rollout.max_new_tokens=4",
+        "rollout.prompt_bucket=128",
         'model.overrides={"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64}',
     ])
     trainer = RLTrainer(config)
     assert trainer.tokenizer.vocab_size > 150_000 and len(trainer.held_out) == 4
+    # The draw order of the prompt batches, to know each iteration's prompt bucket.
+    shadow = PromptBatches(trainer.train_records, batch_size=1, seed=config.task.seed)
+    buckets = [bucket_length(len(trainer._encode(next(shadow)[0])), 128) for _ in range(40)]
+    other = 128 if buckets[0] == 256 else 256
+    assert trainer.prompt_buckets() == [128, 256] and other in buckets
     record = trainer.iteration()
     # a random policy never writes the right box in 4 tokens; responses at the limit get the full penalty -1
     assert -2.0 <= record["score"] <= -1.0
+    # rollout.compile_ahead: the first iteration compiled both buckets, so the first batch of the other
+    # bucket (a new sampler, log π_old and update shape) compiles nothing.
+    for _ in range(buckets.index(other)):
+        assert trainer.iteration()["compiles"] == 0
     assert trainer.evaluate() == 0.0
     tokens = np.array([trainer.tokenizer.encode("\\boxed{12}")])
     np.testing.assert_allclose(trainer.score(tokens, np.array([tokens.shape[1]]), ["12"]), [1.0 - 1.0])

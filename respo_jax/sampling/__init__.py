@@ -5,11 +5,11 @@
     out.tokens [batch, max_new_tokens], out.lengths [batch], out.logprobs [batch, max_new_tokens]
 """
 
-from respo_jax.sampling.generate import GenerateOutput, generate, left_pad
+from respo_jax.sampling.generate import GenerateOutput, compile_generate, generate, left_pad
 from respo_jax.sampling.logits_processing import sample, sampling_logprobs, truncate
 from respo_jax.sampling.params import EngineConfig, SamplingParams
 
 __all__ = [
-    "EngineConfig", "GenerateOutput", "SamplingParams", "generate", "left_pad", "sample", "sampling_logprobs",
+    "EngineConfig", "GenerateOutput", "SamplingParams", "compile_generate", "generate", "left_pad", "sample", "sampling_logprobs",
     "truncate",
 ]

@@ -311,6 +311,12 @@ def _prefill_and_decode(
     return state, prompt_routing
 
 
+@jax.jit
+def _all_done(done):
+    """Whether every row is done: [batch] bool -> bool (on a mesh, over every process's rows)."""
+    return jnp.all(done)
+
+
 @functools.partial(jax.jit, static_argnames=("cache_len",))
 def _grow_cache(cache, *, cache_len):
     """Pad the cache's slot axis to `cache_len` (new slots empty and invalid)."""
@@ -337,6 +343,25 @@ def _resume(graphdef, model_state, layers, state, stop, *, params, return_routin
     if capture_last:
         _, state = _feed_last_tokens(model, state, return_routing, layers)
     return state
+
+
+def compile_generate(
+    model,
+    prompt_len: int,
+    num_prompts: int,
+    params: SamplingParams,
+    *,
+    return_routing: bool = False,
+    engine: EngineConfig = EngineConfig(),
+) -> None:
+    """Compile, without running, the programs `generate` runs for `num_prompts` prompts whose longest
+    is `prompt_len` tokens (every decode segment included), so the later call finds them compiled.
+
+    Why: a trainer knows the prompt buckets its data can need before its first rollout; compiling
+    them then keeps compilation out of the run's later iterations (`RLTrainer.compile_ahead`)."""
+    if prompt_len < 1 or num_prompts < 1:
+        raise ValueError(f"need prompt_len >= 1 and num_prompts >= 1, got {prompt_len} and {num_prompts}")
+    _generate(model, [[0] * prompt_len] * num_prompts, params, return_routing, engine, compile_only=True)
 
 
 def generate(
@@ -366,6 +391,12 @@ def generate(
     Returns:
       GenerateOutput with rows in prompt-major order (`len(prompts) * num_samples` rows).
     """
+    return _generate(model, prompts, params, return_routing, engine, compile_only=False)
+
+
+def _generate(model, prompts, params: SamplingParams, return_routing: bool, engine: EngineConfig,
+              compile_only: bool) -> GenerateOutput | None:
+    """`generate`, or with `compile_only` the compilation of its programs (returns None)."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     cfg = _model_config(model)
@@ -402,8 +433,11 @@ def generate(
     run = functools.partial(
         _generate_chunk, graphdef=graphdef, model_state=model_state, layers=layers, params=params, engine=engine,
         prompt_len=prompt_len, cache_slots=cache_slots, return_routing=return_routing, cfg=cfg,
-        cache_dtype=engine.cache_dtype or getattr(cfg, "dtype", "float32"),
+        cache_dtype=engine.cache_dtype or getattr(cfg, "dtype", "float32"), compile_only=compile_only,
     )
+    if compile_only:  # equal chunks: the first one's programs are every chunk's
+        run(rows[:chunk_rows], 0, chunk_rows)
+        return None
     outputs = [run(rows[first:first + chunk_rows], first, chunk_rows)
                for first in range(0, len(rows), chunk_rows)]
     return outputs[0] if len(outputs) == 1 else _concatenate(outputs)
@@ -426,10 +460,25 @@ def _chunk_rows(rows: int, max_rows: int | None) -> int:
     return math.ceil(rows / math.ceil(rows / max_rows))
 
 
+def _abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    """A compiled program's output as the next program's argument in `compile_only`: shape, dtype and
+    a mesh sharding. Not a single-device sharding: a call lowers a single-device array with an
+    unspecified sharding, and a lowering that names it would not be the one the call looks up."""
+    sharding = None if isinstance(x.sharding, jax.sharding.SingleDeviceSharding) else x.sharding
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
+
+
 def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers, params, engine, prompt_len,
-                    cache_slots, return_routing, cfg, cache_dtype) -> GenerateOutput:
+                    cache_slots, return_routing, cfg, cache_dtype, compile_only) -> GenerateOutput | None:
     """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch) as one jitted batch of
-    `num_rows` rows (filler rows past `len(rows)`, dropped from the output)."""
+    `num_rows` rows (filler rows past `len(rows)`, dropped from the output). `compile_only`: compile
+    the programs of every decode segment instead (the loop state stays abstract) and return None."""
+
+    def call(program, *args, **kwargs):
+        if not compile_only:
+            return program(*args, **kwargs)
+        return jax.tree.map(_abstract, program.lower(*args, **kwargs).compile().out_info)
+
     # Each process lays out only the rows its devices hold (all of them in one process); the global
     # arrays are assembled from the processes' parts (respo_jax.distributed).
     part = np.arange(num_rows)[process_rows(_batch_sharding(cfg, 1), num_rows)]
@@ -441,29 +490,36 @@ def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers,
     chunk = engine.decode_chunk_size or total
     stop = min(chunk, total)
     static_params = dataclasses.replace(params, seed=0)  # the seed is traced: no recompile per seed
-    state, prompt_routing = _prefill_and_decode(
-        graphdef, model_state, layers, input_ids, positions, attention_mask, active,
+    state, prompt_routing = call(
+        _prefill_and_decode, graphdef, model_state, layers, input_ids, positions, attention_mask, active,
         np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32), np.uint32(first_row),
         params=static_params, cache_len=cache_slots(stop), stop=stop,
         prefill_chunk=engine.prefill_chunk_size, cache_dtype=cache_dtype, return_routing=return_routing,
         capture_last=return_routing and stop == total,
     )
     while stop < total:
-        if bool(jax.device_get(jnp.all(state.done))):  # one host sync per decode segment
-            if return_routing:
-                state = _resume(
-                    graphdef, model_state, layers, state, np.int32(stop), params=static_params,
-                    return_routing=True, capture_last=True,
-                )
+        # One host sync per decode segment (compile_only: every segment may run, and each may be the
+        # one after which all rows are done).
+        all_done = call(_all_done, state.done)
+        all_done = compile_only or bool(jax.device_get(all_done))
+        if all_done and return_routing:  # record the routing of the last tokens
+            finished = call(
+                _resume, graphdef, model_state, layers, state, np.int32(stop), params=static_params,
+                return_routing=True, capture_last=True,
+            )
+            state = state if compile_only else finished
+        if all_done and not compile_only:
             break
         next_stop = min(stop + chunk, total)
         if cache_slots(next_stop) > state.cache.max_len:
-            state = state.replace(cache=_grow_cache(state.cache, cache_len=cache_slots(next_stop)))
-        state = _resume(
-            graphdef, model_state, layers, state, np.int32(next_stop), params=static_params,
+            state = state.replace(cache=call(_grow_cache, state.cache, cache_len=cache_slots(next_stop)))
+        state = call(
+            _resume, graphdef, model_state, layers, state, np.int32(next_stop), params=static_params,
             return_routing=return_routing, capture_last=return_routing and next_stop == total,
         )
         stop = next_stop
+    if compile_only:
+        return None
 
     n = len(rows)
 

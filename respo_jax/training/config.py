@@ -211,6 +211,10 @@ class RolloutConfig(_Section):
       configuration of experiments/benchmarks/rl_iteration.py on a 24 GB host.
     - `sampler_max_rows`: the sampler generates the N·M·G rollout rows in chunks of at most this
       many rows (KV cache, prefill activations and [rows, vocab] logits per decode step).
+    - `compile_ahead`: at the start of the first iteration, compile the sampler, log π_old and update
+      programs for every prompt bucket the training prompts can need (at the longest response
+      bucket), so no later iteration stops to compile when a batch meets a new bucket
+      (`RLTrainer.compile_ahead`). Costs start-up time for buckets a short run may never meet.
     """
 
     section = "rollout"
@@ -230,6 +234,7 @@ class RolloutConfig(_Section):
     response_bucket: int = 64
     max_tokens_per_microbatch: int = 16384
     sampler_max_rows: int = 256
+    compile_ahead: bool = True
     # Routing Replay (R3, MoE only): the sampler records the experts it routed every token to, and the
     # recomputation of log π_old and every policy forward reuse them (gate weights still come from the
     # current router, which keeps its gradient), so sampler and trainer run the same experts.

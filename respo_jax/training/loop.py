@@ -40,7 +40,7 @@ from respo_jax.host_allocator import host_allocator_settings, release_host_memor
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
 from respo_jax.rewards import overlong_penalty, strict_box_score
-from respo_jax.sampling import EngineConfig, SamplingParams, generate
+from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.sharding import (
     ShardingRules,
     bytes_per_device,
@@ -167,6 +167,8 @@ class RLTrainer:
         self.tokenizer, self.prompt_format, train_records, self.held_out, self.task = load_task(config)
         r = config.rollout
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
+        self.train_records, self._prompt_lengths = train_records, None
+        self._compiled_ahead = not r.compile_ahead  # compile_ahead() runs at the first iteration
         self.objective = get_objective(config.objective.name, **config.objective.hparams)
         if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
             # Dr.GRPO's constant is the generation budget, not the padded width of a batch.
@@ -327,11 +329,8 @@ class RLTrainer:
         """Samples `group_size` responses per record; returns prompts, sampler output and ±1 scores."""
         r = self.config.rollout
         prompts = [self._encode(rec) for rec in records]
-        params = SamplingParams(
-            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-            seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
-        )
-        out = generate(self.model(), prompts, params, engine=self.engine, return_routing=r.routing_replay)
+        out = generate(self.model(), prompts, self._sampling_params(seed), engine=self.engine,
+                       return_routing=r.routing_replay)
         # Every process gets every response (a gather across processes): the layout of the policy
         # batches (bucketed lengths, verl's balanced order), the metrics and the rollout file need them.
         out = jax.tree.map(to_host, out)
@@ -339,6 +338,50 @@ class RLTrainer:
         scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths), answers)
         expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
         return expanded_prompts, out, scores
+
+    def _sampling_params(self, seed: int) -> SamplingParams:
+        r = self.config.rollout
+        return SamplingParams(
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
+        )
+
+    def prompt_buckets(self) -> list[int]:
+        """The padded prompt lengths the training prompts can need (every batch's longest prompt falls
+        in the bucket of one of them), ascending."""
+        if self._prompt_lengths is None:  # tokenizes every training prompt once (seconds for DAPO-Math)
+            self._prompt_lengths = {len(self._encode(rec)) for rec in self.train_records}
+        bucket = self.config.rollout.prompt_bucket
+        return sorted({bucket_length(length, bucket) for length in self._prompt_lengths})
+
+    def compile_ahead(self) -> int:
+        """Compiles the rollout's sampler programs and the mini-batch's log π_old and update programs for
+        every prompt bucket of the training prompts, with responses at the longest response bucket
+        (`rollout.compile_ahead`); returns the number of buckets.
+
+        Why: a batch whose longest prompt first reaches a bucket would otherwise stop a later
+        iteration to compile (seconds per program at the real vocabulary); compiled here, the run
+        pays it once at its start. A mini-batch whose responses all end early (a smaller response
+        bucket) still compiles when it first occurs. Nothing runs: the programs are lowered from the
+        shapes and shardings of placeholder batches built as `policy_batch` builds real ones."""
+        r = self.config.rollout
+        model, rows = self.model(), r.prompts_per_minibatch * r.group_size
+        responses = np.full((rows, r.max_new_tokens), self.tokenizer.pad_id, np.int32)
+        lengths = np.full(rows, r.max_new_tokens, np.int32)
+        buckets = self.prompt_buckets()
+        for prompt_len in buckets:
+            compile_generate(model, prompt_len, r.reuse * r.prompts_per_minibatch, self._sampling_params(0),
+                             engine=self.engine, return_routing=r.routing_replay)
+            routing = None
+            if r.routing_replay:
+                cfg = self.model_config
+                routing = tuple(np.zeros((cfg.num_moe_layers, rows, length, cfg.num_experts_per_tok), np.int32)
+                                for length in (prompt_len, r.max_new_tokens))
+            batch, micro = self.policy_batch([[self.tokenizer.pad_id] * prompt_len] * rows, responses, lengths,
+                                             np.zeros(rows, np.float32), routing)
+            self._old_logprobs.lower(self.state.params, batch, micro).compile()
+            self._policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
+        return len(buckets)
 
     def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
                      advantages: np.ndarray, sampler_routing: tuple | None = None) -> tuple[PolicyBatch, int]:
@@ -383,6 +426,9 @@ class RLTrainer:
         r = cfg.rollout
         started = time.perf_counter()
         compiled_before = compilation_totals()
+        if not self._compiled_ahead:  # counted in this (the first) iteration's compiles and time
+            self.compile_ahead()
+            self._compiled_ahead = True
         num_prompts = r.reuse * r.prompts_per_minibatch
         records = next(self.batches)
         prompts, out, scores = self.rollout(records, seed=cfg.run.seed * 1_000_003 + self.state.iteration)
