@@ -173,7 +173,7 @@ class RLTrainer:
         if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
             # Dr.GRPO's constant is the generation budget, not the padded width of a batch.
             self.objective = dataclasses.replace(self.objective, loss_scale_factor=float(r.max_new_tokens))
-        self._batch_shapes: set[tuple] = set()  # policy-batch shapes seen so far (one compilation each)
+        self._batch_shapes: set[tuple] = set()  # policy-batch shapes run so far
         self.engine = EngineConfig(prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows)
         self.last_rollout: dict | None = None  # per-response arrays of the last iteration (rollout file)
         self.mesh, self.rules = build_mesh(config), ShardingRules()
@@ -381,7 +381,19 @@ class RLTrainer:
                                              np.zeros(rows, np.float32), routing)
             self._old_logprobs.lower(self.state.params, batch, micro).compile()
             self._policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
+        self._release_host_memory()  # what compiling freed, before the first step allocates
         return len(buckets)
+
+    def _release_host_memory(self, shape: tuple | None = None) -> None:
+        """Return the heap's free memory to the OS (`respo_jax.host_allocator`, when configured: CPU runs)
+        when a policy batch of a new `shape` first runs (the last shapes' freed temp buffers would stay
+        as holes the new one does not fit), or unconditionally when `shape` is None."""
+        if shape is not None:
+            if shape in self._batch_shapes:
+                return
+            self._batch_shapes.add(shape)
+        if host_allocator_settings()["applied"]:
+            release_host_memory()
 
     def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
                      advantages: np.ndarray, sampler_routing: tuple | None = None) -> tuple[PolicyBatch, int]:
@@ -403,10 +415,6 @@ class RLTrainer:
             take_rows(prompts, part), tokens[part], lengths[part], self.tokenizer.pad_id,
             prompt_len=prompt_len, response_len=response_len)
         shape = (rows, ids.shape[1])
-        if shape not in self._batch_shapes:  # see respo_jax.host_allocator: holes from other shapes
-            if host_allocator_settings()["applied"]:  # configured at start-up (CPU runs only)
-                release_host_memory()
-            self._batch_shapes.add(shape)
         routing = None
         if sampler_routing is not None:  # the sampler's experts, laid out like the model input (R3)
             routing = replay_routing(*(a[:, part] for a in sampler_routing), prompt_len, response_len)
@@ -449,6 +457,7 @@ class RLTrainer:
             replay = (prompt_routing[:, rows], routing[:, rows]) if r.routing_replay else None
             batch, micro = self.policy_batch([prompts[i] for i in rows], tokens[rows], lengths[rows],
                                              advantages[rows], replay)
+            self._release_host_memory(batch.input_ids.shape)
             old_logp, token_entropy = self._old_logprobs(self.state.params, batch, micro)
             batches.append((batch.replace(old_logp=old_logp), micro))
             mask = to_host(batch.response_mask)
