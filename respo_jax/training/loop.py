@@ -439,8 +439,9 @@ class RLTrainer:
             self._compiled_ahead = True
         num_prompts = r.reuse * r.prompts_per_minibatch
         records = next(self.batches)
+        rollout_started = time.perf_counter()  # after compile_ahead: rollout_seconds is the rollout alone
         prompts, out, scores = self.rollout(records, seed=cfg.run.seed * 1_000_003 + self.state.iteration)
-        rollout_seconds = time.perf_counter() - started
+        rollout_seconds = time.perf_counter() - rollout_started
         advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(num_prompts, r.group_size)),
                                                  normalize_by_std=self.objective.scale_advantages)).reshape(-1)
         lengths = np.asarray(out.lengths)
