@@ -14,6 +14,7 @@ from flax import nnx
 
 import jitted_model as jm
 from experiments.train import DEFAULT_CONFIG, load_config, main, summarize
+from respo_jax.data.batches import PromptBatches
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.training.batch import (
@@ -22,7 +23,6 @@ from respo_jax.training.batch import (
     build_sequences,
     microbatch_size,
 )
-from respo_jax.data.batches import PromptBatches
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.config import ExperimentConfig, apply_overrides

@@ -10,6 +10,6 @@ from respo_jax.sampling.logits_processing import sample, sampling_logprobs, trun
 from respo_jax.sampling.params import EngineConfig, SamplingParams
 
 __all__ = [
-    "EngineConfig", "GenerateOutput", "SamplingParams", "compile_generate", "generate", "left_pad", "sample", "sampling_logprobs",
-    "truncate",
+    "EngineConfig", "GenerateOutput", "SamplingParams", "compile_generate", "generate", "left_pad", "sample",
+    "sampling_logprobs", "truncate",
 ]
