@@ -9,11 +9,12 @@ rollout files (rollouts/iteration_*.npz: per-response log W, advantage, length, 
     python -m experiments.train run.resume=true                    # continue a killed or finished run
     python -m experiments.train run.overwrite=true                 # replace the run in run.out_dir
 
-Everything is checked before anything is written: the config, the run directory (a directory holding
-another run is refused without run.resume or run.overwrite, see respo_jax.training.run_dir), the task
-data, the model and, on resume, the checkpoint. A user error prints one line to stderr and exits with
+Everything is checked before anything is written: the config, the run directory (one writer at a time,
+see respo_jax.training.run_lock; a directory holding another run is refused without run.resume or
+run.overwrite, see respo_jax.training.run_dir), the task data, the model, the limits (response length
+against the model's positions, the sampler's memory) and, on resume, the checkpoint and its log. A user error prints one line to stderr and exits with
 status 2 (nothing written); a run that fails after it started (NaN/inf, no intact checkpoint, a
-damaged data file) prints one line and exits with status 1, its last good checkpoints kept.
+damaged data file, a full disk) prints one line and exits with status 1, its last good checkpoints kept.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 
 from tqdm import tqdm
 
-from experiments.cli import run_cli, run_failures
+from experiments.cli import ArgumentParser, run_cli, run_failures
 from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.distributed import initialize_from_env, is_primary_process, sync_processes
 from respo_jax.host_allocator import configure_host_allocator, expected_platform
@@ -41,6 +42,8 @@ from respo_jax.training.checkpoint import (
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
+from respo_jax.training.run_lock import RunLock
+from respo_jax.training.write_errors import writing
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
 
@@ -63,7 +66,7 @@ def load_config(path: str, expected: type = ExperimentConfig):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
@@ -71,15 +74,28 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run_experiment(config: ExperimentConfig) -> dict:
-    """Trains `config` into its run.out_dir (checked first, see the module docstring); returns the summary."""
+    """Trains `config` into its run.out_dir (checked first, see the module docstring); returns the summary.
+
+    Process 0 holds the directory's lock (respo_jax.training.run_lock) for the whole run: a second
+    writer is refused in one line before it reads or writes anything, and the lock file is the first
+    write, so an unwritable run.out_dir is refused here too (exit status 2)."""
     config = config.validate().check_paths()
-    plan = run_dir.plan_run_dir(config)
     # Once, before the first JAX computation: join the other processes of a multi-process launch
     # (respo_jax.distributed), and on CPU keep XLA's host buffers mapped (respo_jax.host_allocator).
     try:
         initialize_from_env()
     except ValueError as err:
         raise ConfigError(f"multi-process launch: {err}") from None
+    lock = RunLock.acquire(config.run.out_dir, "training") if is_primary_process() else None
+    try:
+        return _run_locked(config)
+    finally:
+        if lock is not None:  # a refused start removes the directory it created (nothing else is in it)
+            lock.release(remove_if_created=True)
+
+
+def _run_locked(config: ExperimentConfig) -> dict:
+    plan = run_dir.plan_run_dir(config)
     if config.run.host_allocator and expected_platform() == "cpu":
         configure_host_allocator()
     out_dir = config.run.out_dir
@@ -87,8 +103,9 @@ def run_experiment(config: ExperimentConfig) -> dict:
     trainer = RLTrainer(config)
     restored = _restore(trainer, checkpoint_dir) if plan.mode == "resume" else None
     kept_records = restored.meta["metrics_records"] if restored else 0
-    if plan.mode == "resume":  # a log that lacks records the checkpoint counts fails here, unchanged
-        run_dir.read_metrics(os.path.join(out_dir, run_dir.METRICS_FILE), kept_records)
+    if plan.mode == "resume":  # a log that lacks records the checkpoint counts, or that another writer
+        # mixed into (duplicated or out-of-order iterations), fails here, unchanged
+        run_dir.check_log(out_dir, kept_records, int(restored.meta["iteration"]) if restored else 0)
 
     # -- nothing was written above this line: a failed start leaves an existing run untouched ---------
     # Several processes (respo_jax.distributed) share out_dir: process 0 writes the run's files, all of
@@ -96,8 +113,9 @@ def run_experiment(config: ExperimentConfig) -> dict:
     primary = is_primary_process()
     info = trainer.run_info()  # a collective in a multi-process run: every process computes it
     if primary:
-        run_dir.start_run_dir(plan, config)
-        run_dir.atomic_write_json(os.path.join(out_dir, run_dir.RUN_INFO_FILE), info)
+        with writing("the run's config.json and run_info.json", out_dir):
+            run_dir.start_run_dir(plan, config)
+            run_dir.atomic_write_json(os.path.join(out_dir, run_dir.RUN_INFO_FILE), info)
     sync_processes("run directory ready")
     records: list[dict] = []
     last_saved = None
@@ -109,7 +127,8 @@ def run_experiment(config: ExperimentConfig) -> dict:
             moved = set_aside(checkpoint_dir, step)
             print(f"moved damaged checkpoint step {step} to {moved}", file=sys.stderr)
     if plan.mode == "resume" and primary:  # the log as an uninterrupted run would have it at this checkpoint
-        records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
+        with writing("the rewound metrics.jsonl", out_dir):
+            records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
     show = config.run.progress and primary
     with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log:
 
@@ -138,7 +157,9 @@ def run_experiment(config: ExperimentConfig) -> dict:
         for _ in bar:
             record = trainer.iteration()  # raises NonFiniteError before anything of a diverged step is kept
             if primary:
-                write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
+                with writing(f"the rollout file of iteration {trainer.state.iteration}",
+                             os.path.join(out_dir, run_dir.ROLLOUT_DIR)):
+                    write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
             emit(record)
             bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",
                             len=f"{record['response_length']:.1f}")
@@ -151,9 +172,10 @@ def run_experiment(config: ExperimentConfig) -> dict:
     summary = summarize(records)
     if not primary:
         return summary
-    plot_path = plot_training_curves(records, os.path.join(out_dir, run_dir.CURVES_FILE),
-                                     title=f"{config.objective.name}, N={config.rollout.reuse}")
-    run_dir.atomic_write_json(os.path.join(out_dir, run_dir.SUMMARY_FILE), summary)
+    with writing("the training curves and summary.json", out_dir):
+        plot_path = plot_training_curves(records, os.path.join(out_dir, run_dir.CURVES_FILE),
+                                         title=f"{config.objective.name}, N={config.rollout.reuse}")
+        run_dir.atomic_write_json(os.path.join(out_dir, run_dir.SUMMARY_FILE), summary)
     print(json.dumps(summary, indent=2))
     print(f"metrics: {log.path}\ncurves:  {plot_path}")
     return summary

@@ -425,6 +425,9 @@ def test_rewind_drops_records_and_rollouts_after_the_checkpoint_and_repairs_a_to
     path.write_text(lines[0] + "\n{not json\n" + lines[2] + "\n")
     with pytest.raises(run_dir.RunDirError, match=r"metrics.jsonl:2: damaged record"):
         run_dir.rewind(str(tmp_path), metrics_records=3, iteration=3)
+    with pytest.raises(run_dir.RunDirError, match=r"metrics.jsonl:2: damaged record .* before the log's end"):
+        run_dir.rewind(str(tmp_path), metrics_records=0, iteration=0)  # a kill tears only the last line
+    path.write_text(lines[0] + "\n" + lines[1][:9])
     assert run_dir.rewind(str(tmp_path), metrics_records=0, iteration=0) == [] and path.read_text() == ""
 
 

@@ -31,6 +31,7 @@ from etils import epath
 from respo_jax.distributed import sync_processes
 from respo_jax.files import file_sha256
 from respo_jax.training.step import NonFiniteError, tree_all_finite
+from respo_jax.training.write_errors import free_space
 
 MANIFEST = "respo_manifest.json"  # inside each step folder, next to Orbax's own files
 _all_finite = jax.jit(tree_all_finite)
@@ -43,8 +44,11 @@ class CheckpointError(RuntimeError):
 def _manager(directory: str, max_to_keep: int | None = 3) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
         os.path.abspath(directory),
+        # Synchronous saves: the trainer waits for every save anyway, and a save that fails (a full disk)
+        # then raises in the caller's thread instead of in Orbax's background threads.
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True),
+            max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True,
+            enable_async_checkpointing=False),
         item_names=("state", "meta"),
     )
 
@@ -113,25 +117,47 @@ def save_checkpoint(directory: str, step: int, params, opt_state, meta: dict) ->
     """Writes `{params, opt_state}` and the JSON-able `meta` (counters, data position) as step `step`.
 
     Raises NonFiniteError (nothing written) when a value is NaN/inf, CheckpointError when `step`
-    already exists (Orbax would skip it silently).
+    already exists (Orbax would skip it silently) or cannot be written (a full disk, a read-only file
+    system: one line naming the folder, the reason and the free space; the earlier steps are untouched,
+    and the unfinished step has no manifest, so resume skips it).
     """
     state = {"params": params, "opt_state": opt_state}
     if not bool(_all_finite(state)):
         raise NonFiniteError(f"checkpoint step {step}: parameters or optimizer state hold NaN/inf; not saved")
-    with _manager(directory) as manager:
-        saved = manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-        )
-        manager.wait_until_finished()
+    earlier = list_steps(directory)
+    try:
+        with _manager(directory) as manager:
+            saved = manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+            )
+            manager.wait_until_finished()
+        if saved and jax.process_index() == 0:  # one writer; the step folder is shared by all processes
+            write_manifest(step_dir(directory, step), step)
+    except Exception as err:  # noqa: BLE001 (Orbax and TensorStore raise many types for a failed write)
+        raise CheckpointError(_save_failure(directory, step, err, earlier)) from None
     if not saved:
         raise CheckpointError(f"checkpoint step {step} was not saved: {directory} already holds step "
                               f"{max(list_steps(directory), default=None)}")
-    if jax.process_index() == 0:  # one writer; the step folder is shared by all processes
-        write_manifest(step_dir(directory, step), step)
     # No process goes on before the step is complete with its manifest: one that resumed from it at once
     # (or that read it for any other reason) would otherwise take it for a cut-short save.
     sync_processes(f"checkpoint step {step} written")
+
+
+def _save_failure(directory: str, step: int, err: BaseException, earlier: list[int]) -> str:
+    """The one line for a save of `step` that raised `err`: where, why, the free space, what is kept."""
+    kept = [s for s in list_steps(directory) if s in earlier and s != step]
+    keeps = (f"the earlier checkpoints (steps {kept}) are kept; make room and rerun with run.resume=true"
+             if kept else "no earlier checkpoint")
+    if isinstance(err, OSError):
+        reason = f"{err.strerror or type(err).__name__} [errno {err.errno}]"
+    else:
+        reason = _first_line(err)
+        for marker in ("RESOURCE_EXHAUSTED", "No space left on device", "Read-only file system"):
+            if marker in str(err) and marker not in reason:
+                reason = f"{marker}: {reason}"
+    return (f"cannot write checkpoint step {step} to {step_dir(directory, step)}: {reason} "
+            f"({free_space(directory)}); {keeps}")
 
 
 def _leaf_name(path) -> str:

@@ -30,6 +30,7 @@ import tempfile
 from typing import Any
 
 from respo_jax.training.config import ConfigError, ExperimentConfig, config_from_dict
+from respo_jax.training.write_errors import writing
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -253,6 +254,56 @@ def read_metrics(path: str, keep: int) -> tuple[list[dict], int]:
     return records, offset
 
 
+def log_problem(records: list[dict]) -> str | None:
+    """None when `records` read as one writer's log: warm-up steps 1, 2, ... first, then RL iterations
+    1, 2, ... in order (evaluations anywhere after the warm-up); else the first thing out of place, in a
+    few words (two writers that shared a directory leave two warm-ups or an iteration twice)."""
+    warmup_steps, iterations = 0, 0
+    for index, record in enumerate(records, start=1):
+        phase = record.get("phase")
+        if phase == "warmup":
+            if iterations or record.get("step") != warmup_steps + 1:
+                return (f"record {index} is warm-up step {record.get('step')!r} after "
+                        f"{warmup_steps} warm-up steps and {iterations} RL iterations")
+            warmup_steps += 1
+        elif phase == "rl":
+            if record.get("iteration") != iterations + 1:
+                return f"record {index} is RL iteration {record.get('iteration')!r} after iteration {iterations}"
+            iterations += 1
+    return None
+
+
+def check_log(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
+    """The first `metrics_records` records of `out_dir`'s metrics.jsonl (what a checkpoint of RL
+    iteration `iteration` counts), after checking that the whole log is one writer's (`log_problem`) and
+    that those records hold exactly iterations 1..`iteration`. Reads only; RunDirError (one line) for a
+    log resume would have to drop RL records from or reorder: a torn last line is the only damage a kill
+    leaves, and records after the checkpoint may only continue it."""
+    path = os.path.join(out_dir, METRICS_FILE)
+    kept, size = read_metrics(path, metrics_records)
+    tail: list[dict] = []
+    if os.path.isfile(path):
+        with open(path, "rb") as handle:
+            handle.seek(size)
+            lines = handle.read().split(b"\n")[:-1]  # the last piece is "" or a torn line
+        for offset, line in enumerate(lines, start=len(kept) + 1):
+            try:
+                tail.append(json.loads(line.decode("utf-8")))
+            except ValueError as err:
+                raise RunDirError(f"{path}:{offset}: damaged record ({err}) before the log's end; only the "
+                                  "last line may be torn by a kill") from None
+    problem = log_problem(kept + tail)
+    if problem is None:
+        done = sum(1 for record in kept if record.get("phase") == "rl")
+        if done != iteration:
+            problem = f"the checkpoint's {metrics_records} records hold {done} RL iterations, not {iteration}"
+    if problem:
+        raise RunDirError(f"run.resume=true: {path} is not one run's log ({problem}); resuming would drop "
+                          "or repeat RL records. Was the directory written by two runs at once? "
+                          "run.overwrite=true starts afresh")
+    return kept
+
+
 def rewind(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
     """Cuts the run directory back to a checkpoint: metrics.jsonl keeps its first `metrics_records`
     records (rewritten atomically when anything follows them), rollout files after `iteration` go, and
@@ -261,6 +312,7 @@ def rewind(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
         if os.path.isfile(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
     path = os.path.join(out_dir, METRICS_FILE)
+    check_log(out_dir, metrics_records, iteration)
     records, size = read_metrics(path, metrics_records)
     if os.path.isfile(path) and os.path.getsize(path) != size:
         with open(path, "rb") as handle:
@@ -275,17 +327,21 @@ def rewind(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
 
 
 class MetricsLog:
-    """Append-only metrics.jsonl: each record is one line, flushed and fsync'ed before `append` returns,
-    so a checkpoint written afterwards never counts a record that is not on disk."""
+    """Append-only metrics.jsonl: each record is one line, written unbuffered and fsync'ed before `append`
+    returns, so a checkpoint written afterwards never counts a record that is not on disk. A write that
+    fails (a full disk) raises RunWriteError; at worst it leaves a torn last line, which resume cuts."""
 
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, METRICS_FILE)
-        self._file = open(self.path, "a", encoding="utf-8")
+        with writing("metrics.jsonl", self.path):
+            self._file = open(self.path, "ab", buffering=0)
 
     def append(self, record: dict) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
+        with writing("a metrics record", self.path):
+            while data:  # an unbuffered write may take only part of the line
+                data = data[self._file.write(data):]
+            os.fsync(self._file.fileno())
 
     def close(self) -> None:
         self._file.close()
