@@ -13,7 +13,9 @@ the main trainer (`experiments.train.run_experiment`) from that base into sweep.
 `respo_jax.eval` (early peak, late mean, App. E.3's positive-branch allocation) from the cells' run
 directories.
 
-Resumable per cell: a cell trains in `<name>.partial/` and is renamed to `<name>/` only when finished
+One sweep at a time per sweep.runs_dir: a second one is refused in one line naming the first (its
+lock, `respo_jax.training.run_lock`, is held for the whole sweep; each cell's trainer also locks the
+cell's directory). Resumable per cell: a cell trains in `<name>.partial/` and is renamed to `<name>/` only when finished
 (metrics, rollout files, held-out evaluation; its checkpoints are deleted), so a killed sweep restarts
 the unfinished cell and never recomputes a finished one. A finished cell or base model made with a
 different config is refused (ConfigError naming the keys), never mixed in. Exit status 2 on a
@@ -37,13 +39,14 @@ import numpy as np
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from experiments.cli import run_cli, run_failures
+from experiments.cli import ArgumentParser, run_cli, run_failures
 from respo_jax.eval import positive_branch
 from respo_jax.eval.report import ReportError, Run, _write_atomic, load_run, positive_branch_tables
 from respo_jax.eval.statistics import early_peak, late_mean
 from respo_jax.files import file_sha256
 from respo_jax.training import run_dir
 from respo_jax.training.config import ConfigError, apply_overrides
+from respo_jax.training.run_lock import RunLock
 from respo_jax.training.sweep import Cell, StarvationConfig
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "gradient_starvation.py")
@@ -454,13 +457,25 @@ def write_outputs(summary: dict, out_dir: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("--quick", action="store_true", help="the config file's get_quick_config()")
     parser.add_argument("--report-only", action="store_true", help="report the finished cells, train nothing")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
     config = apply_overrides(load_sweep_config(args.config, args.quick), args.overrides)
+    if args.report_only:  # reads the cells (a running sweep may go on) and writes only the report
+        return _sweep(config, args.report_only)
+    # One sweep per runs_dir (the base model and the cells are its files); each cell's training also
+    # holds its own directory's lock (experiments.train.run_experiment).
+    lock = RunLock.acquire(config.sweep.runs_dir, "gradient-starvation sweep", key="sweep.runs_dir")
+    try:
+        return _sweep(config, args.report_only)
+    finally:
+        lock.release(remove_if_created=True)
+
+
+def _sweep(config: StarvationConfig, report_only: bool) -> dict:
     if config.sweep.compilation_cache:
         import jax
 
@@ -468,14 +483,14 @@ def main(argv: list[str] | None = None) -> dict:
                                                                                      ".jax_cache")))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if args.report_only:
+    if report_only:
         base_dir = config.base_dir
         if not os.path.isfile(os.path.join(base_dir, BASE_INFO)):
             raise ConfigError(f"--report-only: no base model in {base_dir} (nothing was run)")
     base = prepare_base(config, show=True)
     cells = config.cells()
     todo = [c for c in cells if not finished(config, c, base)]
-    if not args.report_only:
+    if not report_only:
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="cells", disable=False)
         for cell in todo:
             bar.set_postfix_str(cell.name)

@@ -9,7 +9,8 @@ run.iterations=1 mesh.data=… …` in its own process with XLA_FLAGS=--xla_forc
 =<devices> (CPU devices simulated; on an accelerator host pass --devices 0 to use the real ones). Writes
 `mesh_equivalence.json` and `.md` in --out: per mesh the warm-up losses, the first RL record's loss and
 grad_norm, their largest relative difference to the first mesh, and param_bytes_max_per_device /
-param_bytes_total from each run's run_info.json.
+param_bytes_total from each run's run_info.json. A bad flag or mesh is one line and exit status 2
+(before anything is written), a mesh whose training fails one line (its error) and exit status 1.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import json
 import os
 import subprocess
 import sys
+
+from experiments.cli import ArgumentParser, run_cli
+from respo_jax.training.config import ConfigError
 
 DEFAULT_MESHES = ("1,1,1,1", "2,1,1,4", "2,2,2,1")
 AXES = ("data", "fsdp", "tensor", "expert")
@@ -33,10 +37,23 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 
 
+class MeshRunError(RuntimeError):
+    """The training run of one mesh failed (exit status 1); the message is one line."""
+
+
+def parse_mesh(mesh: str) -> list[int]:
+    """[data, fsdp, tensor, expert] of a `--meshes` entry such as "2,1,1,4" (-1: the remaining devices)."""
+    try:
+        sizes = [int(v) for v in mesh.split(",")]
+    except ValueError:
+        sizes = []
+    if len(sizes) != 4 or any(v == 0 or v < -1 for v in sizes):
+        raise ConfigError(f"--meshes: {mesh!r} is not data,fsdp,tensor,expert (four sizes >= 1, or -1)")
+    return sizes
+
+
 def run_mesh(mesh: str, config: str, out: str, devices: int, extra: list[str]) -> dict:
-    sizes = [int(v) for v in mesh.split(",")]
-    if len(sizes) != 4:
-        raise SystemExit(f"--meshes: {mesh!r} is not data,fsdp,tensor,expert")
+    sizes = parse_mesh(mesh)
     run = os.path.join(out, "mesh_" + "x".join(map(str, sizes)))
     env = dict(os.environ)
     if devices:
@@ -48,7 +65,12 @@ def run_mesh(mesh: str, config: str, out: str, devices: int, extra: list[str]) -
            *(f"mesh.{axis}={size}" for axis, size in zip(AXES, sizes)), *extra]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if result.returncode:
-        raise SystemExit(f"mesh {mesh} failed ({' '.join(cmd)}):\n{result.stderr[-4000:]}")
+        lines = result.stderr.strip().splitlines()
+        reason = next((line for line in reversed(lines) if line.startswith("error: ")), None)
+        reason = reason[len("error: "):] if reason else (lines[-1] if lines else "no output")
+        error = ConfigError if result.returncode == 2 else MeshRunError  # 2: the run refused to start
+        raise error(f"mesh {mesh} failed with exit status {result.returncode}: {reason} "
+                    f"(command: {' '.join(cmd)})")
     records = _records(run)
     with open(os.path.join(run, "run_info.json"), encoding="utf-8") as f:
         info = json.load(f)
@@ -68,7 +90,7 @@ def run_mesh(mesh: str, config: str, out: str, devices: int, extra: list[str]) -
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "configs", "toy_moe.py"))
     parser.add_argument("--meshes", nargs="+", default=list(DEFAULT_MESHES))
@@ -76,8 +98,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="runs/mesh_equivalence")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides for every run")
     args = parser.parse_args(argv)
+    for mesh in args.meshes:  # every mesh checked before anything is written
+        parse_mesh(mesh)
+    if args.devices < 0:
+        raise ConfigError(f"--devices {args.devices}: expected 0 (the real devices) or a count of CPU devices")
+    if not os.path.isfile(args.config):
+        raise ConfigError(f"--config {args.config!r}: no such file")
+    created = not os.path.isdir(args.out)
     os.makedirs(args.out, exist_ok=True)
-    rows = [run_mesh(m, args.config, args.out, args.devices, args.overrides) for m in args.meshes]
+    try:
+        rows = [run_mesh(m, args.config, args.out, args.devices, args.overrides) for m in args.meshes]
+    except ConfigError:  # a refused run wrote nothing: neither does this command
+        if created and not os.listdir(args.out):
+            os.rmdir(args.out)
+        raise
     base = rows[0]
     for row in rows:
         diffs = [_rel(a, b) for a, b in zip(row["warmup_losses"], base["warmup_losses"])]
@@ -102,5 +136,10 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def cli(argv: list[str]) -> int:
+    """`main` for the command line: exit status 2 on a bad flag, 1 when a mesh's run fails (one line)."""
+    return run_cli(main, argv, failures=(MeshRunError,))
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli(sys.argv[1:]))
