@@ -18,6 +18,11 @@ from typing import Any, TypeVar
 ConfigT = TypeVar("ConfigT")
 
 
+# The most warm-up steps, iterations or policy updates a run may ask for: far beyond any run, and well
+# inside the int32 step counters of the optimizer and its learning-rate schedule (optax counts in int32).
+MAX_STEPS = 10**9
+
+
 class ConfigError(ValueError):
     """A configuration a run cannot start with. The message is one line that names the key, the value
     and what is allowed; `experiments/train.py` prints it without a traceback."""
@@ -336,7 +341,7 @@ class WarmupConfig(_Section):
 
     def validate(self) -> None:
         self._check_types()
-        self._need("steps", self.steps >= 0, "an integer >= 0 (0: no warm-up)")
+        self._need("steps", 0 <= self.steps <= MAX_STEPS, f"an integer in [0, {MAX_STEPS:_}] (0: no warm-up)")
         self._need("batch_size", self.batch_size >= 1, "an integer >= 1")
         self._need("learning_rate", self.learning_rate > 0, "a finite number > 0")
 
@@ -362,8 +367,9 @@ class RunConfig(_Section):
 
     def validate(self) -> None:
         self._check_types()
-        self._need("iterations", self.iterations >= 1, "an integer >= 1")
-        self._need("policy_updates", self.policy_updates >= 0, "an integer >= 0 (0: run.iterations decides)")
+        self._need("iterations", 1 <= self.iterations <= MAX_STEPS, f"an integer in [1, {MAX_STEPS:_}]")
+        self._need("policy_updates", 0 <= self.policy_updates <= MAX_STEPS,
+                   f"an integer in [0, {MAX_STEPS:_}] (0: run.iterations decides)")
         self._need("seed", 0 <= self.seed < 2**32, "an integer in [0, 2**32)")
         self._need("out_dir", bool(self.out_dir.strip()), "a directory path")
         self._need("checkpoint_every", self.checkpoint_every >= 0, "an integer >= 0 (0: only at the end)")
@@ -439,6 +445,9 @@ class ExperimentConfig:
         task, rollout = self.task, self.rollout
         self.run._need("policy_updates", self.run.policy_updates % rollout.reuse == 0,
                        f"a multiple of rollout.reuse={rollout.reuse} (each rollout batch gives N updates)")
+        key = "policy_updates" if self.run.policy_updates else "iterations"
+        self.run._need(key, self.num_iterations * rollout.reuse <= MAX_STEPS,
+                       f"at most {MAX_STEPS:_} policy updates in all (rollout.reuse={rollout.reuse} per iteration)")
         self.warmup._need("steps", not (self.warmup.steps and task.name != "synthetic"),
                           "0 with task.name='dapo_math' (the warm-up needs the reference responses "
                           "of 'synthetic')")

@@ -59,6 +59,7 @@ from respo_jax.training.batch import (
 )
 from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.config import ConfigError, ExperimentConfig
+from respo_jax.training.limits import check_limits, device_memory_bytes
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.step import (
     NonFiniteError,
@@ -177,6 +178,7 @@ class RLTrainer:
         self.engine = EngineConfig(prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows)
         self.last_rollout: dict | None = None  # per-response arrays of the last iteration (rollout file)
         self.mesh, self.rules = build_mesh(config), ShardingRules()
+        self._check_limits()  # before the model is built or read
         model = build_model(config, self.tokenizer.vocab_size, self.mesh, self.rules)
         self.model_config = model.config
         self._check_mesh_fits(model.config)
@@ -197,6 +199,23 @@ class RLTrainer:
                                              load_balancing_weight=config.objective.load_balancing_weight)
         self._old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
                                              shardings=self.shardings)
+
+    def _check_limits(self) -> None:
+        """Response length against the model's positions and the sampler's KV cache against the devices'
+        memory (`respo_jax.training.limits`), from the model's config alone (a checkpoint's config.json)."""
+        model = self.config.model
+        if model.checkpoint_dir:
+            try:
+                model_cfg = qwen3.load_config(model.checkpoint_dir)
+            except (OSError, ValueError, KeyError) as err:
+                raise ConfigError(f"model.checkpoint_dir={model.checkpoint_dir!r}: {err}") from None
+        else:
+            fields = {f.name for f in dataclasses.fields(qwen3.Qwen3Config)}
+            model_cfg = qwen3.Qwen3Config.preset(
+                model.preset, **{k: v for k, v in model.overrides.items() if k in fields})
+        self.prompt_buckets()  # tokenizes the training prompts once (also needed by compile_ahead)
+        longest = max([*self._prompt_lengths, *(len(self._encode(rec)) for rec in self.held_out)])
+        check_limits(self.config, model_cfg, longest, device_memory_bytes(self.mesh.devices.flat))
 
     def _check_mesh_fits(self, model_cfg) -> None:
         """What the mesh and the MoE options need, checked before any compute (ConfigError)."""
