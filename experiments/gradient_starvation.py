@@ -15,11 +15,11 @@ directories.
 
 One sweep at a time per sweep.runs_dir: a second one is refused in one line naming the first (its
 lock, `respo_jax.training.run_lock`, is held for the whole sweep; each cell's trainer also locks the
-cell's directory). Resumable per cell: a cell trains in `<name>.partial/` and is renamed to `<name>/` only when finished
-(metrics, rollout files, held-out evaluation; its checkpoints are deleted), so a killed sweep restarts
-the unfinished cell and never recomputes a finished one. A finished cell or base model made with a
-different config is refused (ConfigError naming the keys), never mixed in. Exit status 2 on a
-configuration error (one line on stderr), 1 when a run fails.
+cell's directory). Resumable per cell: a cell trains in `<name>.partial/` and is renamed to `<name>/`
+only when finished (metrics, rollout files, held-out evaluation; its checkpoints are deleted), so a
+killed sweep restarts the unfinished cell and never recomputes a finished one. A finished cell or
+base model made with a different config is refused (ConfigError naming the keys), never mixed in. Exit
+status 2 on a configuration error (one line on stderr), 1 when a run fails.
 """
 
 from __future__ import annotations

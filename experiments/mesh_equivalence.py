@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
     for mesh in args.meshes:  # every mesh checked before anything is written
         parse_mesh(mesh)
     if args.devices < 0:
-        raise ConfigError(f"--devices {args.devices}: expected 0 (the real devices) or a count of CPU devices")
+        raise ConfigError(f"--devices {args.devices}: expected 0 (the real devices) or a number of CPU "
+                          "devices")
     if not os.path.isfile(args.config):
         raise ConfigError(f"--config {args.config!r}: no such file")
     created = not os.path.isdir(args.out)

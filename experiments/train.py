@@ -12,9 +12,10 @@ rollout files (rollouts/iteration_*.npz: per-response log W, advantage, length, 
 Everything is checked before anything is written: the config, the run directory (one writer at a time,
 see respo_jax.training.run_lock; a directory holding another run is refused without run.resume or
 run.overwrite, see respo_jax.training.run_dir), the task data, the model, the limits (response length
-against the model's positions, the sampler's memory) and, on resume, the checkpoint and its log. A user error prints one line to stderr and exits with
-status 2 (nothing written); a run that fails after it started (NaN/inf, no intact checkpoint, a
-damaged data file, a full disk) prints one line and exits with status 1, its last good checkpoints kept.
+against the model's positions, the sampler's memory) and, on resume, the checkpoint and its log. A
+user error prints one line to stderr and exits with status 2 (nothing written); a run that fails after
+it started (NaN/inf, no intact checkpoint, a damaged data file, a full disk) prints one line and exits
+with status 1, its last good checkpoints kept.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import json
 import os
 import sys
 
+import jax
+import numpy as np
 from tqdm import tqdm
 
 from experiments.cli import ArgumentParser, run_cli, run_failures
@@ -86,12 +89,33 @@ def run_experiment(config: ExperimentConfig) -> dict:
         initialize_from_env()
     except ValueError as err:
         raise ConfigError(f"multi-process launch: {err}") from None
-    lock = RunLock.acquire(config.run.out_dir, "training") if is_primary_process() else None
+    lock = _lock_run_dir(config.run.out_dir)
     try:
         return _run_locked(config)
     finally:
         if lock is not None:  # a refused start removes the directory it created (nothing else is in it)
             lock.release(remove_if_created=True)
+
+
+def _lock_run_dir(out_dir: str) -> RunLock | None:
+    """Process 0's lock on `out_dir` (None in the other processes). In a multi-process run every process
+    learns whether process 0 was refused, so that none of them goes on into a collective alone."""
+    lock, refusal = None, None
+    if is_primary_process():
+        try:
+            lock = RunLock.acquire(out_dir, "training")
+        except ConfigError as err:
+            refusal = err
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        refused = multihost_utils.process_allgather(np.array([refusal is not None], np.int32))
+        if refusal is None and int(np.max(refused)):
+            raise ConfigError(f"run.out_dir={out_dir!r}: process 0 could not take the run directory "
+                              "(see its error); nothing was written")
+    if refusal is not None:
+        raise refusal
+    return lock
 
 
 def _run_locked(config: ExperimentConfig) -> dict:

@@ -622,7 +622,8 @@ def test_a_second_writer_is_refused_and_the_lock_goes_with_its_holder(tmp_path):
     lock = RunLock.acquire(str(out), "training")
     holder = json.loads((out / ".lock").read_text())
     assert holder["pid"] == os.getpid() and holder["what"] == "training"
-    with pytest.raises(RunLockedError, match=f"being written by another process \\(training, pid {os.getpid()}"):
+    held = f"being written by another process \\(training, pid {os.getpid()} "
+    with pytest.raises(RunLockedError, match=held):
         RunLock.acquire(str(out), "evaluation")  # another open file description: flock refuses it
     assert run_dir.run_entries(str(out)) == ()  # the lock file is not a run entry
     lock.release(remove_if_created=True)
@@ -639,7 +640,8 @@ def test_an_unwritable_out_dir_is_refused_at_start_up_in_one_line(tmp_path, caps
     below = afile / "run"
     assert cli([*TINY_RUN, f"run.out_dir={below}"]) == 2
     line = _one_line_error(capsys.readouterr().err)
-    assert line.startswith(f"error: run.out_dir='{below}': cannot write the run directory") and "MiB free" in line
+    assert line.startswith(f"error: run.out_dir='{below}': cannot write the run directory"), line
+    assert "Not a directory" in line and "MiB free" in line
     assert afile.read_text() == "not a directory" and sorted(os.listdir(tmp_path)) == ["afile"]
 
     # A read-only file system (root ignores chmod, so the lock file's open is made to fail as it would).
@@ -706,7 +708,8 @@ def test_log_problem_finds_a_second_writer_in_the_log():
     # The log: two warm-ups interleaved, then iteration 1 twice.
     assert run_dir.log_problem([warm(1), warm(1), warm(2), warm(2), evals, rl(1), rl(1)]) == (
         "record 2 is warm-up step 1 after 1 warm-up steps and 0 RL iterations")
-    assert run_dir.log_problem([warm(1), evals, rl(1), rl(1)]) == "record 4 is RL iteration 1 after iteration 1"
+    assert run_dir.log_problem([warm(1), evals, rl(1), rl(1)]) == (
+        "record 4 is RL iteration 1 after iteration 1")
     assert run_dir.log_problem([rl(1), rl(3)]) == "record 2 is RL iteration 3 after iteration 1"
     assert "warm-up step 1 after 1 warm-up steps and 1 RL" in run_dir.log_problem([warm(1), rl(1), warm(1)])
 
@@ -809,8 +812,10 @@ def test_mesh_equivalence_and_the_benchmarks_give_one_line_and_exit_2_for_a_bad_
         assert mesh_equivalence.cli(argv) == 2, argv
         assert expected in _one_line_error(capsys.readouterr().err), argv
     assert not out.exists()
-    for main, argv, expected in [(bench_main.main, ["--parts", "nope"], "argument --parts: invalid choice"),
-                                 (rl_iteration.main, ["--iterations", "x"], "argument --iterations: invalid int")]:
+    for main, argv, expected in [
+        (bench_main.main, ["--parts", "nope"], "argument --parts: invalid choice"),
+        (rl_iteration.main, ["--iterations", "x"], "argument --iterations: invalid int"),
+    ]:
         assert run_cli(main, argv) == 2
         assert expected in _one_line_error(capsys.readouterr().err)
     result = subprocess.run([sys.executable, "-m", "experiments.benchmarks", "--bogus"], cwd=ROOT,

@@ -14,7 +14,6 @@ comparisons need both frameworks on the same CPU; force them there with JAX_PLAT
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys

@@ -17,7 +17,6 @@ each (JAX compiles there), and the medians are compared. Throughput is generated
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os

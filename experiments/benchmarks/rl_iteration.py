@@ -31,7 +31,6 @@ iterations after the first.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys

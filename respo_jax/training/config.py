@@ -447,7 +447,8 @@ class ExperimentConfig:
                        f"a multiple of rollout.reuse={rollout.reuse} (each rollout batch gives N updates)")
         key = "policy_updates" if self.run.policy_updates else "iterations"
         self.run._need(key, self.num_iterations * rollout.reuse <= MAX_STEPS,
-                       f"at most {MAX_STEPS:_} policy updates in all (rollout.reuse={rollout.reuse} per iteration)")
+                       f"at most {MAX_STEPS:_} policy updates in all (rollout.reuse={rollout.reuse} per "
+                       "iteration)")
         self.warmup._need("steps", not (self.warmup.steps and task.name != "synthetic"),
                           "0 with task.name='dapo_math' (the warm-up needs the reference responses "
                           "of 'synthetic')")

@@ -59,8 +59,8 @@ def check_limits(config: ExperimentConfig, model_cfg, longest_prompt: int, memor
     if positions is not None and longest_prompt + r.max_new_tokens > positions:
         raise ConfigError(
             f"rollout.max_new_tokens={r.max_new_tokens}: the longest prompt ({longest_prompt} tokens) + "
-            f"max_new_tokens = {longest_prompt + r.max_new_tokens} exceeds the model's max_position_embeddings "
-            f"({positions}); expected at most {max(positions - longest_prompt, 0)}")
+            f"max_new_tokens = {longest_prompt + r.max_new_tokens} exceeds the model's "
+            f"max_position_embeddings ({positions}); expected at most {max(positions - longest_prompt, 0)}")
     if memory_bytes is None:
         return
     rows = min(r.sampler_max_rows, max(r.reuse * r.prompts_per_minibatch * r.group_size,

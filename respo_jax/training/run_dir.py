@@ -14,7 +14,10 @@ Rules (`plan_run_dir` decides, before anything is written):
 - a directory holding a run is refused unless `run.resume=true` (its config must equal this one except
   for `RESUMABLE_KEYS`) or `run.overwrite=true` (its run entries are deleted first; other files stay);
 - resume rewinds the log to the restored checkpoint (`rewind`): metrics records and rollout files after
-  it are dropped, a torn last line with them, so the directory reads exactly as an uninterrupted run's.
+  it are dropped, a torn last line with them, so the directory reads exactly as an uninterrupted run's;
+  a log that is not one writer's (`check_log`: iterations repeated or out of order, as two runs in one
+  directory leave them) is refused instead, since cutting it back would keep the wrong records.
+- the lock file `.lock` (`respo_jax.training.run_lock`) is not a run entry.
 Files that are replaced as a whole are written atomically (temp file + fsync + rename); metrics records
 are appended and fsync'ed one by one, before any checkpoint that counts them.
 """
@@ -268,7 +271,8 @@ def log_problem(records: list[dict]) -> str | None:
             warmup_steps += 1
         elif phase == "rl":
             if record.get("iteration") != iterations + 1:
-                return f"record {index} is RL iteration {record.get('iteration')!r} after iteration {iterations}"
+                return (f"record {index} is RL iteration {record.get('iteration')!r} after iteration "
+                        f"{iterations}")
             iterations += 1
     return None
 

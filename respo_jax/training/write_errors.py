@@ -66,6 +66,6 @@ def writing(what: str, path: str, after: str = "") -> Iterator[None]:
 
 
 def startup_write_error(err: OSError, key: str, path: str) -> ConfigError:
-    """The ConfigError (exit status 2) for a path found unwritable at start-up, before anything was written."""
+    """The ConfigError (exit status 2) for a path found unwritable at start-up (nothing written yet)."""
     return ConfigError(f"{key}={path!r}: {describe(err, 'the run directory', path)}; choose a writable "
                        "directory")
