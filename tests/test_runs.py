@@ -51,6 +51,7 @@ from respo_jax.training.limits import check_limits, kv_cache_bytes
 from respo_jax.training.loop import check_finite_steps
 from respo_jax.training.run_lock import RunLock, RunLockedError
 from respo_jax.training.step import NonFiniteError
+from respo_jax.training.write_errors import RunWriteError, writing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY_MODEL = ('model.overrides={"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, '
@@ -839,3 +840,30 @@ def test_a_second_sweep_into_one_runs_dir_is_refused_before_it_writes(tmp_path, 
     finally:
         holder.release(remove_if_created=True)
     assert not runs.exists()
+
+
+def test_a_full_disk_while_logging_is_one_line_naming_the_file_and_the_free_space(tmp_path):
+    class FullDisk:
+        def __init__(self, real):
+            self.real = real
+
+        def write(self, data):  # the disk takes half of the line, then is full
+            if len(data) > 4:
+                return self.real.write(bytes(data[:len(data) // 2]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    with run_dir.MetricsLog(str(tmp_path)) as log:
+        log.append({"phase": "rl", "iteration": 1})
+        log._file = FullDisk(log._file)
+        with pytest.raises(RunWriteError) as info:
+            log.append({"phase": "rl", "iteration": 2})
+    message = str(info.value)
+    assert message.startswith(f"cannot write a metrics record to {tmp_path / 'metrics.jsonl'}: No space left")
+    assert "MiB free of" in message and "\n" not in message
+    assert (tmp_path / "metrics.jsonl").read_bytes().startswith(b'{"phase": "rl", "iteration": 1}\n{"phase"')
+    with pytest.raises(KeyError):  # anything but a write error keeps its type (and traceback)
+        with writing("x", str(tmp_path)):
+            raise KeyError("a bug")
