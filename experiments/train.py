@@ -119,6 +119,7 @@ def _lock_run_dir(out_dir: str) -> RunLock | None:
 
 
 def _run_locked(config: ExperimentConfig) -> dict:
+    """`run_experiment` once the run directory is this process's (or process 0's) alone."""
     plan = run_dir.plan_run_dir(config)
     if config.run.host_allocator and expected_platform() == "cpu":
         configure_host_allocator()
@@ -182,7 +183,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
             record = trainer.iteration()  # raises NonFiniteError before anything of a diverged step is kept
             if primary:
                 with writing(f"the rollout file of iteration {trainer.state.iteration}",
-                             os.path.join(out_dir, run_dir.ROLLOUT_DIR)):
+                             os.path.join(out_dir, run_dir.ROLLOUT_DIR), run_dir.RESUME_HINT):
                     write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
             emit(record)
             bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",

@@ -46,6 +46,8 @@ RUN_INFO_FILE = "run_info.json"
 RUN_ENTRIES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CURVES_FILE, CHECKPOINT_DIR, ROLLOUT_DIR,
                RUN_INFO_FILE)
 ROLLOUT_FILE = re.compile(r"iteration_(\d{6,})\.npz")
+# What a run that failed to write (a full disk) tells the user to do: its checkpoints are intact.
+RESUME_HINT = "the checkpoints written so far are kept; make room and rerun with run.resume=true"
 
 # Config keys that may differ between a run and its resumption: how long it runs, how often it
 # checkpoints, what it shows, where the directory lives, host-side allocator settings, and how much
@@ -342,7 +344,7 @@ class MetricsLog:
 
     def append(self, record: dict) -> None:
         data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
-        with writing("a metrics record", self.path):
+        with writing("a metrics record", self.path, RESUME_HINT):
             while data:  # an unbuffered write may take only part of the line
                 data = data[self._file.write(data):]
             os.fsync(self._file.fileno())
