@@ -41,6 +41,7 @@ from respo_jax.training.checkpoint import (
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
+from respo_jax.training.trackers import check_available, open_trackers
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
 
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains `config` into its run.out_dir (checked first, see the module docstring); returns the summary."""
     config = config.validate().check_paths()
+    check_available(config.run.loggers)  # run.loggers' libraries (respo_jax.training.trackers)
     plan = run_dir.plan_run_dir(config)
     # Once, before the first JAX computation: join the other processes of a multi-process launch
     # (respo_jax.distributed), and on CPU keep XLA's host buffers mapped (respo_jax.host_allocator).
@@ -111,10 +113,12 @@ def run_experiment(config: ExperimentConfig) -> dict:
     if plan.mode == "resume" and primary:  # the log as an uninterrupted run would have it at this checkpoint
         records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
     show = config.run.progress and primary
-    with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log:
+    trackers = open_trackers(config, info, records if plan.mode == "resume" else None, enabled=primary)
+    with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log, trackers:
 
         def emit(record: dict) -> None:
             log.append(record)
+            trackers.log(record)  # TensorBoard / W&B (run.loggers), process 0
             records.append(record)
 
         def checkpoint() -> None:
@@ -154,6 +158,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
     plot_path = plot_training_curves(records, os.path.join(out_dir, run_dir.CURVES_FILE),
                                      title=f"{config.objective.name}, N={config.rollout.reuse}")
     run_dir.atomic_write_json(os.path.join(out_dir, run_dir.SUMMARY_FILE), summary)
+    trackers.finish(plot_path, trainer.state.policy_updates)
     print(json.dumps(summary, indent=2))
     print(f"metrics: {log.path}\ncurves:  {plot_path}")
     return summary

@@ -132,8 +132,10 @@ class TaskConfig(_Section):
 
     name: "synthetic" (arithmetic in `\\boxed{}`, in-process tokenizer: the CPU experiment) or "dapo_math"
       (the paper's training set, from `data_dir`, tokenized with the HF tokenizer in `tokenizer_dir`).
-    The reward is the strict-box score (±1, App. D.1) plus, when `overlong_buffer_length` > 0, DAPO's
-    overlong penalty (0 up to max_new_tokens − buffer, linear to −`overlong_penalty_factor` at the limit).
+    The reward is `reward` (a name in `respo_jax.rewards.reward_names()`: the strict-box score ±1 of
+    App. D.1 by default, `math_verify`, or one registered with `register_reward`) plus, when
+    `overlong_buffer_length` > 0, DAPO's overlong penalty (0 up to max_new_tokens − buffer, linear to
+    −`overlong_penalty_factor` at the limit).
     """
 
     section = "task"
@@ -152,6 +154,7 @@ class TaskConfig(_Section):
     overlong_buffer_length: int = 0
     overlong_penalty_factor: float = 1.0
     seed: int = 0
+    reward: str = "strict_box"  # the training reward by name (respo_jax.rewards.registry)
 
     def validate(self) -> None:
         from respo_jax.data.synthetic import DIFFICULTIES
@@ -172,6 +175,10 @@ class TaskConfig(_Section):
                    "an integer >= 0 (0: no overlong penalty)")
         self._need("overlong_penalty_factor", self.overlong_penalty_factor >= 0, "a number >= 0")
         self._need("seed", self.seed >= 0, "an integer >= 0")
+        from respo_jax.rewards.registry import reward_names
+
+        self._need("reward", self.reward in reward_names(),
+                   f"a registered reward, one of {reward_names()} (register_reward adds one)")
 
     def synthetic_task(self):
         """The synthetic task: the difficulty level with `overrides` (ConfigError naming a bad one)."""
@@ -359,6 +366,9 @@ class RunConfig(_Section):
     progress: bool = True
     # Keep XLA's host buffers mapped between steps (respo_jax.host_allocator); applied at start-up.
     host_allocator: bool = True
+    # Where every metric row goes: "jsonl" (metrics.jsonl, always on) plus "tensorboard" and/or "wandb",
+    # comma-separated (respo_jax.training.trackers; pip install -e ".[tracking]").
+    loggers: str = "jsonl"
 
     def validate(self) -> None:
         self._check_types()
@@ -370,6 +380,10 @@ class RunConfig(_Section):
         self._need("eval_problems", self.eval_problems >= 0, "an integer >= 0 (0: no eval)")
         self._need("overwrite", not (self.resume and self.overwrite),
                    "false with run.resume=true (continue the run, or replace it: not both)")
+        from respo_jax.training.trackers import TRACKERS, parse_loggers
+
+        self._need("loggers", parse_loggers(self.loggers) is not None,
+                   f"comma-separated names among {list(TRACKERS)} (jsonl is always on)")
 
 
 def validate_sections(config) -> None:
