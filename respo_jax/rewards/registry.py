@@ -42,7 +42,8 @@ class RewardSpec:
     failure_score: the score of a response whose reward raised, returned a non-finite or non-numeric
       value, or timed out.
     workers: worker processes for a slow reward (default: the CPU count, at most 8).
-    source: ("module", name) or ("file", path) a worker loads to find `fn` again (slow rewards only).
+    source: ("module", "module.name:function") or ("file", path) a worker loads to find `fn` again
+      (slow rewards only; a file must register the reward when run, or in its `get_config()`).
     """
 
     name: str
@@ -88,11 +89,12 @@ def get_reward(name: str) -> RewardSpec:
 
 def _source_of(fn: Callable) -> tuple[str, str]:
     """Where a worker process finds `fn` again: an importable module, or the file that defines it."""
-    module = getattr(fn, "__module__", None)
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     loaded = sys.modules.get(module) if module else None
     spec = getattr(loaded, "__spec__", None)
-    if module and module != "__main__" and spec is not None and spec.name == module:
-        return ("module", module)
+    if module != "__main__" and spec is not None and spec.name == module and \
+            getattr(loaded, qualname, None) is fn:  # importable, and found there by name
+        return ("module", f"{module}:{qualname}")
     try:
         path = inspect.getsourcefile(fn)
     except TypeError:

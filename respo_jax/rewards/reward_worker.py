@@ -22,12 +22,16 @@ import sys
 
 
 def load_reward(kind: str, source: str, name: str):
-    """The reward function `name` after importing module `source` (kind "module") or running file
-    `source` (kind "file")."""
+    """The reward function `name`: from module "module:function" (kind "module"), or registered by
+    running file `source` (kind "file", under a module name other than `__main__`)."""
     from respo_jax.rewards.registry import REWARDS, get_reward
 
     if kind == "module":
-        module = importlib.import_module(source)
+        module_name, qualname = source.split(":", 1)
+        module = importlib.import_module(module_name)
+        if name not in REWARDS:  # a module-level function registered by someone else
+            return getattr(module, qualname)
+        return get_reward(name).fn
     else:
         spec = importlib.util.spec_from_file_location("reward_source", source)
         module = importlib.util.module_from_spec(spec)
