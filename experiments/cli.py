@@ -11,12 +11,14 @@ from respo_jax.training.config import ConfigError
 
 def run_failures() -> tuple[type[Exception], ...]:
     """What a training run raises when it fails after it started: no intact checkpoint, NaN/inf
-    parameters, a damaged data file (each with a one-line message naming what is wrong)."""
+    parameters, a damaged data file, a tracker that cannot start (each with a one-line message naming
+    what is wrong)."""
     from respo_jax.data.records import DataFileError
     from respo_jax.training.checkpoint import CheckpointError
     from respo_jax.training.step import NonFiniteError
+    from respo_jax.training.trackers import TrackerError
 
-    return (CheckpointError, NonFiniteError, DataFileError)
+    return (CheckpointError, NonFiniteError, DataFileError, TrackerError)
 
 
 def run_cli(main: Callable[[list[str]], object], argv: list[str],

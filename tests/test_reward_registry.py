@@ -50,6 +50,17 @@ def test_strict_box_is_the_default_and_scores_as_the_verifier():
     assert {"strict_box", "math_verify"} <= set(reward_names())
 
 
+def test_math_verify_reward_is_verls_call_as_plus_minus_one():
+    scorer = RewardScorer(get_reward("math_verify"))
+    try:
+        records = [{"answer": "\\frac{1}{2}"}, {"answer": "\\frac{1}{2}"}, {"answer": "3"}]
+        scores, status = scorer(records, ["so \\boxed{0.5}", "\\boxed{2}", "the answer is 3"])
+    finally:
+        scorer.close()
+    np.testing.assert_array_equal(scores, np.float32([1.0, -1.0, 1.0]))
+    np.testing.assert_array_equal(status, [SCORED] * 3)
+
+
 def test_registration_checks_names_and_options(registered):
     with pytest.raises(ValueError, match="built in"):
         register_reward("strict_box", lambda record, response: 1.0)

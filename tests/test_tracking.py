@@ -148,3 +148,18 @@ def test_an_unknown_tracker_is_one_line_at_start_up(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "run.loggers='jsonl,tensorbord'" in err and "'wandb'" in err
     assert not out.exists()
+
+
+def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+    from experiments.train import DEFAULT_CONFIG, load_config
+    from respo_jax.training import trackers
+    from respo_jax.training.config import apply_overrides
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("api_key not configured\n(no-tty)")
+
+    monkeypatch.setattr(trackers, "WandbTracker", refuse)
+    config = apply_overrides(load_config(DEFAULT_CONFIG), ["run.loggers=wandb", f"run.out_dir={tmp_path}"])
+    with pytest.raises(trackers.TrackerError, match=r"^run.loggers='wandb': W&B did not start \(RuntimeError: "
+                                                    r"api_key not configured \(no-tty\)\); set WANDB_MODE=offline"):
+        trackers.open_trackers(config, {}, None)

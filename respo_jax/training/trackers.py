@@ -41,6 +41,10 @@ CURVES_TAG = "training_curves"
 _WANDB_FLUSH_S = 0.2  # how often W&B writes the run's .wandb file (its default: 15 s)
 
 
+class TrackerError(RuntimeError):
+    """A tracker could not start (e.g. W&B without credentials outside offline mode)."""
+
+
 def parse_loggers(value: str) -> tuple[str, ...] | None:
     """The trackers named in `value` ("jsonl,tensorboard"), jsonl first and always; None if a name is
     unknown."""
@@ -208,7 +212,12 @@ def open_trackers(config, info: dict, resumed: list[dict] | None, enabled: bool 
         texts = {"config": as_dict, "run_info": info}
         trackers.append(TensorBoardTracker(out_dir, texts, resuming=resumed is not None))
     if "wandb" in names:
-        trackers.append(WandbTracker(out_dir, as_dict, info))
+        try:
+            trackers.append(WandbTracker(out_dir, as_dict, info))
+        except Exception as err:  # wandb's own errors (no credentials, no network): one line, exit 1
+            detail = " ".join(str(err).split())[:300]
+            raise TrackerError(f"run.loggers={config.run.loggers!r}: W&B did not start ({type(err).__name__}: "
+                               f"{detail}); set WANDB_MODE=offline to log without a server") from None
     opened = Trackers(trackers)
     for record in resumed or ():
         opened.log(record)
