@@ -44,7 +44,8 @@ def test_strict_box_is_the_default_and_scores_as_the_verifier():
     records = [RECORDS[0], RECORDS[1], RECORDS[0], RECORDS[1]]
     scores, status = RewardScorer(spec)(records, responses)
     assert spec.name == "strict_box" and scores.dtype == np.float32
-    np.testing.assert_array_equal(scores, [strict_box_score(r, rec["answer"]) for r, rec in zip(responses, records)])
+    np.testing.assert_array_equal(scores, [strict_box_score(r, rec["answer"])
+                                           for r, rec in zip(responses, records)])
     np.testing.assert_array_equal(scores, [1.0, -1.0, -1.0, 1.0])
     np.testing.assert_array_equal(status, [SCORED] * 4)
     assert {"strict_box", "math_verify"} <= set(reward_names())

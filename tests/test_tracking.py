@@ -27,7 +27,8 @@ WANDB_KEYS = ("_step", "_runtime", "_timestamp")
 
 
 def _tensorboard(run_dir: pathlib.Path, run: str) -> EventAccumulator:
-    accumulator = EventAccumulator(str(run_dir / "tensorboard" / run), size_guidance={"scalars": 0, "images": 0})
+    accumulator = EventAccumulator(str(run_dir / "tensorboard" / run),
+                                   size_guidance={"scalars": 0, "images": 0})
     return accumulator.Reload()
 
 
@@ -78,7 +79,8 @@ def _check_tensorboard(out: pathlib.Path, records: list[dict]) -> None:
             assert _same(value, float(np.float32(want))), (key, value, want)
 
 
-def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(tmp_path, jit_cache):  # noqa: F811
+def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(
+        tmp_path, jit_cache):  # noqa: F811 (the fixture imported from test_runs)
     config = write_user_reward_config(tmp_path)
     out = tmp_path / "run"
     env = dict(_env(jit_cache), WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"), WANDB_SILENT="true",
@@ -87,7 +89,8 @@ def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(tmp
 
     def train(*overrides):
         cmd = [sys.executable, "-m", "experiments.train", "--config", str(config), *TINY_RUN,
-               f"run.out_dir={out}", "run.loggers=jsonl,tensorboard,wandb", "run.checkpoint_every=1", *overrides]
+               f"run.out_dir={out}", "run.loggers=jsonl,tensorboard,wandb", "run.checkpoint_every=1",
+               *overrides]
         result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
         assert result.returncode == 0, result.stderr[-3000:]
 
@@ -160,6 +163,7 @@ def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trackers, "WandbTracker", refuse)
     config = apply_overrides(load_config(DEFAULT_CONFIG), ["run.loggers=wandb", f"run.out_dir={tmp_path}"])
-    with pytest.raises(trackers.TrackerError, match=r"^run.loggers='wandb': W&B did not start \(RuntimeError: "
-                                                    r"api_key not configured \(no-tty\)\); set WANDB_MODE=offline"):
+    expected = (r"^run.loggers='wandb': W&B did not start \(RuntimeError: api_key not configured "
+                r"\(no-tty\)\); set WANDB_MODE=offline")
+    with pytest.raises(trackers.TrackerError, match=expected):
         trackers.open_trackers(config, {}, None)

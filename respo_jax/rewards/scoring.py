@@ -50,9 +50,9 @@ class RewardPool(MathVerifyScorer):
     def _check_starts(self, failed_starts: int, worker) -> None:
         if failed_starts >= 3:
             kind, source = self.spec.source
-            raise RuntimeError(f"workers of reward {self.spec.name!r} fail to start ({failed_starts} attempts, "
-                               f"last exit code {worker.proc.returncode}): they load the {kind} {source!r}; "
-                               "see their stderr above")
+            raise RuntimeError(f"workers of reward {self.spec.name!r} fail to start ({failed_starts} "
+                               f"attempts, last exit code {worker.proc.returncode}): they load the {kind} "
+                               f"{source!r}; see their stderr above")
 
     def run_rewards(self, records: Sequence[dict], responses: Sequence[str]) -> list[Outcome]:
         """One call of the reward per (record, response), in parallel; the Outcome of each."""

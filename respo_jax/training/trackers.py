@@ -216,8 +216,9 @@ def open_trackers(config, info: dict, resumed: list[dict] | None, enabled: bool 
             trackers.append(WandbTracker(out_dir, as_dict, info))
         except Exception as err:  # wandb's own errors (no credentials, no network): one line, exit 1
             detail = " ".join(str(err).split())[:300]
-            raise TrackerError(f"run.loggers={config.run.loggers!r}: W&B did not start ({type(err).__name__}: "
-                               f"{detail}); set WANDB_MODE=offline to log without a server") from None
+            raise TrackerError(f"run.loggers={config.run.loggers!r}: W&B did not start "
+                               f"({type(err).__name__}: {detail}); set WANDB_MODE=offline to log without a "
+                               "server") from None
     opened = Trackers(trackers)
     for record in resumed or ():
         opened.log(record)
