@@ -161,7 +161,7 @@ def test_an_unknown_reward_is_a_one_line_start_up_error(tmp_path, capsys):
     config = load_config(DEFAULT_CONFIG)
     with pytest.raises(ConfigError, match=r"task.reward='strict_boxx': expected a registered reward, one of "
                                           r"\['math_verify', 'strict_box'"):
-        apply_overrides(config, ["task.reward=strict_boxx"])
+        apply_overrides(config, ["task.reward=strict_boxx"]).check_paths()
     out = tmp_path / "run"
     assert cli(["task.reward=nope", f"run.out_dir={out}"]) == 2
     err = capsys.readouterr().err

@@ -175,10 +175,6 @@ class TaskConfig(_Section):
                    "an integer >= 0 (0: no overlong penalty)")
         self._need("overlong_penalty_factor", self.overlong_penalty_factor >= 0, "a number >= 0")
         self._need("seed", self.seed >= 0, "an integer >= 0")
-        from respo_jax.rewards.registry import reward_names
-
-        self._need("reward", self.reward in reward_names(),
-                   f"a registered reward, one of {reward_names()} (register_reward adds one)")
 
     def synthetic_task(self):
         """The synthetic task: the difficulty level with `overrides` (ConfigError naming a bad one)."""
@@ -190,9 +186,14 @@ class TaskConfig(_Section):
             raise ConfigError(f"task.overrides={self.overrides!r}: {_one_line(err)}") from None
 
     def check_paths(self) -> None:
-        """dapo_math: the data file and tokenizer.json exist (see `ExperimentConfig.check_paths`)."""
+        """The reward is registered in this process (a --config file may register it, so this is a
+        start-up check, not validation: another process, e.g. an evaluation, reads the config without
+        it); dapo_math: the data file and tokenizer.json exist (see `ExperimentConfig.check_paths`)."""
         from respo_jax.data.records import resolve_data_file
+        from respo_jax.rewards.registry import reward_names
 
+        self._need("reward", self.reward in reward_names(),
+                   f"a registered reward, one of {reward_names()} (register_reward adds one)")
         if self.name != "dapo_math":
             return
         try:
@@ -470,8 +471,9 @@ class ExperimentConfig:
 
     def check_paths(self) -> "ExperimentConfig":
         """Checks the local files the config names (model checkpoint, task data, tokenizer) exist and
-        parse; `ConfigError` otherwise. Separate from `validate`, which is pure: a saved config stays
-        valid where its files are not (e.g. evaluated on another machine). The trainer calls both."""
+        parse, and that the reward is registered here; `ConfigError` otherwise. Separate from `validate`,
+        which is pure: a saved config stays valid where its files (or a user reward) are not (e.g.
+        evaluated on another machine). The trainer calls both."""
         self.model.check_paths()
         self.task.check_paths()
         return self
