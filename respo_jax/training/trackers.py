@@ -208,10 +208,7 @@ def open_trackers(config, info: dict, resumed: list[dict] | None, enabled: bool 
     names = parse_loggers(config.run.loggers) if enabled else ()
     out_dir, as_dict = config.run.out_dir, config.to_dict()
     trackers: list = []
-    if "tensorboard" in names:
-        texts = {"config": as_dict, "run_info": info}
-        trackers.append(TensorBoardTracker(out_dir, texts, resuming=resumed is not None))
-    if "wandb" in names:
+    if "wandb" in names:  # first: the one that can fail to start
         try:
             trackers.append(WandbTracker(out_dir, as_dict, info))
         except Exception as err:  # wandb's own errors (no credentials, no network): one line, exit 1
@@ -219,6 +216,9 @@ def open_trackers(config, info: dict, resumed: list[dict] | None, enabled: bool 
             raise TrackerError(f"run.loggers={config.run.loggers!r}: W&B did not start "
                                f"({type(err).__name__}: {detail}); set WANDB_MODE=offline to log without a "
                                "server") from None
+    if "tensorboard" in names:
+        texts = {"config": as_dict, "run_info": info}
+        trackers.append(TensorBoardTracker(out_dir, texts, resuming=resumed is not None))
     opened = Trackers(trackers)
     for record in resumed or ():
         opened.log(record)
