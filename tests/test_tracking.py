@@ -12,14 +12,16 @@ import json
 import math
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_reward_registry import write_user_reward_config
-from test_runs import ROOT, TINY_RUN, _env, _records, jit_cache  # noqa: F401 (a fixture)
+from test_runs import ROOT, TIMING_KEYS, TINY_RUN, _env, _records, jit_cache  # noqa: F401 (a fixture)
 
 from experiments.train import cli
 
@@ -64,6 +66,33 @@ def _as_wandb_row(record: dict) -> dict:
     return {k: float(v) for k, v in record.items() if k != "phase"}
 
 
+def _position(record: dict) -> tuple[int, int, int]:
+    """A metrics row's place in the log's order: warm-up rows by step, then the others by
+    policy_updates, an update count's RL row before the evaluation at it (wandb_run.json's last_row)."""
+    if record["phase"] == "warmup":
+        return (0, record["step"], 0)
+    return (1, record["policy_updates"], int(record["phase"] == "eval"))
+
+
+def _wandb_position(row: dict) -> tuple[int, int, int]:
+    if "sft_loss" in row:
+        return (0, row["step"], 0)
+    return (1, row["policy_updates"], int("greedy_accuracy" in row))
+
+
+def _same_row(row: dict, record: dict, skip: tuple[str, ...]) -> bool:
+    want = {k: v for k, v in _as_wandb_row(record).items() if k not in skip}
+    return row.keys() == _as_wandb_row(record).keys() and all(_same(row[k], v) for k, v in want.items())
+
+
+def _max_iteration(out: pathlib.Path) -> int:
+    try:
+        lines = (out / "metrics.jsonl").read_bytes().split(b"\n")[:-1]
+        return max([json.loads(line).get("iteration", 0) for line in lines] + [0])
+    except (OSError, ValueError):
+        return 0
+
+
 def _check_tensorboard(out: pathlib.Path, records: list[dict]) -> None:
     expected = _expected_scalars(records)
     got = {}
@@ -87,11 +116,14 @@ def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(
                WANDB_PROJECT="respo-tests")
     os.makedirs(env["WANDB_DIR"])
 
+    def train_cmd(*overrides):
+        return [sys.executable, "-m", "experiments.train", "--config", str(config), *TINY_RUN,
+                f"run.out_dir={out}", "run.loggers=jsonl,tensorboard,wandb", "run.checkpoint_every=1",
+                *overrides]
+
     def train(*overrides):
-        cmd = [sys.executable, "-m", "experiments.train", "--config", str(config), *TINY_RUN,
-               f"run.out_dir={out}", "run.loggers=jsonl,tensorboard,wandb", "run.checkpoint_every=1",
-               *overrides]
-        result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        result = subprocess.run(train_cmd(*overrides), cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=400)
         assert result.returncode == 0, result.stderr[-3000:]
 
     train("run.iterations=2")
@@ -110,29 +142,49 @@ def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(
         assert row.keys() == _as_wandb_row(record).keys()
         assert all(_same(row[k], v) for k, v in _as_wandb_row(record).items()), (row, record)
 
-    # Resume the finished run for one more iteration: the log is rewound to the checkpoint of iteration
-    # 2 (its final evaluation dropped), so TensorBoard must purge that evaluation and W&B must continue
-    # the same run without repeating a row.
-    train("run.iterations=3", "run.resume=true")
+    # Resume the finished run to go longer, kill -9 it once iteration 3 is logged, resume it again. The log
+    # is rewound to a checkpoint each time (the first run's final evaluation dropped): TensorBoard must
+    # read as the final metrics.jsonl; W&B must continue the same run and never receive a row twice.
+    proc = subprocess.Popen(train_cmd("run.iterations=4", "run.resume=true"), cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 400
+        while proc.poll() is None and _max_iteration(out) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL  # it was still running
+    sent_before = json.loads((out / "wandb_run.json").read_text())
+    last_sent = tuple(sent_before["last_row"])  # the last row the killed run sent to W&B
+    train("run.iterations=4", "run.resume=true")
     final = _records(out)
-    assert final[:-2] == first[:-1] and final[-2]["iteration"] == 3 and final[-1]["phase"] == "eval"
+    assert final[:len(first) - 1] == first[:-1]
+    assert [r["iteration"] for r in final if r["phase"] == "rl"] == [1, 2, 3, 4]
     _check_tensorboard(out, final)
     images = _tensorboard(out, "train").Images("training_curves")
-    assert [image.step for image in images] == [final[-1]["policy_updates"]]  # the first run's was purged
+    assert [image.step for image in images] == [final[-1]["policy_updates"]]  # earlier runs' were purged
 
     run_id = json.loads((out / "wandb_run.json").read_text())["run_id"]
+    assert sent_before["run_id"] == run_id
     files = sorted(glob.glob(os.path.join(env["WANDB_DIR"], "wandb", "offline-run-*", "run-*.wandb")))
-    assert len(files) == 2 and all(f.endswith(f"run-{run_id}.wandb") for f in files)
-    resumed = [row for row in _wandb_rows(files[1]) if "training_curves._type" not in row]
-    # W&B cannot delete a row: it keeps the first run's final evaluation (documented) and receives only
-    # the rows after the last one it has, so no (kind, step) appears twice across both files.
-    assert len(resumed) == 2
-    for row, record in zip(resumed, final[-2:]):
-        assert row.keys() == _as_wandb_row(record).keys()
-        assert all(_same(row[k], v) for k, v in _as_wandb_row(record).items()), (row, record)
-    positions = [("sft" if "sft_loss" in row else "eval" if "greedy_accuracy" in row else "rl",
-                  row.get("step", row.get("policy_updates"))) for row in metric_rows + resumed]
+    assert len(files) == 3 and all(f.endswith(f"run-{run_id}.wandb") for f in files)
+    killed, resumed = ([row for row in _wandb_rows(f) if "training_curves._type" not in row]
+                       for f in files[1:])
+    by_position = {_position(r): r for r in final}
+    # The resumed run sent exactly the rows after the last one W&B had been sent, with their values.
+    assert [_wandb_position(row) for row in resumed] == [p for p in by_position if p > last_sent]
+    for row in resumed:
+        assert _same_row(row, by_position[_wandb_position(row)], ())
+    # The killed run's rows (those W&B wrote before the kill) followed the first run's and hold the values
+    # the final run recomputed (bit-identical, timings aside).
+    first_last = _position(first[-1])
+    assert all(first_last < _wandb_position(row) <= last_sent for row in killed)
+    for row in killed:
+        assert _same_row(row, by_position[_wandb_position(row)], TIMING_KEYS)
+    # No row twice across the three runs; W&B keeps the first run's final evaluation (it cannot delete it).
+    positions = [_wandb_position(row) for row in metric_rows + killed + resumed]
     assert len(set(positions)) == len(positions), positions
+    assert set(positions) - set(by_position) == {_position(first[-1])}
 
 
 @pytest.mark.parametrize("loggers, library", [("jsonl,tensorboard", "tensorboardX"), ("wandb", "wandb")])

@@ -157,9 +157,9 @@ class WandbTracker:
         for key in values.keys() - self._defined:
             self.run.define_metric(key, step_metric=step_key)
         self._defined |= values.keys()
-        self.run.log({**values, step_key: int(record[step_key])})
-        self._state["last_row"] = position
+        self._state["last_row"] = position  # first: a kill in between loses the row, never doubles it
         atomic_write_json(self._state_path, self._state)
+        self.run.log({**values, step_key: int(record[step_key])})
 
     def add_image(self, path: str, step: int) -> None:
         self.run.log({CURVES_TAG: self._wandb.Image(path), "policy_updates": step})
