@@ -8,6 +8,7 @@ rollout files (rollouts/iteration_*.npz: per-response log W, advantage, length, 
         model.checkpoint_dir=/ckpt/Qwen3-1.7B-Base task.data_dir=/data task.tokenizer_dir=/ckpt/Qwen3-1.7B-Base
     python -m experiments.train run.resume=true                    # continue a killed or finished run
     python -m experiments.train run.overwrite=true                 # replace the run in run.out_dir
+    python -m experiments.train run.loggers=jsonl,tensorboard,wandb  # also to TensorBoard and W&B
 
 Everything is checked before anything is written: the config, the run directory (a directory holding
 another run is refused without run.resume or run.overwrite, see respo_jax.training.run_dir), the task
