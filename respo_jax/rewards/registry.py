@@ -11,7 +11,7 @@ registered in the process that trains, e.g. in its `--config` file, as user obje
 A reward that says it is slow runs in a pool of fresh worker processes with a hard per-call timeout
 (`respo_jax.rewards.scoring`); a worker re-imports the module or re-runs the file that defines the
 function (no pickle), so such a function must live at the top level of a module or file that can be
-imported or executed again. Whatever a reward does for one response (raise, return a non-finite or
+imported or executed again (each worker pays that file's imports: keep them light). Whatever a reward does for one response (raise, return a non-finite or
 non-numeric value, time out), that response gets the reward's `failure_score` (default -1.0, "wrong")
 and is counted; the run goes on.
 """
