@@ -12,14 +12,15 @@ from respo_jax.training.config import ConfigError
 
 def run_failures() -> tuple[type[Exception], ...]:
     """What a training run raises when it fails after it started: no intact checkpoint, NaN/inf
-    parameters, a damaged data file, a write that failed (a full disk, a read-only file system), each
-    with a one-line message naming what is wrong."""
+    parameters, a damaged data file, a write that failed (a full disk, a read-only file system), a
+    tracker that cannot start, each with a one-line message naming what is wrong."""
     from respo_jax.data.records import DataFileError
     from respo_jax.training.checkpoint import CheckpointError
     from respo_jax.training.step import NonFiniteError
+    from respo_jax.training.trackers import TrackerError
     from respo_jax.training.write_errors import RunWriteError
 
-    return (CheckpointError, NonFiniteError, DataFileError, RunWriteError)
+    return (CheckpointError, NonFiniteError, DataFileError, RunWriteError, TrackerError)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -8,6 +8,7 @@ rollout files (rollouts/iteration_*.npz: per-response log W, advantage, length, 
         model.checkpoint_dir=/ckpt/Qwen3-1.7B-Base task.data_dir=/data task.tokenizer_dir=/ckpt/Qwen3-1.7B-Base
     python -m experiments.train run.resume=true                    # continue a killed or finished run
     python -m experiments.train run.overwrite=true                 # replace the run in run.out_dir
+    python -m experiments.train run.loggers=jsonl,tensorboard,wandb  # also to TensorBoard and W&B
 
 Everything is checked before anything is written: the config, the run directory (one writer at a time,
 see respo_jax.training.run_lock; a directory holding another run is refused without run.resume or
@@ -46,6 +47,7 @@ from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overr
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
 from respo_jax.training.run_lock import RunLock
+from respo_jax.training.trackers import check_available, open_trackers
 from respo_jax.training.write_errors import writing
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
@@ -83,6 +85,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
     writer is refused in one line before it reads or writes anything, and the lock file is the first
     write, so an unwritable run.out_dir is refused here too (exit status 2)."""
     config = config.validate().check_paths()
+    check_available(config.run.loggers)  # run.loggers' libraries (respo_jax.training.trackers)
     # Once, before the first JAX computation: join the other processes of a multi-process launch
     # (respo_jax.distributed), and on CPU keep XLA's host buffers mapped (respo_jax.host_allocator).
     try:
@@ -155,10 +158,12 @@ def _run_locked(config: ExperimentConfig) -> dict:
         with writing("the rewound metrics.jsonl", out_dir):
             records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
     show = config.run.progress and primary
-    with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log:
+    trackers = open_trackers(config, info, records if plan.mode == "resume" else None, enabled=primary)
+    with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log, trackers:
 
         def emit(record: dict) -> None:
             log.append(record)
+            trackers.log(record)  # TensorBoard / W&B (run.loggers), process 0
             records.append(record)
 
         def checkpoint() -> None:
@@ -201,6 +206,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
         plot_path = plot_training_curves(records, os.path.join(out_dir, run_dir.CURVES_FILE),
                                          title=f"{config.objective.name}, N={config.rollout.reuse}")
         run_dir.atomic_write_json(os.path.join(out_dir, run_dir.SUMMARY_FILE), summary)
+    trackers.finish(plot_path, trainer.state.policy_updates)
     print(json.dumps(summary, indent=2))
     print(f"metrics: {log.path}\ncurves:  {plot_path}")
     return summary

@@ -365,6 +365,6 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
         assert trainer.iteration()["compiles"] == 0
     assert trainer.evaluate() == 0.0
     tokens = np.array([trainer.tokenizer.encode("\\boxed{12}")])
-    np.testing.assert_allclose(trainer.score(tokens, np.array([tokens.shape[1]]), ["12"]), [1.0 - 1.0])
+    np.testing.assert_allclose(trainer.score(tokens, np.array([tokens.shape[1]]), [{"answer": "12"}])[0], [1.0 - 1.0])
     with pytest.raises(ValueError, match="warmup.steps=3: expected 0 with task.name='dapo_math'"):
         apply_overrides(config, ["warmup.steps=3"])

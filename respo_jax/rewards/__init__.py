@@ -1,6 +1,6 @@
 """Rewards of the paper: the DAPO strict-box training reward and overlong penalty (App. D.1), and the
-Math-Verify evaluation scorer run in a persistent process pool (App. D.2). None of them evaluates model
-output as code.
+Math-Verify evaluation scorer run in a persistent process pool (App. D.2), and the registry of training
+rewards by name (`task.reward`, `register_reward`). None of them evaluates model output as code.
 """
 
 from respo_jax.rewards.math_verify_pool import (
@@ -14,9 +14,28 @@ from respo_jax.rewards.math_verify_pool import (
     math_verify_score,
 )
 from respo_jax.rewards.overlong import overlong_penalty
+from respo_jax.rewards.registry import (
+    BUILTIN_REWARDS,
+    RewardSpec,
+    get_reward,
+    register_reward,
+    reward_names,
+    unregister_reward,
+)
+from respo_jax.rewards.scoring import FAILED, SCORED, TIMED_OUT, RewardScorer
 from respo_jax.rewards.strict_box import last_strict_box, strict_box_score, strict_box_scores
 
 __all__ = [
+    "BUILTIN_REWARDS",
+    "FAILED",
+    "RewardScorer",
+    "RewardSpec",
+    "SCORED",
+    "TIMED_OUT",
+    "get_reward",
+    "register_reward",
+    "reward_names",
+    "unregister_reward",
     "EXPR",
     "LATEX",
     "Extraction",

@@ -241,17 +241,8 @@ class MathVerifyScorer:
         self.timeout_s = float(timeout_s)
         self.max_tasks_per_worker = max_tasks_per_worker
         self.start_timeout_s = float(start_timeout_s)
-        self._argv = [
-            sys.executable,
-            "-m",
-            "respo_jax.rewards.math_verify_worker",
-            f"--math-verify-timeout-s={math_verify_timeout_s}",
-            f"--memory-limit-mb={memory_limit_mb}",
-        ]
-        self._env = dict(os.environ)
-        self._env["PYTHONPATH"] = os.pathsep.join(
-            [_PACKAGE_PARENT] + [p for p in self._env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
+        self._argv = self._worker_argv(math_verify_timeout_s, memory_limit_mb)
+        self._env = self._worker_env()
         self._selector = selectors.DefaultSelector()
         self._workers: list[_Worker] = []
         self._stats = collections.Counter()
@@ -329,6 +320,24 @@ class MathVerifyScorer:
             pass
 
     # ---------------------------------------------------------------------------------------- private
+
+    def _worker_argv(self, math_verify_timeout_s: int, memory_limit_mb: int) -> list[str]:
+        """The command line of one worker (a subclass runs another worker with the same protocol)."""
+        return [
+            sys.executable,
+            "-m",
+            "respo_jax.rewards.math_verify_worker",
+            f"--math-verify-timeout-s={math_verify_timeout_s}",
+            f"--memory-limit-mb={memory_limit_mb}",
+        ]
+
+    def _worker_env(self) -> dict[str, str]:
+        """The workers' environment: the parent's, with this package importable."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [_PACKAGE_PARENT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
+        return env
 
     def _start_worker(self) -> _Worker:
         worker = _Worker(self._argv, self._env, self.start_timeout_s)

@@ -137,8 +137,10 @@ class TaskConfig(_Section):
 
     name: "synthetic" (arithmetic in `\\boxed{}`, in-process tokenizer: the CPU experiment) or "dapo_math"
       (the paper's training set, from `data_dir`, tokenized with the HF tokenizer in `tokenizer_dir`).
-    The reward is the strict-box score (±1, App. D.1) plus, when `overlong_buffer_length` > 0, DAPO's
-    overlong penalty (0 up to max_new_tokens − buffer, linear to −`overlong_penalty_factor` at the limit).
+    The reward is `reward` (a name in `respo_jax.rewards.reward_names()`: the strict-box score ±1 of
+    App. D.1 by default, `math_verify`, or one registered with `register_reward`) plus, when
+    `overlong_buffer_length` > 0, DAPO's overlong penalty (0 up to max_new_tokens − buffer, linear to
+    −`overlong_penalty_factor` at the limit).
     """
 
     section = "task"
@@ -157,6 +159,7 @@ class TaskConfig(_Section):
     overlong_buffer_length: int = 0
     overlong_penalty_factor: float = 1.0
     seed: int = 0
+    reward: str = "strict_box"  # the training reward by name (respo_jax.rewards.registry)
 
     def validate(self) -> None:
         from respo_jax.data.synthetic import DIFFICULTIES
@@ -188,9 +191,14 @@ class TaskConfig(_Section):
             raise ConfigError(f"task.overrides={self.overrides!r}: {_one_line(err)}") from None
 
     def check_paths(self) -> None:
-        """dapo_math: the data file and tokenizer.json exist (see `ExperimentConfig.check_paths`)."""
+        """The reward is registered in this process (a --config file may register it, so this is a
+        start-up check, not validation: another process, e.g. an evaluation, reads the config without
+        it); dapo_math: the data file and tokenizer.json exist (see `ExperimentConfig.check_paths`)."""
         from respo_jax.data.records import resolve_data_file
+        from respo_jax.rewards.registry import reward_names
 
+        self._need("reward", self.reward in reward_names(),
+                   f"a registered reward, one of {reward_names()} (register_reward adds one)")
         if self.name != "dapo_math":
             return
         try:
@@ -364,6 +372,9 @@ class RunConfig(_Section):
     progress: bool = True
     # Keep XLA's host buffers mapped between steps (respo_jax.host_allocator); applied at start-up.
     host_allocator: bool = True
+    # Where every metric row goes: "jsonl" (metrics.jsonl, always on) plus "tensorboard" and/or "wandb",
+    # comma-separated (respo_jax.training.trackers; pip install -e ".[tracking]").
+    loggers: str = "jsonl"
 
     def validate(self) -> None:
         self._check_types()
@@ -376,6 +387,10 @@ class RunConfig(_Section):
         self._need("eval_problems", self.eval_problems >= 0, "an integer >= 0 (0: no eval)")
         self._need("overwrite", not (self.resume and self.overwrite),
                    "false with run.resume=true (continue the run, or replace it: not both)")
+        from respo_jax.training.trackers import TRACKERS, parse_loggers
+
+        self._need("loggers", parse_loggers(self.loggers) is not None,
+                   f"comma-separated names among {list(TRACKERS)} (jsonl is always on)")
 
 
 def validate_sections(config) -> None:
@@ -466,8 +481,9 @@ class ExperimentConfig:
 
     def check_paths(self) -> "ExperimentConfig":
         """Checks the local files the config names (model checkpoint, task data, tokenizer) exist and
-        parse; `ConfigError` otherwise. Separate from `validate`, which is pure: a saved config stays
-        valid where its files are not (e.g. evaluated on another machine). The trainer calls both."""
+        parse, and that the reward is registered here; `ConfigError` otherwise. Separate from `validate`,
+        which is pure: a saved config stays valid where its files (or a user reward) are not (e.g.
+        evaluated on another machine). The trainer calls both."""
         self.model.check_paths()
         self.task.check_paths()
         return self

@@ -1,9 +1,10 @@
 """The RL loop of paper §4.1 at any scale: sample a rollout batch, score it, reuse it for N updates.
 
 One iteration = `reuse * prompts_per_minibatch` prompts × `group_size` responses from the jitted
-sampler, strict-box rewards, group-normalized advantages, log π_old recomputed by a forward pass of the
-rollout-time parameters (at the rollout temperature, with the entropy of the full distribution), then
-`reuse` (N) mini-batch updates of the chosen objective — consecutive, or in verl's length-balanced order.
+sampler, the task's reward (strict box by default), group-normalized advantages, log π_old recomputed
+by a forward pass of the rollout-time parameters (at the rollout temperature, with the entropy of the
+full distribution), then `reuse` (N) mini-batch updates of the chosen objective — consecutive, or in
+verl's length-balanced order.
 This module is the thin shell around the pure parts: it owns the loop, progress and the metric records
 (App. E.3 diagnostics pooled over the rollout batch) and keeps the per-response rollout of the last
 iteration (`last_rollout`); writing files is the caller's (`experiments/train.py`).
@@ -39,7 +40,7 @@ from respo_jax.eval.positive_branch import pooled_diagnostics
 from respo_jax.host_allocator import host_allocator_settings, release_host_memory
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
-from respo_jax.rewards import overlong_penalty, strict_box_score
+from respo_jax.rewards import SCORED, TIMED_OUT, RewardScorer, get_reward, overlong_penalty
 from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.sharding import (
     ShardingRules,
@@ -177,6 +178,8 @@ class RLTrainer:
         self._batch_shapes: set[tuple] = set()  # policy-batch shapes run so far
         self.engine = EngineConfig(prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows)
         self.last_rollout: dict | None = None  # per-response arrays of the last iteration (rollout file)
+        self.reward, self.reward_counts = RewardScorer(get_reward(config.task.reward)), {}
+        self.take_reward_counts()
         self.mesh, self.rules = build_mesh(config), ShardingRules()
         self._check_limits()  # before the model is built or read
         model = build_model(config, self.tokenizer.vocab_size, self.mesh, self.rules)
@@ -268,25 +271,39 @@ class RLTrainer:
         self.state.iteration, self.state.policy_updates = int(meta["iteration"]), int(meta["policy_updates"])
         self.batches.set_state(meta["batches"])
 
-    def score(self, tokens: np.ndarray, lengths: np.ndarray, answers: list[str]) -> np.ndarray:
-        """Strict-box score (±1) of each response + the overlong penalty when configured: [batch] float32."""
+    def score(self, tokens: np.ndarray, lengths: np.ndarray,
+              records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        """The `task.reward` of each response (`respo_jax.rewards.scoring`; strict box ±1 by default) + the
+        overlong penalty when configured: scores [batch] float32, and each reward's status [batch] int8
+        (SCORED, FAILED or TIMED_OUT: a failed reward scores its `failure_score`, penalty added)."""
         task_cfg = self.config.task
-        scores = np.array([
-            strict_box_score(self.prompt_format.solution_text(self.tokenizer.decode(tokens[i, : lengths[i]])), answer)
-            for i, answer in enumerate(answers)
-        ], np.float32)
+        texts = [self.prompt_format.solution_text(self.tokenizer.decode(tokens[i, : lengths[i]]))
+                 for i in range(len(records))]
+        scores, status = self.reward(records, texts)
         if task_cfg.overlong_buffer_length > 0:
             scores += overlong_penalty(lengths, self.config.rollout.max_new_tokens, task_cfg.overlong_buffer_length,
                                        task_cfg.overlong_penalty_factor)
-        return scores
+        return scores, status
 
-    def _score_shared(self, tokens: np.ndarray, lengths: np.ndarray, answers: list[str]) -> np.ndarray:
+    def _score_shared(self, tokens: np.ndarray, lengths: np.ndarray, records: list[dict],
+                      count: bool = True) -> np.ndarray:
         """`score` of every response, each process verifying its even share of them
         (`respo_jax.distributed.process_share`; all in one process) and the scores then exchanged, so
-        the (host-bound) reward work is split over the hosts and every process ends up with all scores."""
-        share = process_share(len(answers))
-        scores = self.score(tokens[share], lengths[share], take_rows(answers, share))
-        return gather_rows(scores, share, len(answers))
+        the (host-bound) reward work is split over the hosts and every process ends up with all scores.
+        With `count`, the failed and timed-out rewards are added to `reward_counts` (the next metrics
+        record's `reward_failures` / `reward_timeouts`, see `take_reward_counts`)."""
+        share = process_share(len(records))
+        scores, status = self.score(tokens[share], lengths[share], take_rows(records, share))
+        status = gather_rows(status, share, len(records))
+        if count:
+            self.reward_counts["reward_failures"] += int(np.sum(status != SCORED))
+            self.reward_counts["reward_timeouts"] += int(np.sum(status == TIMED_OUT))
+        return gather_rows(scores, share, len(records))
+
+    def take_reward_counts(self) -> dict:
+        """The failed / timed-out rewards counted since the last call (responses, this iteration's)."""
+        counts, self.reward_counts = self.reward_counts, {"reward_failures": 0, "reward_timeouts": 0}
+        return counts
 
     def _encode(self, record: dict) -> list[int]:
         return encode_prompt(record["problem"], self.tokenizer, self.prompt_format)
@@ -353,8 +370,8 @@ class RLTrainer:
         # Every process gets every response (a gather across processes): the layout of the policy
         # batches (bucketed lengths, verl's balanced order), the metrics and the rollout file need them.
         out = jax.tree.map(to_host, out)
-        answers = [rec["answer"] for rec in records for _ in range(r.group_size)]
-        scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths), answers)
+        scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths),
+                                    [rec for rec in records for _ in range(r.group_size)])
         expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
         return expanded_prompts, out, scores
 
@@ -513,6 +530,7 @@ class RLTrainer:
             "iteration_seconds": time.perf_counter() - started,
             "compiles": compiled.compiles,
             "compile_seconds": compiled.seconds,
+            **self.take_reward_counts(),
         }
         for key in step_metrics[0]:
             values = np.array([float(m[key]) for m in step_metrics])
@@ -554,15 +572,16 @@ class RLTrainer:
         }
 
     def evaluate(self) -> float | None:
-        """Greedy accuracy (strict box) on the held-out records; None when there are none."""
+        """Greedy accuracy (the share of responses whose `task.reward` + penalty is > 0; strict box by
+        default) on the held-out records; None when there are none."""
         if not self.held_out:
             return None
         prompts = [self._encode(rec) for rec in self.held_out]
         params = SamplingParams(max_new_tokens=self.config.rollout.max_new_tokens, temperature=0.0,
                                 eos_token_ids=self.tokenizer.eos_ids)
         out = jax.tree.map(to_host, generate(self.model(), prompts, params, engine=self.engine))
-        scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths),
-                                    [rec["answer"] for rec in self.held_out])
+        scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths), self.held_out,
+                                    count=False)
         return float(np.mean(scores > 0))
 
 

@@ -43,14 +43,18 @@ CHECKPOINT_DIR = "checkpoints"
 ROLLOUT_DIR = "rollouts"
 # devices, mesh axis sizes and where the parameters live (param_bytes_total, param_bytes_max_per_device)
 RUN_INFO_FILE = "run_info.json"
+# what respo_jax.training.trackers writes here: TensorBoard's event files, the W&B run id and last row
+TENSORBOARD_DIR = "tensorboard"
+WANDB_FILE = "wandb_run.json"
 RUN_ENTRIES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CURVES_FILE, CHECKPOINT_DIR, ROLLOUT_DIR,
-               RUN_INFO_FILE)
+               RUN_INFO_FILE, TENSORBOARD_DIR, WANDB_FILE)
 ROLLOUT_FILE = re.compile(r"iteration_(\d{6,})\.npz")
 # What a run that failed to write (a full disk) tells the user to do: its checkpoints are intact.
 RESUME_HINT = "the checkpoints written so far are kept; make room and rerun with run.resume=true"
 
 # Config keys that may differ between a run and its resumption: how long it runs, how often it
-# checkpoints, what it shows, where the directory lives, host-side allocator settings, and how much
+# checkpoints, what it shows (progress, and the trackers besides metrics.jsonl: a tracker added on
+# resume receives the whole log), where the directory lives, host-side allocator settings, and how much
 # memory a step may use (rows per micro-batch of the update and of log π_old, rows per sampler chunk:
 # the same computation split differently, so a resumed run that changes them equals the uninterrupted
 # one to float round-off instead of bit for bit), when programs compile, and the device mesh (the same
@@ -62,7 +66,7 @@ RESUMABLE_KEYS = frozenset({
     "run.iterations", "run.policy_updates", "run.checkpoint_every", "run.progress", "run.resume",
     "run.overwrite", "run.out_dir", "run.host_allocator", "rollout.max_tokens_per_microbatch",
     "rollout.sampler_max_rows", "rollout.compile_ahead", "mesh.data", "mesh.fsdp", "mesh.tensor",
-    "mesh.expert",
+    "mesh.expert", "run.loggers",
 })
 
 
