@@ -359,6 +359,9 @@ class RunConfig(_Section):
     progress: bool = True
     # Keep XLA's host buffers mapped between steps (respo_jax.host_allocator); applied at start-up.
     host_allocator: bool = True
+    # The persistent XLA compilation cache (respo_jax.training.compilation.resolve_cache_dir): "" is
+    # $JAX_COMPILATION_CACHE_DIR or ~/.cache/respo_jax/jax_compilation_cache, "none" turns it off.
+    compilation_cache_dir: str = ""
 
     def validate(self) -> None:
         self._check_types()

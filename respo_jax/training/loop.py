@@ -494,6 +494,7 @@ class RLTrainer:
             "iteration_seconds": time.perf_counter() - started,
             "compiles": compiled.compiles,
             "compile_seconds": compiled.seconds,
+            "compile_cache_hits": compiled.cache_hits,
         }
         for key in step_metrics[0]:
             values = np.array([float(m[key]) for m in step_metrics])
