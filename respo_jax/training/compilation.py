@@ -78,6 +78,38 @@ def compilation_totals() -> CompilationTotals:
         return CompilationTotals(_totals["compiles"], _totals["seconds"], _totals["cache_hits"])
 
 
+def memory_maps() -> tuple[int, int] | None:
+    """(memory mappings this process holds, the kernel's per-process limit `vm.max_map_count`), or None
+    where /proc does not say (not Linux)."""
+    try:
+        with open("/proc/sys/vm/max_map_count", encoding="ascii") as handle:
+            limit = int(handle.read())
+        with open("/proc/self/maps", "rb") as handle:
+            held = sum(1 for _ in handle)
+    except (OSError, ValueError):
+        return None
+    return held, limit
+
+
+def drop_programs_near_map_limit(fraction: float = 0.75) -> tuple[int, int] | None:
+    """Drops every compiled program from JAX's in-memory caches (`jax.clear_caches`) when this process
+    holds more than `fraction` of its memory-mapping limit; returns the (held, limit) that triggered
+    it, else None.
+
+    Why: XLA:CPU maps the code of every program it compiles into the process (~230 mappings for one
+    program of a small model) and keeps it while the program is cached. A run that meets many shapes
+    would reach `vm.max_map_count` and the next compilation would fail inside LLVM ("Cannot allocate
+    memory", then a segmentation fault) with gigabytes of RAM free. Programs needed again afterwards
+    are read back from the persistent compilation cache (or compiled anew without one)."""
+    maps = memory_maps()
+    if maps is None or maps[0] <= fraction * maps[1]:
+        return None
+    import jax
+
+    jax.clear_caches()
+    return maps
+
+
 def resolve_cache_dir(setting: str) -> str | None:
     """The persistent compilation cache directory a `compilation_cache_dir` setting names: "none" is
     off (None); a path is that path; "" (the default) is `$JAX_COMPILATION_CACHE_DIR` when set, else

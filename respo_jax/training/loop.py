@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from typing import Iterator
 
@@ -57,7 +58,7 @@ from respo_jax.training.batch import (
     microbatch_size,
     replay_routing,
 )
-from respo_jax.training.compilation import compilation_totals
+from respo_jax.training.compilation import compilation_totals, drop_programs_near_map_limit
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.step import (
@@ -168,6 +169,7 @@ class RLTrainer:
         r = config.rollout
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.train_records, self._prompt_lengths = train_records, None
+        self._check_prompt_buckets()  # before the model is built: a refusal costs seconds, not minutes
         self._compiled_ahead = not r.compile_ahead  # compile_ahead() runs at the first iteration
         self.objective = get_objective(config.objective.name, **config.objective.hparams)
         if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
@@ -197,6 +199,23 @@ class RLTrainer:
                                              load_balancing_weight=config.objective.load_balancing_weight)
         self._old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
                                              shardings=self.shardings)
+
+    def _check_prompt_buckets(self) -> None:
+        """The training prompts fall in at most `rollout.max_prompt_buckets` prompt buckets (ConfigError
+        naming a coarser `rollout.prompt_bucket` that fits): the programs a run compiles stay bounded."""
+        r = self.config.rollout
+        buckets = self.prompt_buckets()
+        if len(buckets) <= r.max_prompt_buckets:
+            return
+        lengths = sorted(self._prompt_lengths)
+        fits = r.prompt_bucket
+        while len({bucket_length(n, fits) for n in lengths}) > r.max_prompt_buckets:
+            fits += 16
+        raise ConfigError(
+            f"rollout.prompt_bucket={r.prompt_bucket}: the training prompts ({lengths[0]}-{lengths[-1]} tokens) "
+            f"fall in {len(buckets)} prompt buckets, more than rollout.max_prompt_buckets={r.max_prompt_buckets} "
+            "(each bucket compiles its own sampler, log pi_old and update programs, and XLA:CPU runs out of "
+            f"memory mappings after a few dozen); set rollout.prompt_bucket={fits} or more")
 
     def _check_mesh_fits(self, model_cfg) -> None:
         """What the mesh and the MoE options need, checked before any compute (ConfigError)."""
@@ -381,6 +400,7 @@ class RLTrainer:
                                              np.zeros(rows, np.float32), routing)
             self._old_logprobs.lower(self.state.params, batch, micro).compile()
             self._policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
+            _drop_programs_near_map_limit()
         self._release_host_memory()  # what compiling freed, before the first step allocates
         return len(buckets)
 
@@ -392,6 +412,7 @@ class RLTrainer:
             if shape in self._batch_shapes:
                 return
             self._batch_shapes.add(shape)
+            _drop_programs_near_map_limit()  # a new shape: new programs follow
         if host_allocator_settings()["applied"]:
             release_host_memory()
 
@@ -546,6 +567,15 @@ class RLTrainer:
         scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths),
                                     [rec["answer"] for rec in self.held_out])
         return float(np.mean(scores > 0))
+
+
+def _drop_programs_near_map_limit() -> None:
+    """`respo_jax.training.compilation.drop_programs_near_map_limit`, said on stderr when it drops."""
+    maps = drop_programs_near_map_limit()
+    if maps is not None:
+        print(f"dropped the compiled programs from memory: this process held {maps[0]:,} of its {maps[1]:,} "
+              "memory mappings (vm.max_map_count); programs needed again are reloaded from the compilation "
+              "cache", file=sys.stderr)
 
 
 def check_finite_steps(step_metrics: list[dict], iteration: int) -> None:

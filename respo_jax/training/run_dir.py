@@ -55,7 +55,8 @@ ROLLOUT_FILE = re.compile(r"iteration_(\d{6,})\.npz")
 RESUMABLE_KEYS = frozenset({
     "run.iterations", "run.policy_updates", "run.checkpoint_every", "run.progress", "run.resume",
     "run.overwrite", "run.out_dir", "run.host_allocator", "rollout.max_tokens_per_microbatch",
-    "rollout.sampler_max_rows", "rollout.compile_ahead", "run.compilation_cache_dir", "mesh.data", "mesh.fsdp", "mesh.tensor",
+    "rollout.sampler_max_rows", "rollout.compile_ahead", "rollout.max_prompt_buckets",
+    "run.compilation_cache_dir", "mesh.data", "mesh.fsdp", "mesh.tensor",
     "mesh.expert",
 })
 

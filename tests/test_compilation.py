@@ -1,8 +1,10 @@
-"""The persistent compilation cache (`run.compilation_cache_dir`): where it lives, that a second launch
-of one configuration reads every program from it and trains identically, and that a changed
-configuration compiles anew and still trains.
+"""What a run compiles: the persistent compilation cache (`run.compilation_cache_dir`: where it lives,
+that a second launch of one configuration reads every program from it and trains identically, that a
+changed configuration compiles anew and still trains) and the bound on programs (a fine prompt-bucket
+grid refused at start-up; compiled programs dropped from memory before XLA:CPU runs out of memory
+mappings, with the run unchanged).
 
-The launches are subprocesses: the cache is a process-wide JAX setting, initialised once per process.
+The cache launches are subprocesses: the cache is a process-wide JAX setting, initialised once per process.
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ import sys
 
 import pytest
 
+from experiments.train import DEFAULT_CONFIG, cli, load_config
+from respo_jax.training import compilation
+from respo_jax.training.batch import bucket_length
 from respo_jax.training.compilation import configure_compilation_cache, resolve_cache_dir
-from respo_jax.training.config import ConfigError
+from respo_jax.training.config import ConfigError, apply_overrides
+from respo_jax.training.loop import RLTrainer, load_task
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
 TINY = [
     'model.overrides={"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, '
     '"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}',
@@ -98,3 +105,44 @@ def test_a_second_launch_reads_every_program_from_the_cache_and_a_changed_config
     assert _entries(cache) > written
     assert len(_rl(changed)) == 2  # and it trains
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in _rl(changed))
+
+
+def test_a_fine_prompt_bucket_grid_is_refused_at_start_up_naming_a_bucket_that_fits(tmp_path, capsys):
+    """DAPO-Math at the synthetic task's 16-token bucket: 50 prompt buckets, whose programs once crashed the
+    compiler (vm.max_map_count exhausted, ~1,200 mappings per bucket measured for a small model)."""
+    out = tmp_path / "run"
+    dapo = ["task.name=dapo_math", f"task.data_dir={SHARED / 'data'}",
+            f"task.tokenizer_dir={SHARED / 'tokenizers' / 'qwen3'}", "task.chat_template=false", "warmup.steps=0"]
+    assert cli(TINY + dapo + ["rollout.prompt_bucket=16", f"run.out_dir={out}"]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and message.startswith("error: rollout.prompt_bucket=16: ")
+    assert "50 prompt buckets, more than rollout.max_prompt_buckets=16" in message, message
+    assert not out.exists()  # refused before anything was written
+    fits = int(message.split("set rollout.prompt_bucket=")[1].split()[0])
+    config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + dapo)
+    tokenizer, fmt, train, _, _ = load_task(config)
+    from respo_jax.data.prompts import encode_prompt
+
+    lengths = {len(encode_prompt(rec["problem"], tokenizer, fmt)) for rec in train}
+    assert len({bucket_length(n, fits) for n in lengths}) <= 16 < len({bucket_length(n, fits - 16) for n in lengths})
+
+
+def test_programs_dropped_near_the_mapping_limit_leave_the_run_unchanged(monkeypatch, capsys):
+    def run() -> list[dict]:
+        trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["rollout.compile_ahead=true"]))
+        return [{k: v for k, v in trainer.iteration().items() if k not in PROCESS_KEYS} for _ in range(2)]
+
+    reference = run()
+    assert "dropped the compiled programs" not in capsys.readouterr().err
+    held = compilation.memory_maps()
+    assert held is not None and 0 < held[0] < held[1]  # Linux: the count and the limit are read
+    drops = []
+
+    def near_the_limit():
+        drops.append(1)
+        return 100, 101  # as if this process were about to exhaust its mappings
+
+    monkeypatch.setattr(compilation, "memory_maps", near_the_limit)
+    assert run() == reference  # every program dropped at every new shape, reloaded or recompiled: same run
+    assert drops and "dropped the compiled programs from memory: this process held 100 of its 101" \
+        in capsys.readouterr().err
