@@ -56,6 +56,7 @@ from respo_jax.eval.completions import (
     summary_markdown,
 )
 from respo_jax.eval.config import LOADER_NAMES, SYNTHETIC, EvalConfig, EvalSettings
+from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.config import ExperimentConfig, apply_overrides, config_from_dict
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "eval_paper.py")
@@ -408,6 +409,7 @@ def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings
 def evaluate(config: EvalConfig) -> dict:
     """Runs (or resumes) the evaluation `config` describes; returns the summary plus bookkeeping."""
     settings = config.eval
+    configure_compilation_cache(settings.compilation_cache_dir, key="eval.compilation_cache_dir")
     checkpoint = resolve_checkpoint(settings)
     problems = load_problems(settings, checkpoint)
     protocol = protocol_of(settings, checkpoint)

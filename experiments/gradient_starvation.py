@@ -45,6 +45,7 @@ from respo_jax.eval.report import ReportError, Run, _write_atomic, load_run, pos
 from respo_jax.eval.statistics import early_peak, late_mean
 from respo_jax.files import file_sha256
 from respo_jax.training import run_dir
+from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.run_lock import RunLock
 from respo_jax.training.sweep import Cell, StarvationConfig
@@ -476,13 +477,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _sweep(config: StarvationConfig, report_only: bool) -> dict:
-    if config.sweep.compilation_cache:
-        import jax
-
-        jax.config.update("jax_compilation_cache_dir", os.path.abspath(os.path.join(config.sweep.runs_dir,
-                                                                                     ".jax_cache")))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    configure_compilation_cache(config.compilation_cache_dir, key="sweep.compilation_cache")
     if report_only:
         base_dir = config.base_dir
         if not os.path.isfile(os.path.join(base_dir, BASE_INFO)):

@@ -36,6 +36,7 @@ from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.distributed import initialize_from_env, is_primary_process, sync_processes
 from respo_jax.host_allocator import configure_host_allocator, expected_platform
 from respo_jax.training import run_dir
+from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.checkpoint import (
     CheckpointError,
     Restored,
@@ -126,6 +127,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
     plan = run_dir.plan_run_dir(config)
     if config.run.host_allocator and expected_platform() == "cpu":
         configure_host_allocator()
+    configure_compilation_cache(config.run.compilation_cache_dir)
     out_dir = config.run.out_dir
     checkpoint_dir = os.path.join(out_dir, run_dir.CHECKPOINT_DIR)
     trainer = RLTrainer(config)

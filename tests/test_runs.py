@@ -64,7 +64,7 @@ TINY_RUN = [
     "task.num_records=64", "run.eval_problems=4", "run.progress=false", "run.host_allocator=false",
 ]
 # Depend on the process, not the run: a resumed process compiles its programs again.
-TIMING_KEYS = ("rollout_seconds", "iteration_seconds", "compiles", "compile_seconds")
+TIMING_KEYS = ("rollout_seconds", "iteration_seconds", "compiles", "compile_seconds", "compile_cache_hits")
 
 
 # ----------------------------------------------------------------------------------------- helpers

@@ -309,7 +309,7 @@ def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == 2 and rl[-1]["policy_updates"] == 4
     for key in ("train_accuracy", "score", "log_w_mean", "clip_fraction", "sampler_trainer_logp_gap", "approx_kl",
-                "compiles", "compile_seconds"):
+                "compiles", "compile_seconds", "compile_cache_hits"):
         assert key in rl[0], key
     # Bucketed shapes: the first iteration compiles the sampler, log-prob and update programs, the
     # second (same buckets) compiles nothing.

@@ -69,6 +69,7 @@ class EvalSettings:
     bootstrap_seed: int = 0
     overwrite: bool = False
     progress: bool = True
+    compilation_cache_dir: str = ""  # as run.compilation_cache_dir: "" the default cache, "none" off
 
     def benchmark_names(self) -> list[str]:
         return [name.strip() for name in self.benchmarks.split(",") if name.strip()]

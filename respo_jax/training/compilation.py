@@ -3,13 +3,21 @@
 JAX reports every backend compilation, and the tracing and lowering before it, as duration events
 (`jax.monitoring`); one listener, registered on first use, adds them up. A compilation served from
 the in-memory jit caches emits nothing, so the count is the number of programs XLA actually compiled
-(the persistent compilation cache, when enabled, still reports its cache hits as compilations: their
-backend time is the cache read).
+(the persistent compilation cache still reports its cache hits as compilations: their backend time is
+the cache read; `cache_hits` counts how many of them the cache served).
+
+The persistent compilation cache is configured once per process by `configure_compilation_cache`, from
+`run.compilation_cache_dir` (training, the sweep's cells) or `eval.compilation_cache_dir` (evaluation):
+a researcher launches one configuration many times (seeds, objectives, N), and every launch after the
+first reads its programs from disk instead of compiling them. JAX keys each entry by the program, the
+compile options, the devices and the JAX/jaxlib versions, so an entry is only ever used for the very
+program that produced it; a changed config lowers to another program and compiles anew.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 from jax import monitoring
@@ -18,6 +26,11 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # Tracing to a jaxpr and lowering to StableHLO: part of what a new shape costs besides XLA itself.
 FRONTEND_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration")
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # a program read from the persistent cache
+# The cache's size limit. A limit (rather than JAX's default of none) also makes JAX take a file lock
+# around every read and write of the cache, which is what makes one cache directory safe for several
+# concurrent runs and processes (without it an entry is written in place and can be read half-written).
+CACHE_MAX_BYTES = 16 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,13 +39,15 @@ class CompilationTotals:
 
     compiles: int
     seconds: float
+    cache_hits: int = 0  # of `compiles`, those the persistent compilation cache served
 
     def __sub__(self, other: "CompilationTotals") -> "CompilationTotals":
-        return CompilationTotals(self.compiles - other.compiles, self.seconds - other.seconds)
+        return CompilationTotals(self.compiles - other.compiles, self.seconds - other.seconds,
+                                 self.cache_hits - other.cache_hits)
 
 
 _lock = threading.Lock()
-_totals = {"compiles": 0, "seconds": 0.0}
+_totals = {"compiles": 0, "seconds": 0.0, "cache_hits": 0}
 _registered = False
 
 
@@ -46,11 +61,103 @@ def _listener(event: str, duration: float, **_) -> None:
             _totals["seconds"] += duration
 
 
+def _event_listener(event: str, **_) -> None:
+    if event == CACHE_HIT_EVENT:
+        with _lock:
+            _totals["cache_hits"] += 1
+
+
 def compilation_totals() -> CompilationTotals:
     """This process's compilations since the first call of this function (which starts counting)."""
     global _registered
     with _lock:
         if not _registered:
             monitoring.register_event_duration_secs_listener(_listener)
+            monitoring.register_event_listener(_event_listener)
             _registered = True
-        return CompilationTotals(_totals["compiles"], _totals["seconds"])
+        return CompilationTotals(_totals["compiles"], _totals["seconds"], _totals["cache_hits"])
+
+
+def memory_maps() -> tuple[int, int] | None:
+    """(memory mappings this process holds, the kernel's per-process limit `vm.max_map_count`), or None
+    where /proc does not say (not Linux)."""
+    try:
+        with open("/proc/sys/vm/max_map_count", encoding="ascii") as handle:
+            limit = int(handle.read())
+        with open("/proc/self/maps", "rb") as handle:
+            held = sum(1 for _ in handle)
+    except (OSError, ValueError):
+        return None
+    return held, limit
+
+
+def drop_programs_near_map_limit(fraction: float = 0.75) -> tuple[int, int] | None:
+    """Drops every compiled program from JAX's in-memory caches (`jax.clear_caches`) when this process
+    holds more than `fraction` of its memory-mapping limit; returns the (held, limit) that triggered
+    it, else None.
+
+    Why: XLA:CPU maps the code of every program it compiles into the process (~230 mappings for one
+    program of a small model) and keeps it while the program is cached. A run that meets many shapes
+    would reach `vm.max_map_count` and the next compilation would fail inside LLVM ("Cannot allocate
+    memory", then a segmentation fault) with gigabytes of RAM free. Programs needed again afterwards
+    are read back from the persistent compilation cache (or compiled anew without one)."""
+    maps = memory_maps()
+    if maps is None or maps[0] <= fraction * maps[1]:
+        return None
+    import jax
+
+    jax.clear_caches()
+    return maps
+
+
+def resolve_cache_dir(setting: str) -> str | None:
+    """The persistent compilation cache directory a `compilation_cache_dir` setting names: "none" is
+    off (None); a path is that path; "" (the default) is `$JAX_COMPILATION_CACHE_DIR` when set, else
+    `$XDG_CACHE_HOME/respo_jax/jax_compilation_cache` (`~/.cache/...` without XDG_CACHE_HOME)."""
+    if setting.strip().lower() == "none":
+        return None
+    if setting:
+        return os.path.abspath(os.path.expanduser(setting))
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.path.abspath(os.path.expanduser(os.environ["JAX_COMPILATION_CACHE_DIR"]))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "respo_jax", "jax_compilation_cache")
+
+
+def configure_compilation_cache(setting: str, key: str = "run.compilation_cache_dir") -> str | None:
+    """Points this process's persistent compilation cache at `resolve_cache_dir(setting)` (None: turns
+    it off) and returns the directory. Every program is cached, however fast it compiled (JAX's default
+    skips those under a second, which on CPU are most of a small run's). Takes effect for the
+    compilations that follow, also in a process that compiled before (the cache is re-initialised).
+    ConfigError (one line naming `key`) when the directory cannot be created or written."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from respo_jax.training.config import ConfigError
+
+    path = resolve_cache_dir(setting)
+    if path is not None:
+        try:
+            os.makedirs(path, exist_ok=True)
+            if not os.access(path, os.W_OK):
+                raise PermissionError("not writable")
+        except OSError as err:
+            reason = err.strerror or str(err)
+            raise ConfigError(f"{key}={setting!r}: cannot use {path!r} as the compilation cache ({reason}); "
+                              "name a writable directory, or none to turn the cache off") from None
+    if path == jax.config.jax_compilation_cache_dir and _configured.get("path", "unset") == path:
+        return path  # already in force: keep the initialised cache
+    jax.config.update("jax_compilation_cache_dir", path)
+    if path is not None:
+        if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        if "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES" not in os.environ:
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+            jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+    compilation_cache.reset_cache()
+    _configured["path"] = path
+    return path
+
+
+_configured: dict[str, str | None] = {}

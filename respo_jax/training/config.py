@@ -228,6 +228,11 @@ class RolloutConfig(_Section):
       programs for every prompt bucket the training prompts can need (at the longest response
       bucket), so no later iteration stops to compile when a batch meets a new bucket
       (`RLTrainer.compile_ahead`). Costs start-up time for buckets a short run may never meet.
+    - `max_prompt_buckets`: the most prompt buckets the training prompts may fall in (checked at
+      start-up). Each bucket is its own set of sampler, log π_old and update programs, and every
+      program XLA:CPU compiles keeps its code mapped in the process: a fine grid over long-tailed prompt
+      lengths (DAPO-Math at `prompt_bucket=16`: 50 buckets, ~1,200 mappings each for a small model)
+      exhausts the kernel's per-process limit (vm.max_map_count, 65,530) and the compiler crashes.
     """
 
     section = "rollout"
@@ -252,13 +257,14 @@ class RolloutConfig(_Section):
     # recomputation of log π_old and every policy forward reuse them (gate weights still come from the
     # current router, which keeps its gradient), so sampler and trainer run the same experts.
     routing_replay: bool = False
+    max_prompt_buckets: int = 16
 
     def validate(self) -> None:
         from respo_jax.sampling import SamplingParams
 
         self._check_types()
         for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks", "prompt_bucket",
-                     "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows"):
+                     "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
         self._need("minibatch_order", self.minibatch_order in ("consecutive", "balanced"),
                    "'consecutive' or 'balanced'")
@@ -375,6 +381,9 @@ class RunConfig(_Section):
     # Where every metric row goes: "jsonl" (metrics.jsonl, always on) plus "tensorboard" and/or "wandb",
     # comma-separated (respo_jax.training.trackers; pip install -e ".[tracking]").
     loggers: str = "jsonl"
+    # The persistent XLA compilation cache (respo_jax.training.compilation.resolve_cache_dir): "" is
+    # $JAX_COMPILATION_CACHE_DIR or ~/.cache/respo_jax/jax_compilation_cache, "none" turns it off.
+    compilation_cache_dir: str = ""
 
     def validate(self) -> None:
         self._check_types()

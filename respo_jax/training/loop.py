@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from typing import Iterator
 
@@ -58,7 +59,7 @@ from respo_jax.training.batch import (
     microbatch_size,
     replay_routing,
 )
-from respo_jax.training.compilation import compilation_totals
+from respo_jax.training.compilation import compilation_totals, drop_programs_near_map_limit
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.limits import check_limits, device_memory_bytes
 from respo_jax.training.minibatches import minibatch_rows
@@ -170,6 +171,7 @@ class RLTrainer:
         r = config.rollout
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.train_records, self._prompt_lengths = train_records, None
+        self._check_prompt_buckets()  # before the model is built: a refusal costs seconds, not minutes
         self._compiled_ahead = not r.compile_ahead  # compile_ahead() runs at the first iteration
         self.objective = get_objective(config.objective.name, **config.objective.hparams)
         if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
@@ -219,6 +221,23 @@ class RLTrainer:
         self.prompt_buckets()  # tokenizes the training prompts once (also needed by compile_ahead)
         longest = max([*self._prompt_lengths, *(len(self._encode(rec)) for rec in self.held_out)])
         check_limits(self.config, model_cfg, longest, device_memory_bytes(self.mesh.devices.flat))
+
+    def _check_prompt_buckets(self) -> None:
+        """The training prompts fall in at most `rollout.max_prompt_buckets` prompt buckets (ConfigError
+        naming a coarser `rollout.prompt_bucket` that fits): the programs a run compiles stay bounded."""
+        r = self.config.rollout
+        buckets = self.prompt_buckets()
+        if len(buckets) <= r.max_prompt_buckets:
+            return
+        lengths = sorted(self._prompt_lengths)
+        fits = r.prompt_bucket
+        while len({bucket_length(n, fits) for n in lengths}) > r.max_prompt_buckets:
+            fits += 16
+        raise ConfigError(
+            f"rollout.prompt_bucket={r.prompt_bucket}: the training prompts ({lengths[0]}-{lengths[-1]} tokens) "
+            f"fall in {len(buckets)} prompt buckets, more than rollout.max_prompt_buckets={r.max_prompt_buckets} "
+            "(each bucket compiles its own sampler, log pi_old and update programs, and XLA:CPU runs out of "
+            f"memory mappings after a few dozen); set rollout.prompt_bucket={fits} or more")
 
     def _check_mesh_fits(self, model_cfg) -> None:
         """What the mesh and the MoE options need, checked before any compute (ConfigError)."""
@@ -417,6 +436,7 @@ class RLTrainer:
                                              np.zeros(rows, np.float32), routing)
             self._old_logprobs.lower(self.state.params, batch, micro).compile()
             self._policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
+            _drop_programs_near_map_limit()
         self._release_host_memory()  # what compiling freed, before the first step allocates
         return len(buckets)
 
@@ -428,6 +448,7 @@ class RLTrainer:
             if shape in self._batch_shapes:
                 return
             self._batch_shapes.add(shape)
+            _drop_programs_near_map_limit()  # a new shape: new programs follow
         if host_allocator_settings()["applied"]:
             release_host_memory()
 
@@ -531,6 +552,7 @@ class RLTrainer:
             "compiles": compiled.compiles,
             "compile_seconds": compiled.seconds,
             **self.take_reward_counts(),
+            "compile_cache_hits": compiled.cache_hits,
         }
         for key in step_metrics[0]:
             values = np.array([float(m[key]) for m in step_metrics])
@@ -583,6 +605,15 @@ class RLTrainer:
         scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths), self.held_out,
                                     count=False)
         return float(np.mean(scores > 0))
+
+
+def _drop_programs_near_map_limit() -> None:
+    """`respo_jax.training.compilation.drop_programs_near_map_limit`, said on stderr when it drops."""
+    maps = drop_programs_near_map_limit()
+    if maps is not None:
+        print(f"dropped the compiled programs from memory: this process held {maps[0]:,} of its {maps[1]:,} "
+              "memory mappings (vm.max_map_count); programs needed again are reloaded from the compilation "
+              "cache", file=sys.stderr)
 
 
 def check_finite_steps(step_metrics: list[dict], iteration: int) -> None:

@@ -141,6 +141,13 @@ class StarvationConfig:
     def base_dir(self) -> str:
         return os.path.join(self.sweep.runs_dir, BASE_DIR)
 
+    @property
+    def compilation_cache_dir(self) -> str:
+        """Every cell's and the base run's `run.compilation_cache_dir`: the sweep's own cache, or none."""
+        if not self.sweep.compilation_cache:
+            return "none"
+        return os.path.abspath(os.path.join(self.sweep.runs_dir, ".jax_cache"))
+
     def cell_dir(self, cell: Cell) -> str:
         return os.path.join(self.sweep.runs_dir, CELLS_DIR, cell.name)
 
@@ -149,7 +156,8 @@ class StarvationConfig:
         return ExperimentConfig(
             model=self.model, task=self.task, rollout=self.rollout, optim=self.optim, warmup=self.warmup,
             run=dataclasses.replace(self.run, seed=self.sweep.base_seed, policy_updates=0, iterations=1,
-                                    out_dir=self.base_dir, resume=False, overwrite=False),
+                                    out_dir=self.base_dir, resume=False, overwrite=False,
+                                    compilation_cache_dir=self.compilation_cache_dir),
         )
 
     def experiment(self, cell: Cell, out_dir: str | None = None) -> ExperimentConfig:
@@ -163,5 +171,6 @@ class StarvationConfig:
             optim=self.optim,
             warmup=dataclasses.replace(self.warmup, steps=0),
             run=dataclasses.replace(self.run, seed=cell.seed, policy_updates=self.sweep.policy_updates,
-                                    out_dir=out_dir or self.cell_dir(cell), resume=False, overwrite=True),
+                                    out_dir=out_dir or self.cell_dir(cell), resume=False, overwrite=True,
+                                    compilation_cache_dir=self.compilation_cache_dir),
         )
