@@ -3,6 +3,7 @@ is one line on stderr and an exit status, never a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable
 
@@ -34,3 +35,12 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str],
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An `argparse.ArgumentParser` whose usage errors (an unknown flag, a bad flag value) raise
+    ConfigError, so that `run_cli` prints them as one line with exit status 2 instead of argparse's
+    usage text."""
+
+    def error(self, message: str):
+        raise ConfigError(f"{message} (see --help)")

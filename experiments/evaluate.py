@@ -45,7 +45,7 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
-from experiments.cli import run_cli, run_failures
+from experiments.cli import ArgumentParser, run_cli, run_failures
 from experiments.train import load_config
 from respo_jax.data import (
     ArithmeticTask,
@@ -591,8 +591,7 @@ def evaluate(config: EvalConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("overrides", nargs="*", help="eval.field=value overrides")
     args = parser.parse_args(argv)

@@ -99,8 +99,9 @@ class EvalSettings(_Section):
         for name in ("max_new_tokens", "batch_size", "prompt_bucket", "synthetic_problems"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
         self._need("bootstrap_resamples", self.bootstrap_resamples >= 2, "an integer >= 2")
-        for name, zero in (("samples", "the paper's counts"), ("top_k", "no top-k"), ("limit", "all problems"),
-                           ("decode_chunk_size", "decode in one loop"), ("num_workers", "the CPU count")):
+        for name, zero in (("samples", "the paper's counts"), ("top_k", "no top-k"),
+                           ("limit", "all problems"), ("decode_chunk_size", "decode in one loop"),
+                           ("num_workers", "the CPU count")):
             self._need(name, getattr(self, name) >= 0, f"an integer >= 0 (0: {zero})")
         for name in ("seed", "bootstrap_seed"):
             self._need(name, 0 <= getattr(self, name) < 2**64, "an integer in [0, 2**64)")
