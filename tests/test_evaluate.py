@@ -128,7 +128,7 @@ def test_end_to_end_on_math500_then_resume_and_refuse_another_protocol(tiny_hf, 
 
 
 @pytest.mark.slow
-def test_synthetic_run_directory_restores_the_trained_policy(tmp_path):
+def test_synthetic_run_directory_restores_the_trained_policy(tmp_path, capsys):
     """A training run directory: its latest checkpoint, character tokenizer and prompt format. Greedy
     Math-Verify accuracy on the trainer's held-out problems equals the greedy accuracy it logged."""
     from experiments.train import main as train
@@ -150,6 +150,19 @@ def test_synthetic_run_directory_restores_the_trained_policy(tmp_path):
         assert record["score"] == float(strict_box_score("\\boxed{" + record["text"], record["answer"]) > 0)
     accuracy = result["benchmarks"]["synthetic"]["pass_at_1"]
     assert accuracy == pytest.approx(greedy_after) and accuracy > 0
+
+    # A damaged checkpoint (a file that no longer matches its manifest): refused in one line, and the
+    # new out_dir is not left behind.
+    step_files = [path for path in (run / "checkpoints" / "1").rglob("*") if path.is_file()]
+    with open(max(step_files, key=lambda path: path.stat().st_size), "ab") as handle:
+        handle.write(b"x")
+    out = tmp_path / "damaged_eval"
+    capsys.readouterr()
+    assert cli([f"eval.checkpoint={run}", "eval.benchmarks=synthetic", "eval.synthetic_problems=4",
+                "eval.max_new_tokens=6", f"eval.out_dir={out}", "eval.progress=false"]) == 2
+    line = _one_error_line(capsys)
+    assert "the weights do not load: checkpoint step 1" in line and "does not match its SHA-256" in line
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------- cheap unit checks
