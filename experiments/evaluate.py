@@ -320,6 +320,8 @@ def protocol_of(settings: EvalSettings, checkpoint: Checkpoint) -> dict:
         "response_prefix": fmt.response_prefix,
         "dtype": checkpoint.dtype,
         "seed": settings.seed,
+        # How samples are seeded: completions made otherwise (per sampler call, before) are not mixed in.
+        "sample_seeding": "eval.seed, row id sample_id(benchmark, problem_index, sample)",
         "scorer": "math_verify (verl math_metric, App. D.2)",
     }
 
