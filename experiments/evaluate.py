@@ -15,17 +15,23 @@ checkpoints/, its tokenizer and prompt format from its config.json). Outputs in 
   eval_config.json   the configuration and the protocol the completions were generated with
 
 Rerunning the same command resumes: completions already written are skipped (a torn last line is cut
-off first). A different protocol (checkpoint, sampling, prompt format, dtype, seed, data) in the same
-out_dir is refused unless `eval.overwrite=true`; the benchmark list and `eval.limit` may change
-between runs (only the requested completions are generated and summarized).
+off first). Each sample is seeded by (eval.seed, benchmark, problem, sample index), never by where it
+falls in a sampler call, so a resumed evaluation writes the same completions as an uninterrupted one,
+whatever `eval.batch_size`. A different protocol (checkpoint, sampling, prompt format, dtype, seed,
+data) in the same out_dir is refused unless `eval.overwrite=true`; the benchmark list and `eval.limit`
+may change between runs (only the requested completions are generated and summarized).
+
+Errors: everything is checked before the first write (the config, the checkpoint's files and weights,
+the benchmark files, the prompts' lengths against the model's positions, the out_dir and what it holds),
+and a refusal is one line on stderr with exit status 2 that leaves nothing behind; a second evaluation
+writing the same out_dir is refused naming the one that holds it. A write that fails later (a full
+disk) is one line naming the file and the free space, exit status 1; the completions written so far stay.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import fcntl
 import glob
 import hashlib
 import json
@@ -37,6 +43,7 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
+from experiments.cli import ArgumentParser, run_cli, run_failures
 from experiments.train import load_config
 from respo_jax.data import (
     ArithmeticTask,
@@ -57,7 +64,10 @@ from respo_jax.eval.completions import (
 )
 from respo_jax.eval.config import LOADER_NAMES, SYNTHETIC, EvalConfig, EvalSettings
 from respo_jax.training.compilation import configure_compilation_cache
-from respo_jax.training.config import ExperimentConfig, apply_overrides, config_from_dict
+from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict
+from respo_jax.training.run_dir import atomic_write_bytes, atomic_write_json
+from respo_jax.training.run_lock import RunLock
+from respo_jax.training.write_errors import writing
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "eval_paper.py")
 # The synthetic task's held-out stream: the same problems as the trainer's greedy evaluation
@@ -79,6 +89,7 @@ class Checkpoint:
     dtype: str
     synthetic_task: ArithmeticTask | None
     synthetic_seed: int
+    max_positions: int  # the model's max_position_embeddings: prompt + response must fit
     build_model: Callable[[], object]
 
     @property
@@ -125,59 +136,74 @@ def _hf_fingerprint(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _refuse(settings: EvalSettings, problem: str) -> ConfigError:
+    """The one-line start-up refusal of a checkpoint: `eval.checkpoint='...': <problem>`."""
+    return ConfigError(f"eval.checkpoint={settings.checkpoint!r}: {' '.join(str(problem).split())}")
+
+
 def _resolve_huggingface(path: str, settings: EvalSettings) -> Checkpoint:
     from respo_jax.models import qwen3
 
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        raise FileNotFoundError(
-            f"{path}: a Hugging Face checkpoint directory needs tokenizer.json next to the weights"
-        )
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
-        hf_config = json.load(handle)
-    tokenizer = load_tokenizer(path)
+        raise _refuse(settings, "a Hugging Face checkpoint directory needs tokenizer.json next to its "
+                      "weights")
+    if not glob.glob(os.path.join(path, "*.safetensors")):
+        raise _refuse(settings, "a Hugging Face checkpoint directory needs *.safetensors weights")
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+            hf_config = json.load(handle)
+        model_config = qwen3.load_config(path)
+        tokenizer = load_tokenizer(path)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # unreadable JSON or tokenizer, foreign config
+        raise _refuse(settings, err) from None
     if settings.chat_template == "true" and not tokenizer.has_chat_template:
-        raise ValueError(f"eval.chat_template=true but the tokenizer in {path} has no chat template")
+        raise ConfigError(f"eval.chat_template='true': expected a tokenizer with a chat template; the one "
+                          f"in {path} has none")
     declared = hf_config.get("dtype") or hf_config.get("torch_dtype")
     dtype = settings.dtype or ("bfloat16" if declared == "bfloat16" else "float32")
     return Checkpoint(
         kind="huggingface", path=path, step=None, fingerprint=_hf_fingerprint(path), tokenizer=tokenizer,
         prompt_format=PromptFormat(chat=_chat(settings.chat_template, tokenizer.has_chat_template)),
         dtype=dtype, synthetic_task=None, synthetic_seed=0,
+        max_positions=model_config.max_position_embeddings,
         build_model=lambda: qwen3.from_pretrained(path, dtype=_jnp_dtype(dtype)),
     )
 
 
 def _resolve_run(path: str, settings: EvalSettings) -> Checkpoint:
-    from respo_jax.training.checkpoint import latest_step
+    from flax import nnx
 
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
-        run_config = config_from_dict(ExperimentConfig, json.load(handle))
+    from respo_jax.training.checkpoint import latest_step, restore_params
+    from respo_jax.training.loop import build_model as build_run_model
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+            run_config = config_from_dict(ExperimentConfig, json.load(handle))
+    except (OSError, ValueError, KeyError, TypeError) as err:  # unreadable, not JSON, not a run's config
+        raise _refuse(settings, f"the run's config.json: {err}") from None
     checkpoint_dir = os.path.join(path, "checkpoints")
     step = latest_step(checkpoint_dir)
     if step is None:
-        raise FileNotFoundError(f"{path}: no checkpoint under {checkpoint_dir}")
+        raise _refuse(settings, f"the run directory has no checkpoint under {checkpoint_dir}")
     dtype = settings.dtype or run_config.model.dtype
     run_config = dataclasses.replace(run_config, model=dataclasses.replace(run_config.model, dtype=dtype))
     task_cfg = run_config.task
     if task_cfg.name == "synthetic":
         if settings.chat_template == "true":
-            raise ValueError(
-                "eval.chat_template=true: a synthetic-task run's character tokenizer has no chat template"
-            )
+            raise ConfigError("eval.chat_template='true': expected auto or false; a synthetic-task run's "
+                              "character tokenizer has no chat template")
         task = task_cfg.synthetic_task()
         tokenizer, prompt_format = CharTokenizer(), task.prompt_format
     else:
         task = None
-        tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
+        try:
+            tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
+        except (OSError, ValueError) as err:
+            raise _refuse(settings, f"the run's tokenizer (task.tokenizer_dir): {err}") from None
         prompt_format = PromptFormat(chat=_chat(settings.chat_template, task_cfg.chat_template))
+    abstract = nnx.eval_shape(lambda: build_run_model(run_config, tokenizer.vocab_size))
 
     def build_model():
-        from flax import nnx
-
-        from respo_jax.training.checkpoint import restore_params
-        from respo_jax.training.loop import build_model as build_run_model
-
-        abstract = nnx.eval_shape(lambda: build_run_model(run_config, tokenizer.vocab_size))
         graphdef, abstract_state = nnx.split(abstract)
         params, _, _ = restore_params(checkpoint_dir, abstract_state, step)
         return nnx.merge(graphdef, params)
@@ -185,23 +211,34 @@ def _resolve_run(path: str, settings: EvalSettings) -> Checkpoint:
     return Checkpoint(
         kind="run", path=path, step=step, fingerprint=f"step-{step}", tokenizer=tokenizer,
         prompt_format=prompt_format, dtype=dtype, synthetic_task=task,
-        synthetic_seed=task_cfg.seed + SYNTHETIC_HELD_OUT_OFFSET, build_model=build_model,
+        synthetic_seed=task_cfg.seed + SYNTHETIC_HELD_OUT_OFFSET,
+        max_positions=abstract.config.max_position_embeddings, build_model=build_model,
     )
 
 
 def resolve_checkpoint(settings: EvalSettings) -> Checkpoint:
-    """A Hugging Face directory or a training run directory (see the module docstring)."""
+    """A Hugging Face directory or a training run directory (see the module docstring); ConfigError
+    naming eval.checkpoint when it is neither or its files do not read."""
     path = os.path.abspath(settings.checkpoint)
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"eval.checkpoint={settings.checkpoint!r} is not a directory")
+        raise _refuse(settings, "expected a directory (a Hugging Face checkpoint or a training run)")
     if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(os.path.join(path, "config.json")):
         return _resolve_run(path, settings)
     if os.path.isfile(os.path.join(path, "config.json")):
         return _resolve_huggingface(path, settings)
-    raise FileNotFoundError(
-        f"{path} is neither a Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json) nor a "
-        "training run directory (config.json and checkpoints/)"
-    )
+    raise _refuse(settings, "expected a Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json) "
+                  "or a training run directory (config.json and checkpoints/); this has neither")
+
+
+def load_model(checkpoint: Checkpoint, settings: EvalSettings):
+    """The checkpoint's model with its weights (ConfigError naming eval.checkpoint when they do not
+    load: a damaged safetensors file or Orbax step, missing or mis-shaped tensors)."""
+    from respo_jax.training.checkpoint import CheckpointError
+
+    try:
+        return checkpoint.build_model()
+    except (OSError, ValueError, KeyError, CheckpointError) as err:
+        raise _refuse(settings, f"the weights do not load: {err}") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -209,34 +246,33 @@ def resolve_checkpoint(settings: EvalSettings) -> Checkpoint:
 
 
 def load_problems(settings: EvalSettings, checkpoint: Checkpoint) -> dict[str, list[dict]]:
-    """benchmark -> its records (the first `eval.limit` when set), in the requested order."""
+    """benchmark -> its records (the first `eval.limit` when set), in the requested order. ConfigError
+    for a benchmark the checkpoint cannot take, a missing or malformed benchmark file, repeated ids."""
     problems = {}
     for name in settings.benchmark_names():
         if name == SYNTHETIC:
             if checkpoint.synthetic_task is None:
-                raise ValueError(
-                    "eval.benchmarks=synthetic needs a synthetic-task training run as eval.checkpoint"
-                )
+                raise ConfigError("eval.benchmarks='synthetic': expected a synthetic-task training run as "
+                                  f"eval.checkpoint; {checkpoint.path} is not one")
             task, count = checkpoint.synthetic_task, settings.synthetic_problems
             records = task.make_records(count, checkpoint.synthetic_seed,
                                         split="test" if task.test_fraction else "all")
         else:
             if checkpoint.synthetic_task is not None:
-                raise ValueError(
-                    f"{checkpoint.path} is a synthetic-task run: its character tokenizer cannot encode "
-                    f"{name!r}; use eval.benchmarks=synthetic"
-                )
+                raise ConfigError(f"eval.benchmarks={settings.benchmarks!r}: expected synthetic; "
+                                  f"{checkpoint.path} is a synthetic-task run whose character tokenizer "
+                                  f"cannot encode {name!r}")
             try:
                 records = load_benchmark(LOADER_NAMES[name], settings.data_dir)
-            except FileNotFoundError as err:
-                raise FileNotFoundError(f"{err} (eval.data_dir={settings.data_dir!r})") from None
+            except (OSError, ValueError) as err:  # missing, or malformed (DataFileError names file and line)
+                raise ConfigError(f"eval.data_dir={settings.data_dir!r}: benchmark {name!r}: "
+                                  f"{' '.join(str(err).split())}") from None
         if settings.limit:
             records = records[: settings.limit]
         ids = [record["id"] for record in records]
         if len(set(ids)) != len(ids):
-            raise ValueError(
-                f"benchmark {name!r} has repeated problem ids; completions could not be told apart"
-            )
+            raise ConfigError(f"eval.data_dir={settings.data_dir!r}: benchmark {name!r} has repeated problem "
+                              "ids; its completions could not be told apart")
         problems[name] = records
     return problems
 
@@ -251,14 +287,14 @@ def work_items(problems: dict[str, list[dict]], settings: EvalSettings) -> list[
     ]
 
 
-def chunk_seed(seed: int, item: WorkItem) -> int:
-    """The sampler seed of a call whose first completion is `item`: a function of (seed, benchmark,
-    problem, sample) only, so an interrupted run that resumes at a call boundary regenerates the
-    same samples as an uninterrupted one."""
+def sample_id(item: WorkItem) -> int:
+    """The sampler's row id of `item` (`generate(row_ids=...)`, with `eval.seed` as the seed): a stable
+    32-bit hash of (benchmark, problem index, sample) alone, so a completion is the same whichever call
+    and row generate it, and an interrupted evaluation resumes with exactly the uninterrupted samples."""
     words = np.random.SeedSequence(
-        [seed, zlib.crc32(item.benchmark.encode()), item.problem_index, item.sample]
-    ).generate_state(2, np.uint32)
-    return int(words[0]) | (int(words[1]) << 32)
+        [zlib.crc32(item.benchmark.encode()), item.problem_index, item.sample]
+    ).generate_state(1, np.uint32)
+    return int(words[0])
 
 
 def protocol_of(settings: EvalSettings, checkpoint: Checkpoint) -> dict:
@@ -280,6 +316,8 @@ def protocol_of(settings: EvalSettings, checkpoint: Checkpoint) -> dict:
         "response_prefix": fmt.response_prefix,
         "dtype": checkpoint.dtype,
         "seed": settings.seed,
+        # How samples are seeded: completions made otherwise (per sampler call, before) are not mixed in.
+        "sample_seeding": "eval.seed, row id sample_id(benchmark, problem_index, sample)",
         "scorer": "math_verify (verl math_metric, App. D.2)",
     }
 
@@ -288,50 +326,106 @@ def protocol_of(settings: EvalSettings, checkpoint: Checkpoint) -> dict:
 # The output directory
 
 
-def _write_atomic(path: str, text: str) -> None:
-    partial = path + ".partial"
-    with open(partial, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
+def _writing(path: str, what: str):
+    """`respo_jax.training.write_errors.writing`: a write the disk refuses (full, read-only) is one
+    RunWriteError line naming the file, what was being written and the free space (exit status 1)."""
+    return writing(what, path, after="what was written before is intact: make room and rerun to resume")
 
 
-@contextlib.contextmanager
-def _exclusive(out_dir: str):
-    """Holds an exclusive lock on out_dir for the whole evaluation (two writers would interleave)."""
-    with open(os.path.join(out_dir, ".lock"), "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"another evaluation is writing to {out_dir}") from None
-        yield
+def lock_out_dir(out_dir: str) -> RunLock:
+    """The exclusive lock of `out_dir` (created when missing): one writer per evaluation directory.
+    ConfigError naming eval.out_dir when it cannot be written, RunLockedError (a ConfigError) naming
+    the holder."""
+    return RunLock.acquire(out_dir, "evaluation", key="eval.out_dir")
 
 
-def prepare_out_dir(out_dir: str, config: EvalConfig, protocol: dict) -> None:
-    """Refuses an out_dir holding another protocol's outputs (unless overwrite); records this one."""
+def check_out_dir(out_dir: str, config: EvalConfig, protocol: dict) -> None:
+    """Refuses (ConfigError) an out_dir holding another protocol's outputs unless eval.overwrite.
+    Reads only."""
+    if config.eval.overwrite:
+        return
     config_path = os.path.join(out_dir, "eval_config.json")
     present = [name for name in OUTPUT_FILES if os.path.exists(os.path.join(out_dir, name))]
-    if config.eval.overwrite:
-        for name in present:
-            os.remove(os.path.join(out_dir, name))
-    elif os.path.exists(config_path):
-        with open(config_path, encoding="utf-8") as handle:
-            previous = json.load(handle).get("protocol", {})
-        changed = [f"{key}: {previous.get(key)!r} -> {protocol.get(key)!r}"
-                   for key in sorted(set(previous) | set(protocol)) if previous.get(key) != protocol.get(key)]
+    if os.path.exists(config_path):
+        try:
+            with open(config_path, encoding="utf-8") as handle:
+                previous = json.load(handle)["protocol"]
+            changed = [f"{key}: {previous.get(key)!r} -> {protocol.get(key)!r}"
+                       for key in sorted(set(previous) | set(protocol))
+                       if previous.get(key) != protocol.get(key)]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ConfigError(f"eval.out_dir={out_dir!r}: eval_config.json does not read as an "
+                              f"evaluation's ({' '.join(str(err).split())}); set eval.overwrite=true to "
+                              "replace it") from None
         if changed:
-            raise RuntimeError(
-                f"{out_dir} holds an evaluation with a different protocol ({'; '.join(changed)}); "
-                "set eval.overwrite=true to replace it, or choose another eval.out_dir"
-            )
+            raise ConfigError(f"eval.out_dir={out_dir!r} holds an evaluation with a different protocol "
+                              f"({'; '.join(changed)}); set eval.overwrite=true to replace it, or choose "
+                              "another eval.out_dir")
     elif present:
-        raise RuntimeError(
-            f"{out_dir} holds {', '.join(present)} but no eval_config.json saying how they were made; "
-            "set eval.overwrite=true to replace them, or choose another eval.out_dir"
-        )
-    record = {"config": config.to_dict(), "protocol": protocol}
-    _write_atomic(config_path, json.dumps(record, indent=2) + "\n")
+        raise ConfigError(f"eval.out_dir={out_dir!r} holds {', '.join(present)} but no eval_config.json "
+                          "saying how they were made; set eval.overwrite=true to replace them, or choose "
+                          "another eval.out_dir")
+
+
+def start_out_dir(out_dir: str, config: EvalConfig, protocol: dict) -> None:
+    """The first write: with eval.overwrite the old outputs go; eval_config.json records this protocol."""
+    if config.eval.overwrite:
+        for name in OUTPUT_FILES:
+            if os.path.exists(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
+    config_path = os.path.join(out_dir, "eval_config.json")
+    with _writing(config_path, "the evaluation's config"):
+        atomic_write_json(config_path, {"config": config.to_dict(), "protocol": protocol})
+
+
+def kept_completions(completions_path: str, items: list[WorkItem]) -> list[dict]:
+    """The completions already in the file that this evaluation wants (a torn last line is ignored; it is
+    cut before appending). ConfigError for a damaged line or a completion made for other data."""
+    wanted = {item.key: item for item in items}
+    try:
+        existing = load_completions(completions_path, with_text=False)
+    except ValueError as err:
+        raise ConfigError(f"eval.out_dir: {' '.join(str(err).split())}; set eval.overwrite=true to start "
+                          "again") from None
+    kept = []
+    for record in existing:
+        item = wanted.get(completion_key(record))
+        if item is None:
+            continue
+        if record["problem_index"] != item.problem_index or record["answer"] != item.record["answer"]:
+            raise ConfigError(
+                f"eval.out_dir: {completions_path}: completion {completion_key(record)} was made for "
+                f"different data (problem_index {record['problem_index']}, answer {record['answer']!r}; "
+                f"the data now has {item.problem_index}, {item.record['answer']!r}); set "
+                "eval.overwrite=true to start again"
+            )
+        kept.append(record)
+    if len(kept) < len(existing):
+        print(f"{len(existing) - len(kept)} completion(s) in {completions_path} are outside this "
+              "evaluation (other benchmarks, problems past eval.limit or more samples); kept in the "
+              "file, not summarized", file=sys.stderr)
+    return kept
+
+
+def encode_prompts(pending: list[WorkItem], checkpoint: Checkpoint,
+                   settings: EvalSettings) -> dict[tuple[str, int], list[int]]:
+    """(benchmark, problem_index) -> prompt token ids of every pending problem; ConfigError when the
+    longest prompt plus eval.max_new_tokens does not fit the model's positions."""
+    prompt_ids: dict[tuple[str, int], list[int]] = {}
+    for item in pending:
+        where = (item.benchmark, item.problem_index)
+        if where not in prompt_ids:
+            prompt_ids[where] = encode_prompt(item.record["problem"], checkpoint.tokenizer,
+                                              checkpoint.prompt_format)
+    if prompt_ids:
+        where, ids = max(prompt_ids.items(), key=lambda entry: len(entry[1]))
+        room = checkpoint.max_positions - len(ids)
+        if settings.max_new_tokens > room:
+            raise ConfigError(
+                f"eval.max_new_tokens={settings.max_new_tokens}: expected at most {max(room, 0)}, the "
+                f"model's max_position_embeddings ({checkpoint.max_positions}) less the longest prompt "
+                f"({len(ids)} tokens: {where[0]} problem {where[1]})")
+    return prompt_ids
 
 
 def default_out_dir(checkpoint: Checkpoint) -> str:
@@ -353,38 +447,34 @@ def _decode(tokenizer: Tokenizer, tokens: np.ndarray, length: int) -> tuple[str,
     return tokenizer.decode([int(i) for i in ids], skip_special_tokens=True), len(ids), not finished
 
 
-def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings: EvalSettings, handle,
+def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings: EvalSettings, model,
+                       prompt_ids: dict[tuple[str, int], list[int]], handle,
                        on_records: Callable[[list[dict]], None]) -> None:
-    """Samples every pending completion in calls of `batch_size` sequences, scores them with Math-Verify
-    and appends them to `handle` call by call (`on_records` sees each call's records)."""
+    """Samples every pending completion in calls of `batch_size` sequences (each seeded by `sample_id`
+    under `eval.seed`), scores them with Math-Verify and appends them to `handle` call by call
+    (`on_records` sees each call's records)."""
     from respo_jax.rewards import MathVerifyScorer
     from respo_jax.sampling import EngineConfig, SamplingParams, generate
 
     tokenizer, fmt = checkpoint.tokenizer, checkpoint.prompt_format
     engine = EngineConfig(prompt_bucket=settings.prompt_bucket,
                           decode_chunk_size=settings.decode_chunk_size or None)
-    prompt_ids: dict[tuple[str, int], list[int]] = {}
-    model = checkpoint.build_model()
+    params = SamplingParams(
+        max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
+        top_k=settings.top_k, seed=settings.seed, eos_token_ids=tokenizer.eos_ids,
+    )
     scorer = MathVerifyScorer(num_workers=settings.num_workers or None, timeout_s=settings.verify_timeout_s)
     with scorer:
         for start in range(0, len(pending), settings.batch_size):
             chunk = pending[start : start + settings.batch_size]
-            prompts = []
-            for item in chunk:
-                where = (item.benchmark, item.problem_index)
-                if where not in prompt_ids:
-                    prompt_ids[where] = encode_prompt(item.record["problem"], tokenizer, fmt)
-                prompts.append(prompt_ids[where])
+            prompts = [prompt_ids[(item.benchmark, item.problem_index)] for item in chunk]
+            row_ids = [sample_id(item) for item in chunk]
             if len(pending) > settings.batch_size:
-                # A short last call is padded with copies of its last prompt (outputs dropped): the sampler
-                # then reuses the full calls' compilation. Rows keep their indices, hence their samples.
-                prompts += [prompts[-1]] * (settings.batch_size - len(prompts))
-            params = SamplingParams(
-                max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                top_p=settings.top_p, top_k=settings.top_k, seed=chunk_seed(settings.seed, chunk[0]),
-                eos_token_ids=tokenizer.eos_ids,
-            )
-            out = generate(model, prompts, params, engine=engine)
+                # A short last call is padded with copies of its last row (outputs dropped): the sampler
+                # then reuses the full calls' compilation. Rows are seeded by their ids, not positions.
+                padding = settings.batch_size - len(prompts)
+                prompts, row_ids = prompts + [prompts[-1]] * padding, row_ids + [row_ids[-1]] * padding
+            out = generate(model, prompts, params, engine=engine, row_ids=row_ids)
             tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
             decoded = [_decode(tokenizer, tokens[row], int(lengths[row])) for row in range(len(chunk))]
             outcomes = scorer.run_verl([fmt.solution_text(text) for text, _, _ in decoded],
@@ -398,7 +488,8 @@ def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings
                 }
                 for item, (text, length, truncated), outcome in zip(chunk, decoded, outcomes)
             ]
-            append_completions(handle, records)
+            with _writing(handle.name, "completions"):
+                append_completions(handle, records)
             on_records(records)
 
 
@@ -407,40 +498,33 @@ def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings
 
 
 def evaluate(config: EvalConfig) -> dict:
-    """Runs (or resumes) the evaluation `config` describes; returns the summary plus bookkeeping."""
+    """Runs (or resumes) the evaluation `config` describes; returns the summary plus bookkeeping.
+
+    Everything is checked before the first write (ConfigError, nothing left behind): the checkpoint and
+    its weights, the benchmark files, the prompts' lengths, the out_dir's lock, protocol and completions."""
     settings = config.eval
     configure_compilation_cache(settings.compilation_cache_dir, key="eval.compilation_cache_dir")
     checkpoint = resolve_checkpoint(settings)
     problems = load_problems(settings, checkpoint)
     protocol = protocol_of(settings, checkpoint)
+    items = work_items(problems, settings)
     out_dir = settings.out_dir or default_out_dir(checkpoint)
-    os.makedirs(out_dir, exist_ok=True)
     completions_path = os.path.join(out_dir, "completions.jsonl")
-    with _exclusive(out_dir):
-        prepare_out_dir(out_dir, config, protocol)
-        repair_completions(completions_path)
-        items = work_items(problems, settings)
-        wanted = {item.key: item for item in items}
-        existing = load_completions(completions_path, with_text=False)
-        kept = []
-        for record in existing:
-            item = wanted.get(completion_key(record))
-            if item is None:
-                continue
-            if record["problem_index"] != item.problem_index or record["answer"] != item.record["answer"]:
-                raise RuntimeError(
-                    f"{completions_path}: completion {completion_key(record)} was made for different data "
-                    f"(problem_index {record['problem_index']}, answer {record['answer']!r}; the data now "
-                    f"has {item.problem_index}, {item.record['answer']!r}); set eval.overwrite=true to start "
-                    "again"
-                )
-            kept.append(record)
-        if len(kept) < len(existing):
-            print(f"{len(existing) - len(kept)} completion(s) in {completions_path} are outside this "
-                  "evaluation (other benchmarks, problems past eval.limit or more samples); kept in the "
-                  "file, not summarized", file=sys.stderr)
+    lock = lock_out_dir(out_dir)
+    try:
+        check_out_dir(out_dir, config, protocol)
+        kept = [] if settings.overwrite else kept_completions(completions_path, items)
         done = {completion_key(record) for record in kept}
         pending = [item for item in items if item.key not in done]
+        prompt_ids = encode_prompts(pending, checkpoint, settings)
+        model = load_model(checkpoint, settings) if pending else None
+    except BaseException:
+        lock.release(remove_if_created=True)
+        raise
+    with lock:
+        start_out_dir(out_dir, config, protocol)
+        with _writing(completions_path, "the completions file (cutting a torn last line)"):
+            repair_completions(completions_path)
 
         missing_per_problem: dict[tuple[str, int], int] = {}
         for item in pending:
@@ -463,32 +547,44 @@ def evaluate(config: EvalConfig) -> dict:
             bar.set_postfix(bench=records[-1]["benchmark"], acc=f"{running['score'] / running['count']:.3f}")
 
         if pending:
-            with open(completions_path, "ab") as handle:
-                generate_and_score(pending, checkpoint, settings, handle, on_records)
+            with _writing(completions_path, "completions"):
+                handle = open(completions_path, "ab")
+            with handle:
+                generate_and_score(pending, checkpoint, settings, model, prompt_ids, handle, on_records)
         bar.close()
 
+        wanted = {item.key for item in items}
         records = load_completions(completions_path, with_text=False)
         records = [record for record in records if completion_key(record) in wanted]
         summary = summarize_completions(records, list(problems), settings.bootstrap_resamples,
                                         settings.bootstrap_seed)
         summary = {"checkpoint": checkpoint.label, "protocol": protocol, **summary}
-        _write_atomic(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
         markdown = summary_markdown(summary, checkpoint.label)
         heading = f"# Evaluation of {checkpoint.label}\n\n"
-        _write_atomic(os.path.join(out_dir, "summary.md"), heading + markdown)
+        with _writing(os.path.join(out_dir, "summary.json"), "the summary"):
+            atomic_write_json(os.path.join(out_dir, "summary.json"), summary)
+        with _writing(os.path.join(out_dir, "summary.md"), "the summary"):
+            atomic_write_bytes(os.path.join(out_dir, "summary.md"), (heading + markdown).encode("utf-8"))
     print(markdown)
     print(f"completions: {completions_path}\nsummary:     {os.path.join(out_dir, 'summary.md')}")
     return {**summary, "out_dir": out_dir, "generated": len(pending), "skipped": len(kept)}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("overrides", nargs="*", help="eval.field=value overrides")
     args = parser.parse_args(argv)
     return evaluate(apply_overrides(load_config(args.config, EvalConfig), args.overrides))
 
 
+def cli(argv: list[str]) -> int:
+    """`main` for the command line: a refused start (a bad eval.* value, a missing or broken checkpoint
+    or benchmark file, an out_dir held by another evaluation or holding another protocol; nothing
+    written) exits with status 2, an evaluation that fails once started with status 1, each with one
+    line on stderr."""
+    return run_cli(main, argv, failures=run_failures())
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(cli(sys.argv[1:]))

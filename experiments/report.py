@@ -25,7 +25,7 @@ import argparse
 import os
 import sys
 
-from experiments.cli import run_cli
+from experiments.cli import ArgumentParser, run_cli
 from respo_jax.eval.report import (
     PAPER_E3_BATCHES,
     ReportError,
@@ -54,9 +54,23 @@ def _eval_dirs(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+class ReportWriteError(RuntimeError):
+    """The report was built but could not be written (a full disk): exit status 1, one line."""
+
+
+def _check_writable(out: str) -> None:
+    """ReportError (before any work) when `out` cannot become a directory this process writes into."""
+    existing = os.path.abspath(out)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ReportError(f"--out {out!r}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK):
+        raise ReportError(f"--out {out!r}: {existing} is not writable")
+
+
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run directories")
     parser.add_argument("--out", default=None, help="output directory (see above for the default)")
     parser.add_argument("--eval", action="append", default=[], metavar="RUN_DIR=EVAL_DIR",
@@ -77,10 +91,15 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(f"--e3-batches must be >= 1; got {args.e3_batches}")
 
     runs = load_runs(args.run_dirs, _eval_dirs(args.eval))
+    out = args.out or default_out_dir(args.run_dirs)
+    _check_writable(out)
     windows = summary_windows(runs, args.early_until, args.late_window)
     title = args.title or "Run report: " + ", ".join(run.label for run in runs)
     report = build_report(runs, windows=windows, e3_batches=args.e3_batches, num_bins=args.bins, title=title)
-    path = write_report(report, args.out or default_out_dir(args.run_dirs))
+    try:
+        path = write_report(report, out)
+    except OSError as err:
+        raise ReportWriteError(f"writing the report to {out} failed: {err}") from None
     for run in runs:
         for note in run.notes:
             print(f"note: {note}", file=sys.stderr)
@@ -89,9 +108,10 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def cli(argv: list[str]) -> int:
-    """`main` for the command line: a bad run directory or mismatched files (ReportError, and the
-    statistics' checks of their inputs: ValueErrors) is one line on stderr and exit status 2."""
-    return run_cli(main, argv, usage_errors=(ValueError,))
+    """`main` for the command line: bad flags, a bad run directory or --out, mismatched files
+    (ReportError, and the statistics' checks of their inputs: ValueErrors) are one line on stderr and
+    exit status 2; a report that cannot be written once built, one line and exit status 1."""
+    return run_cli(main, argv, failures=(ReportWriteError,), usage_errors=(ValueError,))
 
 
 if __name__ == "__main__":

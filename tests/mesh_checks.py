@@ -406,6 +406,12 @@ def sampler_runs_under_the_model_mesh_and_rules():
         np.testing.assert_allclose(np.asarray(getattr(data_only, name)), expected, atol=1e-5, err_msg=name)
         first3 = expected[:, :3] if name == "routing" else expected[:3]
         np.testing.assert_allclose(np.asarray(getattr(padded, name)), first3, atol=1e-5, err_msg=name)
+    # Rows seeded by ids of their own (`row_ids`) on the mesh: 2 rows padded to 4, given the ids of rows 2
+    # and 0 of the batch above, are those rows' samples although they now sit at rows 0 and 1.
+    by_id = generate(sharded, [prompts[2], prompts[0]], params, return_routing=True, row_ids=[2, 0])
+    for name in ("tokens", "logprobs"):
+        expected = np.asarray(getattr(want, name))[[2, 0]]
+        np.testing.assert_allclose(np.asarray(getattr(by_id, name)), expected, atol=1e-5, err_msg=name)
 
 
 def main(argv):

@@ -8,15 +8,21 @@ trainer logged; byte-identical completions after an interrupted run resumes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from experiments.evaluate import main
+from experiments.evaluate import cli, main
 from respo_jax.data import load_benchmark
 from respo_jax.eval import cluster_bootstrap
 from respo_jax.eval.completions import (
@@ -28,7 +34,7 @@ from respo_jax.eval.completions import (
 )
 from respo_jax.eval.config import EvalConfig, EvalSettings
 from respo_jax.rewards import strict_box_score
-from respo_jax.training.config import apply_overrides
+from respo_jax.training.config import ConfigError, apply_overrides
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 DATA = SHARED / "data"
@@ -104,8 +110,8 @@ def test_end_to_end_on_math500_then_resume_and_refuse_another_protocol(tiny_hf, 
     assert "| Checkpoint | MATH-500 | Avg. |" in markdown and "| Benchmark | Problems |" in markdown
 
     # Interrupted mid-write: the first call's 4 lines and a torn 5th. A rerun cuts the tear, generates
-    # only the last call's 2 completions (padded to the batch as before) and, its seed depending only on
-    # where the call starts, reproduces them byte for byte.
+    # only the last call's 2 completions (padded to the batch as before) and, each sample being seeded by
+    # its (benchmark, problem, sample), reproduces them byte for byte.
     original = (out / "completions.jsonl").read_bytes()
     lines = original.splitlines(keepends=True)
     (out / "completions.jsonl").write_bytes(b"".join(lines[:4]) + lines[4][:25])
@@ -114,7 +120,7 @@ def test_end_to_end_on_math500_then_resume_and_refuse_another_protocol(tiny_hf, 
     assert (out / "completions.jsonl").read_bytes() == original
     assert main(args)["generated"] == 0  # nothing left: no model is even loaded
 
-    with pytest.raises(RuntimeError, match=r"different protocol \(seed: 0 -> 1\)"):
+    with pytest.raises(ConfigError, match=r"different protocol \(seed: 0 -> 1\)"):
         main(args + ["eval.seed=1"])
     fresh = main(args + ["eval.seed=1", "eval.overwrite=true"])
     assert fresh["generated"] == 6
@@ -122,7 +128,7 @@ def test_end_to_end_on_math500_then_resume_and_refuse_another_protocol(tiny_hf, 
 
 
 @pytest.mark.slow
-def test_synthetic_run_directory_restores_the_trained_policy(tmp_path):
+def test_synthetic_run_directory_restores_the_trained_policy(tmp_path, capsys):
     """A training run directory: its latest checkpoint, character tokenizer and prompt format. Greedy
     Math-Verify accuracy on the trainer's held-out problems equals the greedy accuracy it logged."""
     from experiments.train import main as train
@@ -145,11 +151,24 @@ def test_synthetic_run_directory_restores_the_trained_policy(tmp_path):
     accuracy = result["benchmarks"]["synthetic"]["pass_at_1"]
     assert accuracy == pytest.approx(greedy_after) and accuracy > 0
 
+    # A damaged checkpoint (a file that no longer matches its manifest): refused in one line, and the
+    # new out_dir is not left behind.
+    step_files = [path for path in (run / "checkpoints" / "1").rglob("*") if path.is_file()]
+    with open(max(step_files, key=lambda path: path.stat().st_size), "ab") as handle:
+        handle.write(b"x")
+    out = tmp_path / "damaged_eval"
+    capsys.readouterr()
+    assert cli([f"eval.checkpoint={run}", "eval.benchmarks=synthetic", "eval.synthetic_problems=4",
+                "eval.max_new_tokens=6", f"eval.out_dir={out}", "eval.progress=false"]) == 2
+    line = _one_error_line(capsys)
+    assert "the weights do not load: checkpoint step 1" in line and "does not match its SHA-256" in line
+    assert not out.exists()
+
 
 # ------------------------------------------------------------------------------- cheap unit checks
 
 
-def test_paper_protocol_defaults_and_config_errors():
+def test_paper_protocol_defaults():
     settings = EvalSettings(checkpoint="x")
     names = settings.benchmark_names()
     assert names == ["aime25", "aime24", "amc23", "olympiadbench", "minerva_math", "math500"]
@@ -158,31 +177,239 @@ def test_paper_protocol_defaults_and_config_errors():
     assert protocol == (1.0, 0.7, 0, 16_384)
     overridden = apply_overrides(EvalConfig(), ["eval.checkpoint=x", "eval.samples=2"])
     assert overridden.eval.samples_for("aime25") == 2
-    for override, error, match in [
-        ([], ValueError, "eval.checkpoint is required"),
-        (["eval.checkpoint=x", "eval.benchmarks=aime25,gsm8k"], ValueError, r"unknown \['gsm8k'\]"),
-        (["eval.checkpoint=x", "eval.benchmarks=math500,math500"], ValueError, "twice"),
-        (["eval.checkpoint=x", "eval.benchmarks=synthetic,math500"], ValueError, "cannot be mixed"),
-        (["eval.checkpoint=x", "eval.top_p=0"], ValueError, "top_p"),
-        (["eval.checkpoint=x", "eval.chat_template=yes"], ValueError, "chat_template"),
-        (["eval.checkpoint=x", "eval.sample=3"], KeyError, "eval has"),
-        (["eval.checkpoint=x", "eval.limit=two"], ValueError, "cannot parse as int"),
-    ]:
-        with pytest.raises(error, match=match):
-            apply_overrides(EvalConfig(), override)
 
 
-def test_bad_checkpoint_and_out_dir_are_refused(tmp_path, tiny_hf):
-    with pytest.raises(FileNotFoundError, match="neither a Hugging Face checkpoint"):
-        main([f"eval.checkpoint={tmp_path}", "eval.progress=false"])
+def _one_error_line(capsys) -> str:
+    """The command's stderr, which must be exactly one `error: ...` line (and stdout empty)."""
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and not captured.out, captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("override,match", [
+    ("eval.progress=false", r"eval.checkpoint='': expected a Hugging Face checkpoint directory"),
+    ("eval.benchmarks=aime25,gsm8k", r"eval.benchmarks='aime25,gsm8k': .*\(unknown: \['gsm8k'\]\)"),
+    ("eval.benchmarks= , ", r"eval.benchmarks=' , ': expected a comma-separated list"),
+    ("eval.benchmarks=math500,math500", r"eval.benchmarks='math500,math500': expected each benchmark at"),
+    ("eval.benchmarks=synthetic,math500", r"eval.benchmarks='synthetic,math500': expected synthetic alone"),
+    ("eval.max_new_tokens=0", r"eval.max_new_tokens=0: expected an integer >= 1"),
+    ("eval.batch_size=-2", r"eval.batch_size=-2: expected an integer >= 1"),
+    ("eval.prompt_bucket=0", r"eval.prompt_bucket=0: expected an integer >= 1"),
+    ("eval.synthetic_problems=0", r"eval.synthetic_problems=0: expected an integer >= 1"),
+    ("eval.bootstrap_resamples=1", r"eval.bootstrap_resamples=1: expected an integer >= 2"),
+    ("eval.samples=-1", r"eval.samples=-1: expected an integer >= 0 \(0: the paper's counts\)"),
+    ("eval.top_k=-1", r"eval.top_k=-1: expected an integer >= 0"),
+    ("eval.limit=-3", r"eval.limit=-3: expected an integer >= 0"),
+    ("eval.decode_chunk_size=-1", r"eval.decode_chunk_size=-1: expected an integer >= 0"),
+    ("eval.num_workers=-1", r"eval.num_workers=-1: expected an integer >= 0"),
+    ("eval.seed=-1", r"eval.seed=-1: expected an integer in \[0, 2\*\*64\)"),
+    (f"eval.seed={2**64}", r"eval.seed=18446744073709551616: expected an integer in \[0, 2\*\*64\)"),
+    ("eval.bootstrap_seed=-1", r"eval.bootstrap_seed=-1: expected an integer in \[0, 2\*\*64\)"),
+    ("eval.temperature=-0.5", r"eval.temperature=-0.5: expected a number >= 0 \(0: greedy\)"),
+    ("eval.temperature=nan", r"eval.temperature=nan: expected a finite number"),
+    ("eval.top_p=0", r"eval.top_p=0.0: expected a number in \(0, 1\]"),
+    ("eval.top_p=1.5", r"eval.top_p=1.5: expected a number in \(0, 1\]"),
+    ("eval.chat_template=yes", r"eval.chat_template='yes': expected auto, true or false"),
+    ("eval.dtype=float16", r"eval.dtype='float16': expected '' \(the checkpoint's\), float32 or bfloat16"),
+    ("eval.verify_timeout_s=0", r"eval.verify_timeout_s=0.0: expected a number > 0"),
+    ("eval.verify_timeout_s=inf", r"eval.verify_timeout_s=inf: expected a finite number"),
+    ("eval.limit=two", r"eval.limit='two': cannot parse as int"),
+    ("eval.overwrite=maybe", r"eval.overwrite='maybe': cannot parse as bool"),
+    ("eval.sample=3", r"unknown config key 'eval.sample'; eval has \["),
+    ("eval.samples", r"override 'eval.samples' is not of the form section.field=value"),
+])
+def test_each_bad_eval_value_is_one_line_and_exit_2(override, match, tmp_path, capsys):
+    checkpoint = [] if override == "eval.progress=false" else [f"eval.checkpoint={tmp_path / 'absent'}"]
     out = tmp_path / "out"
+    assert cli([*checkpoint, f"eval.out_dir={out}", override]) == 2
+    assert re.search(match, _one_error_line(capsys))
+    assert os.listdir(tmp_path) == []  # refused before anything was written
+
+
+def test_a_config_file_with_a_wrongly_typed_field_is_one_line(tmp_path, capsys):
+    config = tmp_path / "eval_config.py"
+    config.write_text("from respo_jax.eval.config import EvalConfig, EvalSettings\n\n"
+                      "def get_config():\n    return EvalConfig(EvalSettings(checkpoint='x', samples='2'))\n")
+    assert cli(["--config", str(config)]) == 2
+    assert _one_error_line(capsys) == "error: eval.samples='2': expected an integer"
+    assert cli(["--config", str(tmp_path / "missing.py")]) == 2
+    assert "no such file" in _one_error_line(capsys)
+    assert cli(["--no-such-flag"]) == 2
+    assert "unrecognized arguments: --no-such-flag" in _one_error_line(capsys)
+
+
+def test_refused_starts_are_one_line_and_leave_nothing_behind(tiny_hf, tmp_path, capsys):
+    """A missing or broken checkpoint, benchmark file, prompt length or out_dir: exit 2, one line naming
+    it, and no out_dir left (today's broken checkpoint left .lock, completions.jsonl, eval_config.json)."""
+    from respo_jax.training.config import ExperimentConfig
+
+    out = tmp_path / "out"
+    args = [f"eval.out_dir={out}", f"eval.data_dir={DATA}", "eval.benchmarks=math500", "eval.limit=2",
+            "eval.samples=1", "eval.max_new_tokens=4", "eval.num_workers=1", "eval.progress=false"]
+
+    def refused(*extra) -> str:
+        assert cli([*args, *extra]) == 2
+        line = _one_error_line(capsys)
+        assert not out.exists(), os.listdir(out)
+        return line
+
+    def copy(name: str) -> pathlib.Path:
+        return pathlib.Path(shutil.copytree(tiny_hf, tmp_path / name))
+
+    assert "expected a directory" in refused(f"eval.checkpoint={tmp_path / 'absent'}")
+    (tmp_path / "empty").mkdir()
+    assert "this has neither" in refused(f"eval.checkpoint={tmp_path / 'empty'}")
+    broken_json = copy("broken_json")
+    (broken_json / "config.json").write_text("{")
+    assert refused(f"eval.checkpoint={broken_json}").startswith(f"error: eval.checkpoint='{broken_json}': ")
+    no_weights = copy("no_weights")
+    (no_weights / "model.safetensors").unlink()
+    assert "needs *.safetensors weights" in refused(f"eval.checkpoint={no_weights}")
+    damaged = copy("damaged")
+    with open(damaged / "model.safetensors", "r+b") as handle:
+        handle.truncate(64)
+    line = refused(f"eval.checkpoint={damaged}")
+    assert "the weights do not load" in line and "not a readable safetensors file" in line
+    run = tmp_path / "run_without_checkpoint"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(ExperimentConfig().to_dict()))
+    assert "the run directory has no checkpoint under" in refused(f"eval.checkpoint={run}")
+
+    hf = f"eval.checkpoint={tiny_hf}"
+    assert "expected a synthetic-task training run" in refused(hf, "eval.benchmarks=synthetic")
+    bad_data = tmp_path / "bad_data"
+    (bad_data / "math500").mkdir(parents=True)
+    (bad_data / "math500" / "test.jsonl").write_text('{"problem": "1+1?"\n')
+    line = refused(hf, f"eval.data_dir={bad_data}")
+    assert line.startswith(f"error: eval.data_dir='{bad_data}': benchmark 'math500': ")
+    assert "test.jsonl" in line
+    assert "benchmark 'math500'" in refused(hf, f"eval.data_dir={tmp_path / 'empty'}")
+    line = refused(hf, "eval.max_new_tokens=10000000")
+    assert re.search(r"eval.max_new_tokens=10000000: expected at most \d+, the model's max_position_"
+                     r"embeddings \(2048\) less the longest prompt", line), line
+    (tmp_path / "a_file").write_text("")
+    assert cli([*args, hf, f"eval.out_dir={tmp_path / 'a_file' / 'eval'}"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: eval.out_dir={str(tmp_path / 'a_file' / 'eval')!r}: cannot write the run "
+                           "directory") and "choose a writable directory" in line, line
+
+    # An out_dir with another protocol's (or an unexplained) outputs: refused, its files untouched.
     out.mkdir()
     (out / "completions.jsonl").write_text("")
-    with pytest.raises(RuntimeError, match="no eval_config.json"):
-        main([f"eval.checkpoint={tiny_hf}", f"eval.out_dir={out}", f"eval.data_dir={DATA}",
-              "eval.progress=false"])
-    with pytest.raises(ValueError, match="needs a synthetic-task training run"):
-        main([f"eval.checkpoint={tiny_hf}", "eval.benchmarks=synthetic", f"eval.out_dir={tmp_path / 'o2'}"])
+    assert cli([*args, hf]) == 2
+    assert "no eval_config.json saying how they were made" in _one_error_line(capsys)
+    (out / "eval_config.json").write_text(json.dumps({"protocol": {"seed": 5}}))
+    before = {name: (out / name).read_bytes() for name in os.listdir(out) if name != ".lock"}
+    assert cli([*args, hf]) == 2
+    assert "holds an evaluation with a different protocol" in _one_error_line(capsys)
+    assert {name: (out / name).read_bytes() for name in os.listdir(out) if name != ".lock"} == before
+
+
+def test_a_second_evaluation_of_one_out_dir_is_refused_naming_the_holder(tiny_hf, tmp_path, capsys):
+    from respo_jax.training.run_lock import RunLock
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from respo_jax.training.run_lock import RunLock; "
+         "lock = RunLock.acquire(sys.argv[1], 'evaluation'); print('held', flush=True); time.sleep(120)",
+         str(out)],
+        stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert cli([f"eval.checkpoint={tiny_hf}", f"eval.out_dir={out}", f"eval.data_dir={DATA}",
+                    "eval.benchmarks=math500", "eval.limit=1", "eval.max_new_tokens=4",
+                    "eval.progress=false"]) == 2
+        line = _one_error_line(capsys)
+        assert f"'{out}' is being written by another process (evaluation, pid {holder.pid} on" in line
+        assert os.listdir(out) == [".lock"]  # nothing written next to the holder's lock
+    finally:
+        holder.kill()
+        holder.wait()
+    RunLock.acquire(str(out), "evaluation").release()  # the kernel dropped the killed holder's lock
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict:
+    return dict(os.environ, JAX_PLATFORMS="cpu",
+                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+
+def _resume_args(tiny_hf, out, batch_size=2) -> list[str]:
+    """6 MATH-500 problems x 2 samples in calls of `batch_size` rows: 12 completions, 6 calls at 2."""
+    return [f"eval.checkpoint={tiny_hf}", "eval.benchmarks=math500", f"eval.data_dir={DATA}",
+            f"eval.out_dir={out}", "eval.limit=6", "eval.samples=2", "eval.max_new_tokens=24",
+            "eval.dtype=float32", f"eval.batch_size={batch_size}", "eval.prompt_bucket=512",
+            "eval.num_workers=1", "eval.progress=false", "eval.bootstrap_resamples=100"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_hf, tmp_path_factory) -> bytes:
+    """completions.jsonl of an evaluation run start to end in this process."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "eval"
+    assert main(_resume_args(tiny_hf, out))["generated"] == 12
+    return (out / "completions.jsonl").read_bytes()
+
+
+@pytest.mark.slow
+def test_kill_9_torn_line_and_rerun_write_the_uninterrupted_completions(tiny_hf, uninterrupted, tmp_path):
+    """`python -m experiments.evaluate` killed with SIGKILL after its first call, a torn line appended, then
+    rerun: completions.jsonl is byte-identical to an uninterrupted run's, with the same eval.batch_size
+    and with another (the resumed calls start at other rows: samples are keyed by problem and sample)."""
+    out = tmp_path / "killed"
+    completions = out / "completions.jsonl"
+    process = subprocess.Popen([sys.executable, "-m", "experiments.evaluate", *_resume_args(tiny_hf, out)],
+                               cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while process.poll() is None and not (completions.exists() and b"\n" in completions.read_bytes()):
+            time.sleep(0.002)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    written = completions.read_bytes()
+    done = written.count(b"\n")
+    assert 1 <= done < 12 and uninterrupted.startswith(written[: written.rindex(b"\n") + 1])
+    with open(completions, "ab") as handle:
+        handle.write(b'{"benchmark": "math500", "problem_id": "test/prealgebra/')  # a torn last line
+    other = tmp_path / "killed_other_batch"
+    shutil.copytree(out, other)
+
+    resumed = main(_resume_args(tiny_hf, out))
+    assert (resumed["skipped"], resumed["generated"]) == (done, 12 - done)
+    assert completions.read_bytes() == uninterrupted
+    resumed = main(_resume_args(tiny_hf, other, batch_size=3))
+    assert (resumed["skipped"], resumed["generated"]) == (done, 12 - done)
+    assert (other / "completions.jsonl").read_bytes() == uninterrupted
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_appending_is_one_line_exit_1_and_a_rerun_resumes(tiny_hf, uninterrupted,
+                                                                           tmp_path, capsys, monkeypatch):
+    import experiments.evaluate as evaluate_module
+
+    out = tmp_path / "eval"
+    calls = []
+    real_append = evaluate_module.append_completions
+
+    def append_until_the_disk_is_full(handle, records):
+        calls.append(len(records))
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_append(handle, records)
+
+    monkeypatch.setattr(evaluate_module, "append_completions", append_until_the_disk_is_full)
+    assert cli(_resume_args(tiny_hf, out)) == 1
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: cannot write completions to {out / 'completions.jsonl'}: No space left "
+                           "on device [errno 28] (") and "MiB free of" in line, line
+    assert line.endswith("make room and rerun to resume"), line
+    assert (out / "completions.jsonl").read_bytes() == b"".join(uninterrupted.splitlines(keepends=True)[:2])
+    monkeypatch.setattr(evaluate_module, "append_completions", real_append)
+    assert main(_resume_args(tiny_hf, out))["generated"] == 10
+    assert (out / "completions.jsonl").read_bytes() == uninterrupted
 
 
 def _record(benchmark="b", problem_index=0, sample=0, score=1.0, length=5, truncated=False):

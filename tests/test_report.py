@@ -10,6 +10,7 @@ of the paper's length (1,024 policy updates); hand-made run directories whose fi
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -420,6 +421,50 @@ def test_length_bins_are_shared_per_n_and_tab1_groups_runs_by_n(tmp_path):
 
 
 # ------------------------------------------------------------------------------- bad input
+
+
+def _one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and not captured.out, captured
+    return lines[0]
+
+
+def test_command_line_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    """Bad flags, a directory that is not a run, a log with a duplicated iteration, an unwritable --out:
+    one line and exit status 2, nothing written; a report that cannot be written once built: exit 1."""
+    import experiments.report as report_module
+
+    run = _write_run(tmp_path / "run", iterations=3)
+    (tmp_path / "a_file").write_text("")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    duplicated = _write_run(tmp_path / "duplicated", iterations=3)
+    (duplicated / "metrics.jsonl").write_text("\n".join(lines[:3] + lines[2:]) + "\n")
+    for argv, message in [
+        ([str(run), "--no-such-flag"], "error: unrecognized arguments: --no-such-flag (see --help)"),
+        ([], "error: the following arguments are required: RUN_DIR (see --help)"),
+        ([str(run), "--bins", "two"], "error: argument --bins: invalid int value: 'two' (see --help)"),
+        ([str(run), "--bins", "2"], "error: --bins must be >= 3 (two quantile bins and the cap bin); got 2 "
+                                    "(see --help)"),
+        ([str(run), "--eval", "x"], "error: --eval 'x': expected RUN_DIR=EVAL_DIR"),
+        ([str(tmp_path / "a_file")], f"error: {tmp_path / 'a_file'}: not a directory"),
+        ([str(duplicated)], f"error: {duplicated / 'metrics.jsonl'}:4: iteration 2 was already recorded on "
+                            "line 3 (a log appended to by a resumed run?)"),
+        ([str(run), "--out", str(tmp_path / "a_file" / "report")],
+         f"error: --out '{tmp_path / 'a_file' / 'report'}': {tmp_path / 'a_file'} is a file, not a "
+         "directory"),
+    ]:
+        assert cli(argv) == 2, argv
+        assert _one_error_line(capsys) == message
+    assert not (run / "report").exists() and not (duplicated / "report").exists()
+
+    def full_disk(report, out_dir):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(out_dir, "report.md"))
+
+    monkeypatch.setattr(report_module, "write_report", full_disk)
+    assert cli([str(run)]) == 1
+    assert _one_error_line(capsys) == (f"error: writing the report to {run / 'report'} failed: [Errno 28] No "
+                                       f"space left on device: '{run / 'report' / 'report.md'}'")
 
 
 def test_not_a_run_and_mismatched_files_are_named(tmp_path, capsys):

@@ -208,6 +208,33 @@ def test_a_batch_generated_in_row_chunks_equals_one_batch(moe, moe_sampled):
         EngineConfig(max_batch_rows=0)
 
 
+def test_row_ids_make_a_rows_samples_independent_of_its_position(dense):
+    # 4 prompts x 2 samples seeded by ids of their own; the same 8 rows shuffled, as single samples, in
+    # chunks of at most 3 rows (3 + 3 + 2 and a filler row) with their ids: each row gets its sample back.
+    model = dense[1]
+    params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_p=0.9, seed=5, eos_token_ids=(2,),
+                            num_samples=2)
+    ids = np.array([7, 2**32 - 1, 40_000, 3, 0, 123_456_789, 11, 12])
+    whole = generate(model, PROMPTS, params, row_ids=ids)
+    order = np.array([5, 0, 7, 2, 6, 1, 3, 4])
+    rows = [PROMPTS[i // 2] for i in order]
+    moved = generate(model, rows, dataclasses.replace(params, num_samples=1), row_ids=ids[order],
+                     engine=EngineConfig(max_batch_rows=3))
+    np.testing.assert_array_equal(np.asarray(moved.tokens), np.asarray(whole.tokens)[order])
+    np.testing.assert_array_equal(np.asarray(moved.lengths), np.asarray(whole.lengths)[order])
+    np.testing.assert_allclose(np.asarray(moved.logprobs), np.asarray(whole.logprobs)[order], atol=1e-5)
+    # Without ids a row is seeded by its index: the default is row_ids = 0..rows-1, and other ids give
+    # other samples.
+    default = generate(model, PROMPTS, params)
+    by_index = generate(model, PROMPTS, params, row_ids=np.arange(8))
+    np.testing.assert_array_equal(np.asarray(default.tokens), np.asarray(by_index.tokens))
+    assert not np.array_equal(np.asarray(default.tokens), np.asarray(whole.tokens))
+    with pytest.raises(ValueError, match=r"row_ids has shape \(4,\); expected \(8,\)"):
+        generate(model, PROMPTS, params, row_ids=[0, 1, 2, 3])
+    with pytest.raises(ValueError, match=r"in \[0, 2\*\*32\)"):
+        generate(model, PROMPTS, params, row_ids=[-1] + [0] * 7)
+
+
 def test_compile_generate_compiles_every_program_of_a_bucket_ahead(moe):
     # Decode in two segments with a cache that grows between them, and routing capture: every program
     # generate runs for a prompt bucket is compiled ahead, so generating at that bucket compiles nothing.

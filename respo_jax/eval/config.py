@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from respo_jax.training.config import _Section, validate_sections
+
 # Benchmark names of the evaluation (the issue's / paper's names) -> `respo_jax.data.load_benchmark` names.
 PAPER_BENCHMARKS = ("aime25", "aime24", "amc23", "olympiadbench", "minerva_math", "math500")
 LOADER_NAMES = {"aime25": "aime25", "aime24": "aime24", "amc23": "amc23", "olympiadbench": "olympiadbench",
@@ -25,7 +27,7 @@ DISPLAY_NAMES = {"aime25": "AIME25", "aime24": "AIME24", "amc23": "AMC23", "olym
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(_Section):
     """What to evaluate, with which protocol, and where the outputs go (section `eval`).
 
     checkpoint: a Hugging Face directory (config.json, safetensors, tokenizer.json) or a training run
@@ -46,6 +48,7 @@ class EvalSettings:
       different protocol in the same out_dir is refused).
     """
 
+    section = "eval"
     checkpoint: str = ""
     benchmarks: str = ",".join(PAPER_BENCHMARKS)
     data_dir: str = "../shared/data"
@@ -81,44 +84,34 @@ class EvalSettings:
         return SYNTHETIC_SAMPLES if benchmark == SYNTHETIC else PAPER_SAMPLES[benchmark]
 
     def validate(self) -> None:
-        if not self.checkpoint:
-            raise ValueError(
-                "eval.checkpoint is required: a Hugging Face directory or a training run directory"
-            )
+        """Every field typed and in range (`ConfigError`: one line naming key, value and what is allowed).
+        Pure: whether the checkpoint and data exist is checked by `experiments.evaluate` at start-up."""
+        self._check_types()
+        self._need("checkpoint", bool(self.checkpoint.strip()),
+                   "a Hugging Face checkpoint directory or a training run directory")
         names = self.benchmark_names()
-        if not names:
-            raise ValueError("eval.benchmarks is empty; give a comma-separated list, e.g. aime25,math500")
         known = (*PAPER_BENCHMARKS, SYNTHETIC)
+        self._need("benchmarks", bool(names), f"a comma-separated list of {', '.join(known)}")
         unknown = [name for name in names if name not in known]
-        if unknown:
-            raise ValueError(f"eval.benchmarks: unknown {unknown}; known: {', '.join(known)}")
-        if len(set(names)) != len(names):
-            raise ValueError(f"eval.benchmarks lists a benchmark twice: {self.benchmarks!r}")
-        if SYNTHETIC in names and len(names) > 1:
-            raise ValueError(
-                "eval.benchmarks=synthetic (a synthetic-task run) cannot be mixed with math benchmarks"
-            )
+        self._need("benchmarks", not unknown, f"names from {', '.join(known)} (unknown: {unknown})")
+        self._need("benchmarks", len(set(names)) == len(names), "each benchmark at most once")
+        self._need("benchmarks", SYNTHETIC not in names or len(names) == 1,
+                   "synthetic alone (a synthetic-task run), not mixed with math benchmarks")
         for name in ("max_new_tokens", "batch_size", "prompt_bucket", "synthetic_problems"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"eval.{name} must be >= 1; got {getattr(self, name)}")
-        if self.bootstrap_resamples < 2:
-            raise ValueError(f"eval.bootstrap_resamples must be >= 2; got {self.bootstrap_resamples}")
-        for name in ("samples", "top_k", "limit", "decode_chunk_size", "seed", "num_workers",
-                     "bootstrap_seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"eval.{name} must be >= 0; got {getattr(self, name)}")
-        if not self.temperature >= 0:
-            raise ValueError(f"eval.temperature must be >= 0 (0 = greedy); got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"eval.top_p must be in (0, 1]; got {self.top_p}")
-        if self.chat_template not in ("auto", "true", "false"):
-            raise ValueError(
-                f"eval.chat_template must be 'auto', 'true' or 'false'; got {self.chat_template!r}"
-            )
-        if self.dtype not in ("", "float32", "bfloat16"):
-            raise ValueError(f"eval.dtype must be '', 'float32' or 'bfloat16'; got {self.dtype!r}")
-        if not self.verify_timeout_s > 0:
-            raise ValueError(f"eval.verify_timeout_s must be > 0; got {self.verify_timeout_s}")
+            self._need(name, getattr(self, name) >= 1, "an integer >= 1")
+        self._need("bootstrap_resamples", self.bootstrap_resamples >= 2, "an integer >= 2")
+        for name, zero in (("samples", "the paper's counts"), ("top_k", "no top-k"),
+                           ("limit", "all problems"), ("decode_chunk_size", "decode in one loop"),
+                           ("num_workers", "the CPU count")):
+            self._need(name, getattr(self, name) >= 0, f"an integer >= 0 (0: {zero})")
+        for name in ("seed", "bootstrap_seed"):
+            self._need(name, 0 <= getattr(self, name) < 2**64, "an integer in [0, 2**64)")
+        self._need("temperature", self.temperature >= 0, "a number >= 0 (0: greedy)")
+        self._need("top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
+        self._need("chat_template", self.chat_template in ("auto", "true", "false"), "auto, true or false")
+        self._need("dtype", self.dtype in ("", "float32", "bfloat16"),
+                   "'' (the checkpoint's), float32 or bfloat16")
+        self._need("verify_timeout_s", self.verify_timeout_s > 0, "a number > 0 (seconds)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +119,7 @@ class EvalConfig:
     eval: EvalSettings = EvalSettings()
 
     def validate(self) -> "EvalConfig":
-        self.eval.validate()
+        validate_sections(self)
         return self
 
     def to_dict(self) -> dict:

@@ -17,9 +17,11 @@ EOS or the length limit is reached; nothing syncs with the host per token. With
 attention reads the slots generated so far (rounded up to a segment) instead of the whole limit.
 
 Randomness. Row r (of the prompt-major, sample-expanded batch) at step t uses the key
-`fold_in(fold_in(seed_key, r), t)` with `seed_key = fold_in(key(seed % 2**32), seed // 2**32)`: a
-row's draws depend only on the seed, its row index and its own context, not on the batch size or on
-the other prompts. The seed is a traced argument, so a new seed does not recompile.
+`fold_in(fold_in(seed_key, id_r), t)` with `seed_key = fold_in(key(seed % 2**32), seed // 2**32)` and
+`id_r` the row's id: `row_ids[r]` when the caller gives them, else its row index r. A row's draws
+depend only on the seed, its id and its own context, not on the batch size or on the other prompts;
+with ids of its own (the evaluation's (benchmark, problem, sample)) not on its position either. The
+seed and the ids are traced arguments, so new ones do not recompile.
 
 Output conventions. `tokens[r, t]` for t >= lengths[r] holds `SamplingParams.pad_token_id` (the first
 EOS id, or 0 without EOS ids) and `logprobs[r, t]` holds 0 there; `lengths` counts the EOS token.
@@ -251,13 +253,13 @@ def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, retu
     ),
 )
 def _prefill_and_decode(
-    graphdef, model_state, layers, input_ids, positions, attention_mask, active, seed, first_row,
+    graphdef, model_state, layers, input_ids, positions, attention_mask, active, seed, row_ids,
     *, params, cache_len, stop, prefill_chunk, cache_dtype, return_routing, capture_last,
 ):
     """Prefill `[batch, P]` prompts, sample the first token and decode until `stop` (jitted once per
     shape/params). `layers`: per-layer weights for the decode loop (`_decode_layers`) or None; the
-    prefill keeps the model's layer scan. `first_row` (traced uint32): index of this chunk's first
-    row in the whole batch, which seeds the rows' keys. Returns the loop state and the prompt routing
+    prefill keeps the model's layer scan. `row_ids`: `[batch]` uint32 ids that seed the rows' keys
+    (by default the rows' indices in the whole batch). Returns the loop state and the prompt routing
     (or None)."""
     model = nnx.merge(graphdef, model_state)
     batch, prompt_len = input_ids.shape
@@ -285,8 +287,7 @@ def _prefill_and_decode(
     prompt_routing = jnp.concatenate(chunk_routings, axis=2) if return_routing else None
 
     base_key = jax.random.fold_in(jax.random.key(seed[0]), seed[1])  # seed: [2] uint32 (low, high word)
-    rows = first_row + jnp.arange(batch, dtype=jnp.uint32)  # the rows' indices in the whole batch
-    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base_key, rows)
+    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base_key, row_ids)
     routing = None
     if return_routing:
         num_layers, _, _, top_k = prompt_routing.shape
@@ -371,6 +372,7 @@ def generate(
     *,
     return_routing: bool = False,
     engine: EngineConfig = EngineConfig(),
+    row_ids: Sequence[int] | None = None,
 ) -> GenerateOutput:
     """Sample `params.num_samples` continuations of every prompt.
 
@@ -381,6 +383,9 @@ def generate(
       params: sampling distribution and limits (static: a new value compiles once).
       return_routing: also return the routed experts of prompt and generated tokens (MoE only).
       engine: buckets, prefill/decode chunking and cache dtype.
+      row_ids: `[len(prompts) * num_samples]` ints in [0, 2**32), one per output row (prompt-major),
+        that seed the rows' random draws instead of their row indices (the default): a row with the
+        same id, prompt and params gets the same sample wherever it sits in the batch.
     The sampler runs under the model config's `mesh` and `rules` (`respo_jax.sharding`), as the
     trainer does: prompts, sampled tokens, log-probs and routing split their batch dimension by the
     `batch` rule (rows padded with inactive filler rows to a multiple of those axes' size), the KV
@@ -391,11 +396,25 @@ def generate(
     Returns:
       GenerateOutput with rows in prompt-major order (`len(prompts) * num_samples` rows).
     """
-    return _generate(model, prompts, params, return_routing, engine, compile_only=False)
+    return _generate(model, prompts, params, return_routing, engine, compile_only=False, row_ids=row_ids)
+
+
+def _validate_row_ids(row_ids, rows: int) -> np.ndarray:
+    """`row_ids` as `[rows]` uint32 (None: the row indices 0..rows-1)."""
+    if row_ids is None:
+        return np.arange(rows, dtype=np.uint32)
+    ids = np.asarray(row_ids)
+    if ids.shape != (rows,):
+        raise ValueError(f"row_ids has shape {ids.shape}; expected ({rows},): one id per output row "
+                         "(len(prompts) * num_samples)")
+    if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= 2**32):
+        raise ValueError(f"row_ids must be integers in [0, 2**32); got dtype {ids.dtype}, "
+                         f"range [{ids.min()}, {ids.max()}]")
+    return ids.astype(np.uint32)
 
 
 def _generate(model, prompts, params: SamplingParams, return_routing: bool, engine: EngineConfig,
-              compile_only: bool) -> GenerateOutput | None:
+              compile_only: bool, row_ids=None) -> GenerateOutput | None:
     """`generate`, or with `compile_only` the compilation of its programs (returns None)."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -427,6 +446,7 @@ def _generate(model, prompts, params: SamplingParams, return_routing: bool, engi
         return slots if engine.max_cache_len is None else min(slots, engine.max_cache_len)
 
     rows = [p for p in prompts for _ in range(params.num_samples)]
+    ids = _validate_row_ids(row_ids, len(rows))
     chunk_rows = _round_up(_chunk_rows(len(rows), engine.max_batch_rows), _batch_shards(cfg))
     graphdef, model_state = nnx.split(model)
     layers = _decode_layers(model, graphdef, model_state)
@@ -436,9 +456,9 @@ def _generate(model, prompts, params: SamplingParams, return_routing: bool, engi
         cache_dtype=engine.cache_dtype or getattr(cfg, "dtype", "float32"), compile_only=compile_only,
     )
     if compile_only:  # equal chunks: the first one's programs are every chunk's
-        run(rows[:chunk_rows], 0, chunk_rows)
+        run(rows[:chunk_rows], ids[:chunk_rows], 0, chunk_rows)
         return None
-    outputs = [run(rows[first:first + chunk_rows], first, chunk_rows)
+    outputs = [run(rows[first:first + chunk_rows], ids[first:first + chunk_rows], first, chunk_rows)
                for first in range(0, len(rows), chunk_rows)]
     return outputs[0] if len(outputs) == 1 else _concatenate(outputs)
 
@@ -468,11 +488,13 @@ def _abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
 
 
-def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers, params, engine, prompt_len,
-                    cache_slots, return_routing, cfg, cache_dtype, compile_only) -> GenerateOutput | None:
-    """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch) as one jitted batch of
-    `num_rows` rows (filler rows past `len(rows)`, dropped from the output). `compile_only`: compile
-    the programs of every decode segment instead (the loop state stays abstract) and return None."""
+def _generate_chunk(rows, ids, first_row, num_rows, *, graphdef, model_state, layers, params, engine,
+                    prompt_len, cache_slots, return_routing, cfg, cache_dtype,
+                    compile_only) -> GenerateOutput | None:
+    """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch, seeded by their `ids`)
+    as one jitted batch of `num_rows` rows (filler rows past `len(rows)`, dropped from the output; their
+    ids continue the row indices, as without ids; an inactive row's draws are unused). `compile_only`:
+    compile the programs of every decode segment instead (the loop state stays abstract), return None."""
 
     def call(program, *args, **kwargs):
         if not compile_only:
@@ -483,8 +505,11 @@ def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers,
     # arrays are assembled from the processes' parts (respo_jax.distributed).
     part = np.arange(num_rows)[process_rows(_batch_sharding(cfg, 1), num_rows)]
     host_arrays = left_pad([rows[i] for i in part if i < len(rows)], prompt_len, len(part))  # filler last
+    chunk_ids = first_row + np.arange(num_rows, dtype=np.uint32)
+    chunk_ids[: len(rows)] = ids
+    host_arrays += (chunk_ids[part],)
     device_arrays = [rows_from_process(_batch_sharding(cfg, a.ndim), a, num_rows) for a in host_arrays]
-    input_ids, positions, attention_mask, active = device_arrays
+    input_ids, positions, attention_mask, active, row_ids = device_arrays
 
     total = params.max_new_tokens
     chunk = engine.decode_chunk_size or total
@@ -492,7 +517,7 @@ def _generate_chunk(rows, first_row, num_rows, *, graphdef, model_state, layers,
     static_params = dataclasses.replace(params, seed=0)  # the seed is traced: no recompile per seed
     state, prompt_routing = call(
         _prefill_and_decode, graphdef, model_state, layers, input_ids, positions, attention_mask, active,
-        np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32), np.uint32(first_row),
+        np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32), row_ids,
         params=static_params, cache_len=cache_slots(stop), stop=stop,
         prefill_chunk=engine.prefill_chunk_size, cache_dtype=cache_dtype, return_routing=return_routing,
         capture_last=return_routing and stop == total,
