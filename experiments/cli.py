@@ -29,7 +29,7 @@ class ArgumentParser(argparse.ArgumentParser):
     the help and exits 0."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{self.prog}: {message} (see --help)")
+        raise ConfigError(f"{message} (see --help)")
 
 
 def run_cli(main: Callable[[list[str]], object], argv: list[str],
