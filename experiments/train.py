@@ -137,7 +137,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
         bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
         for _ in bar:
             record = trainer.iteration()  # raises NonFiniteError before anything of a diverged step is kept
-            if primary:
+            if primary and trainer.last_rollout is not None:  # None: dynamic sampling kept no group
                 write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
             emit(record)
             bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",
