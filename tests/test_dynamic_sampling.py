@@ -1,10 +1,12 @@
 """DAPO dynamic sampling (issue 27, `rollout.filter_groups`): which groups are kept and how many prompt
 batches are drawn (against scripted accuracies, no model), and a real run whose trained groups all have
 an advantage spread, whose counts are logged, and which resumes bit for bit after losing its last
-checkpoint (the state a SIGKILL between an iteration and its checkpoint leaves)."""
+checkpoint (the state a SIGKILL between an iteration and its checkpoint leaves). The same run has
+rollout correction on (issue 27, `objective.rollout_correction`) and shows its metrics."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import types
 
@@ -15,7 +17,7 @@ from experiments.train import DEFAULT_CONFIG, load_config
 from respo_jax.data.batches import PromptBatches
 from respo_jax.eval.rollout_files import load_rollout_files
 from respo_jax.training.checkpoint import list_steps, step_dir
-from respo_jax.training.config import apply_overrides
+from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.loop import RLTrainer
 from test_runs import _copy, _raw_state, _records, _train, _without_timings, jit_cache  # noqa: F401
 
@@ -95,21 +97,32 @@ def test_the_filter_uses_the_accuracy_before_the_overlong_penalty():
 
 
 # A real run: the tiny model of tests/test_runs.py, warmed up far enough that some groups are mixed; at
-# most 3 generation batches, so some rollout batches are full, some short and some empty (seed 0).
+# most 3 generation batches, so some rollout batches are full, some short and some empty (seed 0). Rollout
+# correction is on too (the options compose; tests/test_rollout_correction.py reads the same run): top-k
+# 16 makes the sampler's distribution the renormalized kept set, and token-level mask mode with the
+# lower bound 0.99 masks the tokens whose kept mass is below it.
 FILTER_RUN = ("rollout.filter_groups=true", "rollout.max_generation_batches=3", "warmup.steps=40",
               "warmup.batch_size=16", "warmup.learning_rate=0.01", "run.iterations=4",
-              "run.checkpoint_every=2", "run.resume=true")
+              "run.checkpoint_every=2", "run.resume=true", "rollout.top_k=16",
+              'objective.rollout_correction={"level": "token", "mode": "mask", "threshold": 2.0, '
+              '"threshold_lower": 0.99}')
 
 
-def test_a_filtered_run_trains_only_on_informative_groups_logs_the_counts_and_resumes_bit_identical(
-        tmp_path, jit_cache):  # noqa: F811
-    out = tmp_path / "run"
+@pytest.fixture(scope="session")
+def filtered_run(tmp_path_factory, jit_cache):  # noqa: F811
+    """The uninterrupted FILTER_RUN (tests work on copies)."""
+    out = tmp_path_factory.mktemp("filtered") / "run"
     result = _train(jit_cache, out, *FILTER_RUN)
     assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_a_filtered_run_trains_only_on_informative_groups_and_logs_the_counts(filtered_run):
+    out = filtered_run
     rl = [r for r in _records(out) if r["phase"] == "rl"]
     group, per_minibatch, groups = 2, 2, 4  # tests/test_runs.py's TINY_RUN: G=2, M=2, N·M=4
     kept = [r["groups_kept"] for r in rl]
-    assert len(rl) == 4 and max(kept) == groups and min(kept) < groups, kept  # a full and a short batch
+    assert len(rl) == 4 and max(kept) == groups and 0 in kept and set(kept) - {0, groups}, kept  # all cases
     updates = 0
     files = {int(f["iteration"]): f for f in load_rollout_files(out)}
     for r in rl:
@@ -125,9 +138,14 @@ def test_a_filtered_run_trains_only_on_informative_groups_logs_the_counts_and_re
         assert rollout["advantage"].shape == (r["groups_kept"] * group,)
         spread = rollout["advantage"].reshape(-1, group)
         assert np.all(spread.max(axis=1) - spread.min(axis=1) > 0)  # every trained group has a signal
-        assert np.all(rollout["minibatch"] < r["updates"]) and np.isfinite(r["loss"])
+        assert np.all(rollout["minibatch"] < r["updates"]) and np.isfinite(r["loss"]) and r["grad_norm"] > 0
 
-    # Lose the last checkpoint (killed after iteration 4 was logged, before it was saved) and resume.
+
+def test_a_filtered_run_resumes_bit_identical_after_losing_its_last_checkpoint(filtered_run, tmp_path,
+                                                                              jit_cache):  # noqa: F811
+    """Killed after iteration 4 was logged, before its checkpoint was saved: the resumed run redraws
+    iterations 3 and 4 (their generation batches and seeds) exactly."""
+    out = filtered_run
     copy = _copy(out, tmp_path / "resumed")
     shutil.rmtree(step_dir(str(copy / "checkpoints"), 4))
     assert list_steps(copy / "checkpoints") == [2]
@@ -139,9 +157,27 @@ def test_a_filtered_run_trains_only_on_informative_groups_logs_the_counts_and_re
     assert got_meta == want_meta and got.keys() == want.keys()
     for key in want:
         assert got[key].tobytes() == want[key].tobytes(), key
-    for name in ("iteration_000003.npz", "iteration_000004.npz"):
-        if (out / "rollouts" / name).exists():
-            assert (copy / "rollouts" / name).read_bytes() == (out / "rollouts" / name).read_bytes()
+    names = sorted(p.name for p in (out / "rollouts").iterdir())
+    assert sorted(p.name for p in (copy / "rollouts").iterdir()) == names
+    for path in (out / "rollouts").iterdir():
+        assert (copy / "rollouts" / path.name).read_bytes() == path.read_bytes()
+
+
+def test_a_run_with_rollout_correction_under_top_k_trains_and_logs_the_ratio(filtered_run):
+    """Under top-k the sampler's log-prob is that of the renormalized kept set, so π_old / π_sampler is the
+    kept probability mass, <= 1 on every token: truncation never binds, and token-level mask mode with
+    the lower bound 0.99 masks the tokens whose kept mass is below it. The run trains and logs the ratio's
+    statistics on every iteration it trains (tests/test_rollout_correction.py checks the formulas)."""
+    rl = [r for r in _records(filtered_run) if r["phase"] == "rl" and r["updates"]]
+    assert len(rl) >= 2
+    for record in rl:
+        assert np.isfinite(record["loss"]) and record["grad_norm"] > 0
+        assert record["rollout_is_max"] <= 1.0 + 1e-5 and record["rollout_is_mean"] < 1.0
+        assert record["rollout_is_fraction_high"] == 0.0
+        assert 0.0 < record["rollout_is_fraction_low"] < 1.0
+        assert record["rollout_is_corrected_fraction"] == record["rollout_is_fraction_low"]
+    config = json.loads((filtered_run / "config.json").read_text())
+    assert config["objective"]["rollout_correction"]["threshold_lower"] == 0.99
 
 
 @pytest.mark.parametrize("override, message", [
@@ -149,6 +185,6 @@ def test_a_filtered_run_trains_only_on_informative_groups_logs_the_counts_and_re
     ("rollout.routing_replay=true", "rollout.filter_groups=True: expected false with rollout.routing_replay"),
 ])
 def test_bad_dynamic_sampling_values_are_one_line_errors(override, message):
-    with pytest.raises(Exception) as info:
+    with pytest.raises(ConfigError) as info:
         apply_overrides(load_config(DEFAULT_CONFIG), ["rollout.filter_groups=true", override])
     assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)

@@ -1,11 +1,10 @@
 """Rollout correction (issue 27): verl's truncated / masked importance weights between the sampler's
 log-probs and log π_old against a float64 NumPy transcription of verl's formulas
 (``verl/trainer/ppo/mismatch_helper.py``, ``compute_rollout_importance_weights``) on held-out cases,
-the weights composing with every objective, the config's one-line errors and a short run with it on."""
+the weights composing with every objective and the config's one-line errors. A short run with it on is
+in tests/test_dynamic_sampling.py (one run of both options)."""
 
 from __future__ import annotations
-
-import json
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,6 @@ import pytest
 from experiments.train import DEFAULT_CONFIG, load_config
 from respo_jax.objectives import OBJECTIVES, RolloutCorrection, get_objective, rollout_correction_weights
 from respo_jax.training.config import ConfigError, apply_overrides
-from test_runs import _records, _train, jit_cache  # noqa: F401  (the session's shared XLA cache)
 
 SAFETY_BOUND = 20.0  # verl's
 
@@ -137,24 +135,3 @@ def test_a_lower_bound_above_the_upper_one_is_refused():
     with pytest.raises(ConfigError, match=expected):
         apply_overrides(load_config(DEFAULT_CONFIG), ['objective.rollout_correction={"mode": "mask", '
                                                       '"threshold": 2.0, "threshold_lower": 2.5}'])
-
-
-def test_a_run_with_rollout_correction_under_top_k_trains_and_logs_the_ratio(
-        tmp_path, jit_cache):  # noqa: F811
-    """Under top-k the sampler's log-prob is that of the renormalized kept set, so π_old / π_sampler is the
-    kept probability mass, <= 1 on every token (about 16/26 for the barely trained tiny model at top-k 16):
-    token-level mask mode with a lower bound inside that range masks some tokens, and the run logs it."""
-    out = tmp_path / "run"
-    result = _train(jit_cache, out, "run.iterations=2", "rollout.top_k=16",
-                    'objective.rollout_correction={"level": "token", "mode": "mask", "threshold": 2.0, '
-                    '"threshold_lower": 0.65}')
-    assert result.returncode == 0, result.stderr[-3000:]
-    rl = [r for r in _records(out) if r["phase"] == "rl"]
-    assert len(rl) == 2 and rl[-1]["policy_updates"] == 4
-    for record in rl:
-        assert np.isfinite(record["loss"]) and record["grad_norm"] > 0
-        assert record["rollout_is_max"] <= 1.0 + 1e-5 and record["rollout_is_mean"] < 1.0
-        assert record["rollout_is_fraction_high"] == 0.0
-        assert 0.0 < record["rollout_is_fraction_low"] < 1.0
-        assert record["rollout_is_corrected_fraction"] == record["rollout_is_fraction_low"]
-    assert json.loads((out / "config.json").read_text())["objective"]["rollout_correction"]["mode"] == "mask"
