@@ -188,7 +188,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
         bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
         for _ in bar:
             record = trainer.iteration()  # raises NonFiniteError before anything of a diverged step is kept
-            if primary:
+            if primary and trainer.last_rollout is not None:  # None: dynamic sampling kept no group
                 with writing(f"the rollout file of iteration {trainer.state.iteration}",
                              os.path.join(out_dir, run_dir.ROLLOUT_DIR), run_dir.RESUME_HINT):
                     write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)

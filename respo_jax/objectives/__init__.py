@@ -53,6 +53,7 @@ from respo_jax.objectives.registry import (
     reshaping_objective,
     unregister_objective,
 )
+from respo_jax.objectives.rollout_correction import RolloutCorrection, rollout_correction_weights
 
 __all__ = [
     "AGGREGATION_MODES",
@@ -63,6 +64,7 @@ __all__ = [
     "ObjectiveOutput",
     "ObjectiveSpec",
     "PolicyObjective",
+    "RolloutCorrection",
     "TokenLoss",
     "aggregate_loss",
     "aggregation_terms",
@@ -83,6 +85,7 @@ __all__ = [
     "respo_kernel",
     "respo_objective",
     "response_gradient_weight",
+    "rollout_correction_weights",
     "sequence_log_ratio",
     "unregister_objective",
     "vespo_kernel",

@@ -475,9 +475,11 @@ class PolicyObjective:
         """Aggregation denominator of ``mask: [batch, seq]``; pass the mini-batch's to each micro-batch."""
         return loss_denominator(mask, self.aggregation, self.loss_scale_factor)
 
-    def evaluate(self, logp, old_logp, advantages, mask) -> ObjectiveOutput:
+    def evaluate(self, logp, old_logp, advantages, mask, token_weight=None) -> ObjectiveOutput:
         """Loss terms, scalar metrics and per-response diagnostics of one batch (all stop-gradient but the
-        loss); ``logp, old_logp, mask: [batch, seq]``, ``advantages: [batch]``."""
+        loss); ``logp, old_logp, mask: [batch, seq]``, ``advantages: [batch]``. ``token_weight: [batch,
+        seq]`` (stop-gradient; e.g. ``rollout_correction_weights``) multiplies each token's loss term
+        before aggregation, the denominator unchanged; the metrics and diagnostics do not see it."""
         check_policy_inputs(logp, old_logp, advantages, mask)
         spec = OBJECTIVES[self.name]
         mask = jnp.asarray(mask, jnp.float32)
@@ -488,7 +490,10 @@ class PolicyObjective:
         advantages = sg(jnp.asarray(advantages).astype(jnp.float32))
         log_w = sg(kernels.sequence_log_ratio(logp, old_logp, mask, token_clamp=spec.token_log_ratio_clamp))
         token = spec.token_loss(logp, old_logp, advantages, mask, log_w, **dict(self.hparams))
-        terms = aggregation_terms(token.loss, mask, self.aggregation, self.loss_scale_factor)
+        token_loss = token.loss
+        if token_weight is not None:
+            token_loss = token_loss * sg(jnp.where(valid, jnp.asarray(token_weight, jnp.float32), 0.0))
+        terms = aggregation_terms(token_loss, mask, self.aggregation, self.loss_scale_factor)
         seq_coef = sequence_coefficient(sg(token.coefficient), mask)
         metrics = sequence_metrics(log_w, advantages, mask, seq_coef)
         metrics.update(token.metrics)

@@ -35,6 +35,8 @@ class PolicyBatch:
     routing:        None, or (Routing Replay) [batch, num_moe_layers, prompt_len + response_len - 1, top_k]
                     int32: the experts the sampler routed each input token to (the model input is the
                     sequence without its last token); log π_old and the policy forward replay them
+    sampler_logp:   None, or (rollout correction) [batch, response_len] float32: the sampler's log-prob
+                    of each response token (0 where masked)
 
     Every array has the rows first, so one sharding of the leading dimension (`batch_sharding`) places
     the whole batch and `take` selects rows of every field alike.
@@ -48,6 +50,7 @@ class PolicyBatch:
     advantages: jnp.ndarray
     prompt_len: int = flax.struct.field(pytree_node=False, default=0)
     routing: jnp.ndarray | None = None
+    sampler_logp: jnp.ndarray | None = None
 
     def take(self, rows: np.ndarray) -> "PolicyBatch":
         """The sub-batch of the given rows (a mini-batch)."""
@@ -59,6 +62,7 @@ class PolicyBatch:
             old_logp=self.old_logp[rows],
             advantages=self.advantages[rows],
             routing=None if self.routing is None else self.routing[rows],
+            sampler_logp=None if self.sampler_logp is None else self.sampler_logp[rows],
         )
 
 
@@ -206,4 +210,5 @@ def split_microbatches(batch: PolicyBatch, rows_per_microbatch: int) -> PolicyBa
         attention_mask=pad(batch.attention_mask, False), response_mask=pad(batch.response_mask, True),
         old_logp=pad(batch.old_logp, True), advantages=pad(batch.advantages, True),
         routing=None if batch.routing is None else pad(batch.routing, False),
+        sampler_logp=None if batch.sampler_logp is None else pad(batch.sampler_logp, True),
     )

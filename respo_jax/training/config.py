@@ -258,13 +258,20 @@ class RolloutConfig(_Section):
     # current router, which keeps its gradient), so sampler and trainer run the same experts.
     routing_replay: bool = False
     max_prompt_buckets: int = 16
+    # DAPO dynamic sampling (verl's algorithm.filter_groups): drop the groups whose G responses all get
+    # the same raw accuracy (reward > 0, before the overlong penalty) and draw the next prompt batches
+    # until N·M informative groups are kept (extras dropped) or `max_generation_batches` were generated;
+    # then train on the groups kept (`RLTrainer.iteration`).
+    filter_groups: bool = False
+    max_generation_batches: int = 10
 
     def validate(self) -> None:
         from respo_jax.sampling import SamplingParams
 
         self._check_types()
         for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks", "prompt_bucket",
-                     "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets"):
+                     "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets",
+                     "max_generation_batches"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
         self._need("minibatch_order", self.minibatch_order in ("consecutive", "balanced"),
                    "'consecutive' or 'balanced'")
@@ -277,6 +284,9 @@ class RolloutConfig(_Section):
                    "a number > 0 (training rollouts sample; greedy decoding has no log-probs)")
         self._need("top_p", 0 < self.top_p <= 1, "a number in (0, 1] (1: no nucleus truncation)")
         self._need("top_k", self.top_k >= 0, "an integer >= 0 (0: no top-k truncation)")
+        self._need("filter_groups", not (self.filter_groups and self.routing_replay),
+                   "false with rollout.routing_replay=true (dynamic sampling does not keep the routing of "
+                   "the groups it collects)")
         try:  # the sampler's own checks, so a rollout never fails after warm-up
             SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                            top_k=self.top_k, num_samples=self.group_size)
@@ -295,6 +305,9 @@ class ObjectiveConfig(_Section):
     # added to the policy loss; 0 = not added (its value is still logged for MoE models). Qwen3-MoE
     # checkpoints' config.json say router_aux_loss_coef=0.001 for pre-training.
     load_balancing_weight: float = 0.0
+    # Rollout correction between the sampler's log-probs and log π_old ({}: off), e.g.
+    # {"level": "token", "mode": "truncate", "threshold": 2.0}: `respo_jax.objectives.RolloutCorrection`.
+    rollout_correction: dict = dataclasses.field(default_factory=dict)
 
     def validate(self) -> None:
         from respo_jax.objectives import OBJECTIVES, get_objective
@@ -306,6 +319,17 @@ class ObjectiveConfig(_Section):
             get_objective(self.name, **self.hparams)
         except (KeyError, TypeError, ValueError) as err:
             raise ConfigError(f"objective.hparams={self.hparams!r}: {_one_line(err)}") from None
+        self.correction()
+
+    def correction(self):
+        """The typed `RolloutCorrection` (None: off); ConfigError naming the key for a bad one."""
+        from respo_jax.objectives import RolloutCorrection
+
+        try:
+            return RolloutCorrection.from_dict(self.rollout_correction)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"objective.rollout_correction={self.rollout_correction!r}: {_one_line(err)}") \
+                from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,10 @@ verl's length-balanced order.
 This module is the thin shell around the pure parts: it owns the loop, progress and the metric records
 (App. E.3 diagnostics pooled over the rollout batch) and keeps the per-response rollout of the last
 iteration (`last_rollout`); writing files is the caller's (`experiments/train.py`).
+
+Two options of verl's: DAPO dynamic sampling (`rollout.filter_groups`: only groups whose responses
+differ in accuracy are trained on, more prompt batches drawn to fill the rollout batch) and rollout
+correction (`objective.rollout_correction`: each token's loss weighted by π_old / π_sampler, bounded).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from respo_jax.distributed import (
 from respo_jax.eval.positive_branch import pooled_diagnostics
 from respo_jax.host_allocator import host_allocator_settings, release_host_memory
 from respo_jax.models import qwen3
-from respo_jax.objectives import get_objective, group_advantages
+from respo_jax.objectives import get_objective, group_advantages, rollout_correction_weights
 from respo_jax.rewards import SCORED, TIMED_OUT, RewardScorer, get_reward, overlong_penalty
 from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.sharding import (
@@ -177,9 +181,11 @@ class RLTrainer:
         if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
             # Dr.GRPO's constant is the generation budget, not the padded width of a batch.
             self.objective = dataclasses.replace(self.objective, loss_scale_factor=float(r.max_new_tokens))
+        self.correction = config.objective.correction()  # rollout correction, None when off
         self._batch_shapes: set[tuple] = set()  # policy-batch shapes run so far
         self.engine = EngineConfig(prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows)
-        self.last_rollout: dict | None = None  # per-response arrays of the last iteration (rollout file)
+        # per-response arrays of the last iteration (rollout file); None when it trained on no response
+        self.last_rollout: dict | None = None
         self.reward, self.reward_counts = RewardScorer(get_reward(config.task.reward)), {}
         self.take_reward_counts()
         self.mesh, self.rules = build_mesh(config), ShardingRules()
@@ -201,7 +207,8 @@ class RLTrainer:
         self.state = TrainState(graphdef, params, init_optimizer_state(self.tx, params, param_sh))
         self._policy_step = make_policy_step(graphdef, self.objective, self.tx, temperature=r.temperature,
                                              shardings=self.shardings,
-                                             load_balancing_weight=config.objective.load_balancing_weight)
+                                             load_balancing_weight=config.objective.load_balancing_weight,
+                                             rollout_correction=self.correction)
         self._old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
                                              shardings=self.shardings)
 
@@ -432,8 +439,9 @@ class RLTrainer:
                 cfg = self.model_config
                 routing = tuple(np.zeros((cfg.num_moe_layers, rows, length, cfg.num_experts_per_tok), np.int32)
                                 for length in (prompt_len, r.max_new_tokens))
+            sampler_logp = np.zeros(responses.shape, np.float32) if self.correction else None
             batch, micro = self.policy_batch([[self.tokenizer.pad_id] * prompt_len] * rows, responses, lengths,
-                                             np.zeros(rows, np.float32), routing)
+                                             np.zeros(rows, np.float32), routing, sampler_logp)
             self._old_logprobs.lower(self.state.params, batch, micro).compile()
             self._policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
             _drop_programs_near_map_limit()
@@ -453,12 +461,14 @@ class RLTrainer:
             release_host_memory()
 
     def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
-                     advantages: np.ndarray, sampler_routing: tuple | None = None) -> tuple[PolicyBatch, int]:
+                     advantages: np.ndarray, sampler_routing: tuple | None = None,
+                     sampler_logp: np.ndarray | None = None) -> tuple[PolicyBatch, int]:
         """A mini-batch laid out with bucketed prompt and response lengths (old_logp still zero), placed on
         the devices in the step's batch sharding, and the rows per micro-batch that keep it within
         `rollout.max_tokens_per_microbatch` (a multiple of the batch devices, so every micro-batch is
         spread over all of them). `sampler_routing`: (prompt_routing, routing) of these rows from the
-        sampler, to replay (Routing Replay).
+        sampler, to replay (Routing Replay). `sampler_logp`: [rows, >= response length] the sampler's
+        log-probs of these rows (rollout correction).
 
         The lengths come from all rows (every process computes the same shapes); each process then lays
         out only the rows its devices hold and the global batch is assembled from the processes' parts
@@ -479,14 +489,86 @@ class RLTrainer:
             input_ids=ids, positions=positions, attention_mask=attention, response_mask=response_mask,
             old_logp=np.zeros(response_mask.shape, np.float32),
             advantages=np.asarray(advantages, np.float32)[part], routing=routing, prompt_len=prompt_len,
+            sampler_logp=None if sampler_logp is None
+            else np.asarray(sampler_logp, np.float32)[part, :response_len] * response_mask,
         )
         batch = jax.tree.map(lambda x: rows_from_process(self.shardings.batch, x, rows), local)
         micro = microbatch_size(rows, shape[1], r.max_tokens_per_microbatch)
         shards = self.batch_shards
         return batch, min(rows, -(-micro // shards) * shards)
 
+    def _rollout_seed(self, generation_batch: int) -> int:
+        """The sampler seed of a generation batch of this iteration: the first one's is the run's
+        historical seed + iteration, later ones (dynamic sampling) one derived from (seed, iteration,
+        index): a pure function of the counters a checkpoint holds, so a resumed run draws the same."""
+        seed, iteration = self.config.run.seed, self.state.iteration
+        if generation_batch == 0:
+            return seed * 1_000_003 + iteration
+        sequence = np.random.SeedSequence([seed, iteration, generation_batch])
+        return int(sequence.generate_state(1, np.uint64)[0])
+
+    def raw_accuracy(self, scores: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Whether each response is correct: its reward before the overlong penalty is > 0, [batch] bool
+        (DAPO's filter metric "acc")."""
+        task_cfg = self.config.task
+        raw = np.asarray(scores, np.float64)
+        if task_cfg.overlong_buffer_length > 0:
+            raw = raw - overlong_penalty(lengths, self.config.rollout.max_new_tokens,
+                                         task_cfg.overlong_buffer_length, task_cfg.overlong_penalty_factor)
+        return raw > 0
+
+    def _sample_groups(self) -> dict:
+        """The groups to train on and the counts of how they were drawn.
+
+        Without `rollout.filter_groups`: the next prompt batch's N·M groups. With it (verl's DAPO
+        recipe): generation batches of N·M prompts (the next prompt batches, each its own seed) are
+        drawn until N·M groups whose responses differ in raw accuracy are kept, in order, the extras of
+        the last batch dropped, or `rollout.max_generation_batches` were drawn. Returns host arrays of
+        the kept rows (prompt-major, G per group): prompts, tokens, lengths, sampler_logp, scores,
+        prompt_routing/routing (None unless routing_replay), and every generated response's scores and
+        lengths ("all_scores", "all_lengths") and the counts."""
+        r = self.config.rollout
+        num_prompts, group = r.reuse * r.prompts_per_minibatch, r.group_size
+        parts, all_scores, all_lengths = [], [], []
+        kept = generated = batches = 0
+        while True:
+            records = next(self.batches)
+            prompts, out, scores = self.rollout(records, seed=self._rollout_seed(batches))
+            batches += 1
+            lengths = np.asarray(out.lengths)
+            all_scores.append(scores)
+            all_lengths.append(lengths)
+            generated += num_prompts
+            if not r.filter_groups:
+                return {"prompts": prompts, "tokens": np.asarray(out.tokens), "lengths": lengths,
+                        "sampler_logp": np.asarray(out.logprobs), "scores": scores,
+                        "prompt_routing": out.prompt_routing, "routing": out.routing,
+                        "all_scores": scores, "all_lengths": lengths,
+                        "groups_generated": generated, "groups_kept": num_prompts, "generation_batches": 1}
+            accuracy = self.raw_accuracy(scores, lengths).reshape(num_prompts, group)
+            informative = np.nonzero(accuracy.any(axis=1) & ~accuracy.all(axis=1))[0][:num_prompts - kept]
+            rows = (informative[:, None] * group + np.arange(group)).reshape(-1)
+            parts.append(([prompts[i] for i in rows], np.asarray(out.tokens)[rows], lengths[rows],
+                          np.asarray(out.logprobs)[rows], scores[rows]))
+            kept += len(informative)
+            if kept == num_prompts or batches == r.max_generation_batches:
+                break
+        return {"prompts": [p for part in parts for p in part[0]],
+                **{key: np.concatenate([part[i] for part in parts])
+                   for i, key in enumerate(("tokens", "lengths", "sampler_logp", "scores"), start=1)},
+                "prompt_routing": None, "routing": None,
+                "all_scores": np.concatenate(all_scores), "all_lengths": np.concatenate(all_lengths),
+                "groups_generated": generated, "groups_kept": kept, "generation_batches": batches}
+
     def iteration(self) -> dict:
-        """One rollout batch and its N policy updates; returns the iteration's metrics record."""
+        """One rollout batch and its N policy updates; returns the iteration's metrics record.
+
+        With `rollout.filter_groups`, a rollout batch that ends with K < N·M informative groups (after
+        `rollout.max_generation_batches`) is trained on as verl's actor splits a smaller batch: ceil(K/M)
+        mini-batches of M groups, the last one holding the rest, filled up to the compiled shape with
+        rows whose response mask is zero (they add nothing to any loss, denominator or gradient); K = 0
+        makes no update. The record says so: groups_generated, groups_kept, generation_batches and
+        updates (the policy updates made)."""
         cfg = self.config
         r = cfg.rollout
         started = time.perf_counter()
@@ -494,27 +576,40 @@ class RLTrainer:
         if not self._compiled_ahead:  # counted in this (the first) iteration's compiles and time
             self.compile_ahead()
             self._compiled_ahead = True
-        num_prompts = r.reuse * r.prompts_per_minibatch
-        records = next(self.batches)
         rollout_started = time.perf_counter()  # after compile_ahead: rollout_seconds is the rollout alone
-        prompts, out, scores = self.rollout(records, seed=cfg.run.seed * 1_000_003 + self.state.iteration)
+        sampled = self._sample_groups()
         rollout_seconds = time.perf_counter() - rollout_started
-        advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(num_prompts, r.group_size)),
+        kept, group, per_minibatch = sampled["groups_kept"], r.group_size, r.prompts_per_minibatch
+        updates = -(-kept // per_minibatch)  # N unless dynamic sampling fell short
+        prompts, scores = sampled["prompts"], sampled["scores"]
+        lengths, tokens, sampler_logp = sampled["lengths"], sampled["tokens"], sampled["sampler_logp"]
+        prompt_routing, routing = sampled["prompt_routing"], sampled["routing"]  # None unless routing_replay
+        advantages = np.asarray(group_advantages(jnp.asarray(scores.reshape(kept, group)),
                                                  normalize_by_std=self.objective.scale_advantages)).reshape(-1)
-        lengths = np.asarray(out.lengths)
-        tokens, sampler_logp = np.asarray(out.tokens), np.asarray(out.logprobs)
-        prompt_routing, routing = out.prompt_routing, out.routing  # None unless routing_replay
+        real_rows = kept * group
+        filler = (updates * per_minibatch - kept) * group  # rows of no weight completing the last mini-batch
+        if filler:
+            prompts = prompts + [prompts[0]] * filler
+            pad_tokens = np.full((filler, tokens.shape[1]), self.tokenizer.pad_id, tokens.dtype)
+            tokens = np.concatenate([tokens, pad_tokens])
+            pad_logp = np.zeros((filler, sampler_logp.shape[1]), np.float32)
+            sampler_logp = np.concatenate([sampler_logp, pad_logp])
+            lengths, scores, advantages = (np.concatenate([a, np.zeros(filler, a.dtype)])
+                                           for a in (lengths, scores, advantages))
 
         # N mini-batches of M prompts × G responses: consecutive (paper §4.1) or verl's balanced order.
         sequence_lengths = np.array([len(p) for p in prompts]) + lengths
-        minibatches = minibatch_rows(r.minibatch_order, sequence_lengths, r.reuse, r.balance_ranks)
+        minibatches = []
+        if updates:
+            minibatches = minibatch_rows(r.minibatch_order, sequence_lengths, updates, r.balance_ranks)
         # Each mini-batch in its own bucketed shape; log π_old (and the rollout-time entropy) of all of
         # them under the rollout-time parameters, before any update.
-        batches, gap, entropy, response_tokens = [], 0.0, 0.0, 0.0
+        batches, gap, entropy, response_tokens, pooled = [], 0.0, 0.0, 0.0, []
         for rows in minibatches:
             replay = (prompt_routing[:, rows], routing[:, rows]) if r.routing_replay else None
             batch, micro = self.policy_batch([prompts[i] for i in rows], tokens[rows], lengths[rows],
-                                             advantages[rows], replay)
+                                             advantages[rows], replay,
+                                             sampler_logp[rows] if self.correction else None)
             self._release_host_memory(batch.input_ids.shape)
             old_logp, token_entropy = self._old_logprobs(self.state.params, batch, micro)
             batches.append((batch.replace(old_logp=old_logp), micro))
@@ -522,30 +617,35 @@ class RLTrainer:
             gap += float(np.abs(sampler_logp[rows, :mask.shape[1]] * mask - to_host(old_logp)).sum())
             entropy += float(to_host(token_entropy).sum())
             response_tokens += float(mask.sum())
+            if self.correction:
+                pooled.append((to_host(old_logp), sampler_logp[rows, :mask.shape[1]], mask))
         response_tokens = max(response_tokens, 1.0)
 
         # The optimizer's update count is policy_updates; the learning rate of each update, for the record.
-        learning_rates = np.asarray(self.learning_rate(np.arange(self.state.policy_updates,
-                                                                 self.state.policy_updates + r.reuse)))
+        first = self.state.policy_updates
+        learning_rates = np.asarray(self.learning_rate(np.arange(first, first + max(updates, 1))))
         step_metrics = []
         for batch, micro in batches:
             self.state.params, self.state.opt_state, metrics = self._policy_step(
                 self.state.params, self.state.opt_state, batch, micro)
             step_metrics.append(metrics)
-        self.state.policy_updates += r.reuse
+        self.state.policy_updates += updates
         self.state.iteration += 1
         step_metrics = jax.device_get(step_metrics)
         check_finite_steps(step_metrics, self.state.iteration)
         rollout = self._collect_rollout(minibatches, [m.pop("responses") for m in step_metrics],
                                         advantages, lengths, scores)
+        rollout = {key: value[:real_rows] if np.ndim(value) else value for key, value in rollout.items()}
+        lengths, advantages = lengths[:real_rows], advantages[:real_rows]
         compiled = compilation_totals() - compiled_before
+        all_scores = sampled["all_scores"]
         record = {
             "phase": "rl",
             "iteration": self.state.iteration,
             "policy_updates": self.state.policy_updates,
-            "score": float(scores.mean()),
-            "train_accuracy": float((scores.mean() + 1.0) / 2.0),
-            "response_length": float(lengths.mean()),
+            "score": float(all_scores.mean()),
+            "train_accuracy": float((all_scores.mean() + 1.0) / 2.0),
+            "response_length": float(sampled["all_lengths"].mean()),
             "sampler_trainer_logp_gap": gap / response_tokens,
             "rollout_seconds": rollout_seconds,
             "iteration_seconds": time.perf_counter() - started,
@@ -554,20 +654,27 @@ class RLTrainer:
             **self.take_reward_counts(),
             "compile_cache_hits": compiled.cache_hits,
         }
-        for key in step_metrics[0]:
+        if r.filter_groups:
+            record.update(groups_generated=sampled["groups_generated"], groups_kept=kept,
+                          generation_batches=sampled["generation_batches"], updates=updates)
+        for key in (step_metrics[0] if step_metrics else ()):
             values = np.array([float(m[key]) for m in step_metrics])
             record[key] = float(values.mean())
             if key == "log_w_mean":
                 record["log_w_mean_last_minibatch"] = float(values[-1])
-        # Pooled over the whole rollout batch (not means of the N mini-batches' ratios).
-        diagnostics = pooled_diagnostics(rollout["log_w"], advantages, rollout["phi"], lengths)
-        record.update(diagnostics)
-        record["positive_low_w_fraction"] = diagnostics["positive_low_w_share"]
+        if pooled:  # the sampler/trainer ratio over the whole rollout batch
+            record.update(rollout_correction_metrics(pooled, self.correction))
+        if real_rows:
+            # Pooled over the whole rollout batch (not means of the N mini-batches' ratios).
+            diagnostics = pooled_diagnostics(rollout["log_w"], advantages, rollout["phi"], lengths)
+            record.update(diagnostics)
+            record["positive_low_w_fraction"] = diagnostics["positive_low_w_share"]
         non_empty = lengths > 0
         record["approx_kl"] = float(rollout.pop("approx_kl")[non_empty].mean()) if non_empty.any() else 0.0
         record["entropy"] = entropy / response_tokens
-        record["learning_rate"] = float(np.mean(learning_rates))
-        self.last_rollout = rollout
+        if updates:
+            record["learning_rate"] = float(np.mean(learning_rates))
+        self.last_rollout = rollout if real_rows else None  # None: no group was trained on
         return record
 
     def _collect_rollout(self, minibatches, responses, advantages, lengths, scores) -> dict:
@@ -614,6 +721,19 @@ def _drop_programs_near_map_limit() -> None:
         print(f"dropped the compiled programs from memory: this process held {maps[0]:,} of its {maps[1]:,} "
               "memory mappings (vm.max_map_count); programs needed again are reloaded from the compilation "
               "cache", file=sys.stderr)
+
+
+def rollout_correction_metrics(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], correction) -> dict:
+    """The rollout-correction metrics (`rollout_correction_weights`) pooled over mini-batches given as
+    (old_logp, sampler_logp, mask) of [rows, width_k] each: the rows padded to one width and stacked."""
+    width = max(mask.shape[1] for _, _, mask in parts)
+
+    def stacked(index: int) -> np.ndarray:
+        return np.concatenate([np.pad(part[index], ((0, 0), (0, width - part[index].shape[1])))
+                               for part in parts])
+
+    _, metrics = rollout_correction_weights(stacked(0), stacked(1), stacked(2), correction)
+    return {key: float(value) for key, value in metrics.items()}
 
 
 def check_finite_steps(step_metrics: list[dict], iteration: int) -> None:

@@ -26,7 +26,7 @@ def plot_training_curves(records: list[dict], path: str, title: str = "") -> str
     panels = [(key, label) for key, label in panels if key in rl[0]]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
     for ax, (key, label) in zip(list(axes) if len(panels) > 1 else [axes], panels):
-        ax.plot(x, [r[key] for r in rl], lw=1.6)
+        ax.plot(x, [r.get(key, float("nan")) for r in rl], lw=1.6)  # a gap: an iteration without it
         ax.set_xlabel("policy updates")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.models.qwen3.model import INFERENCE_CHUNK_TOKENS, LOGPROB_CHUNK_TOKENS
-from respo_jax.objectives import PolicyObjective
+from respo_jax.objectives import PolicyObjective, RolloutCorrection, rollout_correction_weights
 from respo_jax.objectives.aggregation import safe_divide
 from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches
 
@@ -100,6 +100,7 @@ def make_policy_step(
     chunk_size: int = LOGPROB_CHUNK_TOKENS,
     shardings: StepShardings | None = None,
     load_balancing_weight: float = 0.0,
+    rollout_correction: RolloutCorrection | None = None,
 ):
     """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
     a `PolicyBatch` (one mini-batch).
@@ -126,7 +127,20 @@ def make_policy_step(
     means over its own tokens, so this is not exactly the one-shot value; the objective's gradient is).
     `shardings`: the one jit gets them as in/out shardings (parameters and optimizer state donated), and
     every micro-batch is split over the batch devices like the mini-batch.
+
+    `rollout_correction`: each token's loss term is multiplied by the importance weight between
+    `batch.old_logp` and `batch.sampler_logp` (`respo_jax.objectives.rollout_correction`; the batch must
+    carry the sampler's log-probs), in the gradient and in the reported loss.
     """
+
+    def token_weight(part: PolicyBatch):
+        if rollout_correction is None:
+            return None
+        if part.sampler_logp is None:
+            raise ValueError("rollout correction needs PolicyBatch.sampler_logp (the sampler's log-probs)")
+        weights, _ = rollout_correction_weights(part.old_logp, part.sampler_logp, part.response_mask,
+                                                rollout_correction)
+        return weights
 
     def logprobs_of(params, batch: PolicyBatch):
         model = nnx.merge(graphdef, params)
@@ -145,7 +159,8 @@ def make_policy_step(
         def grad_of(part: PolicyBatch):
             def loss_fn(p):
                 logp, aux = logprobs_of(p, part)
-                terms = objective.evaluate(logp, part.old_logp, part.advantages, part.response_mask).terms
+                terms = objective.evaluate(logp, part.old_logp, part.advantages, part.response_mask,
+                                           token_weight(part)).terms
                 loss = safe_divide(terms.total, denominator)
                 if aux is None:  # a dense model
                     return loss, (logp, None)
@@ -166,7 +181,8 @@ def make_policy_step(
             grads, (logp, aux) = jax.lax.scan(accumulate, zeros, split_microbatches(batch, microbatch_rows))
             logp, aux = logp.reshape(-1, logp.shape[-1])[:rows], None if aux is None else jnp.sum(aux)
         logp = jax.lax.stop_gradient(logp)
-        out = objective.evaluate(logp, batch.old_logp, batch.advantages, batch.response_mask)
+        out = objective.evaluate(logp, batch.old_logp, batch.advantages, batch.response_mask,
+                                 token_weight(batch))
         mask = batch.response_mask
         tokens = jnp.maximum(jnp.sum(mask), 1.0)
         kl = sequence_approx_kl(logp, batch.old_logp, mask)
