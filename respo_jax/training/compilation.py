@@ -12,6 +12,13 @@ a researcher launches one configuration many times (seeds, objectives, N), and e
 first reads its programs from disk instead of compiling them. JAX keys each entry by the program, the
 compile options, the devices and the JAX/jaxlib versions, so an entry is only ever used for the very
 program that produced it; a changed config lowers to another program and compiles anew.
+
+The cache has no size cap (JAX's default). A cap makes JAX scan the whole cache directory on every write
+to evict old entries: measured here, 200 small programs compiled in 185 s into a cache of 4,600 entries
+against 47 s without a cache and 49 s into an uncapped one. Without a cap JAX writes an entry in place,
+without a lock; runs and processes may share the directory all the same, since an entry read half
+written (or torn by a kill) fails to decompress, and JAX warns and compiles the program instead of
+using it.
 """
 
 from __future__ import annotations
@@ -27,10 +34,6 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 FRONTEND_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration")
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # a program read from the persistent cache
-# The cache's size limit. A limit (rather than JAX's default of none) also makes JAX take a file lock
-# around every read and write of the cache, which is what makes one cache directory safe for several
-# concurrent runs and processes (without it an entry is written in place and can be read half-written).
-CACHE_MAX_BYTES = 16 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +156,6 @@ def configure_compilation_cache(setting: str, key: str = "run.compilation_cache_
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         if "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES" not in os.environ:
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
-            jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     compilation_cache.reset_cache()
     _configured["path"] = path
     return path
