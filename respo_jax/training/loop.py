@@ -65,7 +65,7 @@ from respo_jax.training.batch import (
 )
 from respo_jax.training.compilation import compilation_totals, drop_programs_near_map_limit
 from respo_jax.training.config import ConfigError, ExperimentConfig
-from respo_jax.training.limits import check_limits, device_memory_bytes
+from respo_jax.training.limits import check_limits, check_prompt_buckets, device_memory_bytes
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.step import (
     NonFiniteError,
@@ -175,7 +175,9 @@ class RLTrainer:
         r = config.rollout
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.train_records, self._prompt_lengths = train_records, None
-        self._check_prompt_buckets()  # before the model is built: a refusal costs seconds, not minutes
+        self.prompt_buckets()  # tokenizes the training prompts once (the limits and compile_ahead need them)
+        # before the model is built: a refusal costs seconds, not minutes
+        check_prompt_buckets(self._prompt_lengths, r.prompt_bucket, r.max_prompt_buckets)
         self._compiled_ahead = not r.compile_ahead  # compile_ahead() runs at the first iteration
         self.objective = get_objective(config.objective.name, **config.objective.hparams)
         if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
@@ -225,26 +227,8 @@ class RLTrainer:
             fields = {f.name for f in dataclasses.fields(qwen3.Qwen3Config)}
             model_cfg = qwen3.Qwen3Config.preset(
                 model.preset, **{k: v for k, v in model.overrides.items() if k in fields})
-        self.prompt_buckets()  # tokenizes the training prompts once (also needed by compile_ahead)
         longest = max([*self._prompt_lengths, *(len(self._encode(rec)) for rec in self.held_out)])
         check_limits(self.config, model_cfg, longest, device_memory_bytes(self.mesh.devices.flat))
-
-    def _check_prompt_buckets(self) -> None:
-        """The training prompts fall in at most `rollout.max_prompt_buckets` prompt buckets (ConfigError
-        naming a coarser `rollout.prompt_bucket` that fits): the programs a run compiles stay bounded."""
-        r = self.config.rollout
-        buckets = self.prompt_buckets()
-        if len(buckets) <= r.max_prompt_buckets:
-            return
-        lengths = sorted(self._prompt_lengths)
-        fits = r.prompt_bucket
-        while len({bucket_length(n, fits) for n in lengths}) > r.max_prompt_buckets:
-            fits += 16
-        raise ConfigError(
-            f"rollout.prompt_bucket={r.prompt_bucket}: the training prompts ({lengths[0]}-{lengths[-1]} tokens) "
-            f"fall in {len(buckets)} prompt buckets, more than rollout.max_prompt_buckets={r.max_prompt_buckets} "
-            "(each bucket compiles its own sampler, log pi_old and update programs, and XLA:CPU runs out of "
-            f"memory mappings after a few dozen); set rollout.prompt_bucket={fits} or more")
 
     def _check_mesh_fits(self, model_cfg) -> None:
         """What the mesh and the MoE options need, checked before any compute (ConfigError)."""
