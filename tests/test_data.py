@@ -351,21 +351,26 @@ def test_tfds_builders_without_tensorflow(tmp_path, dapo):
 
     from respo_jax.data import tfds_builders
 
+    # One builder whose configs are the datasets (it replaced one class per dataset that yielded
+    # `enumerate(load_records(name))`): every built example is that record, in that order.
+    assert [c.name for c in tfds_builders.RespoRecords.BUILDER_CONFIGS] == list(rec.SPECS)
     for name in (*BENCHMARKS, "dapo_math"):
         builder = tfds_builders.prepare(name, tmp_path, manual_dir=DATA)
-        assert builder.info.file_format.value == "array_record"
         split = tfds_builders.split_of(name)
-        source = tfds.data_source(name, data_dir=str(tmp_path), split=split)
+        assert split == ("train" if name == "dapo_math" else "test")
+        assert (builder.name, builder.builder_config.name) == ("respo_records", name)
+        assert builder.info.file_format.value == "array_record" and list(builder.info.splits) == [split]
+        assert sorted(builder.info.features) == ["answer", "id", "problem"]
+        source = tfds.data_source(f"respo_records/{name}", data_dir=str(tmp_path), split=split)
         expected = dapo[0] if name == "dapo_math" else load_benchmark(name, DATA)
-        assert len(source) == len(expected), name
-        for index in (0, len(source) // 2, len(source) - 1):  # source order is kept
-            got = {k: v.decode("utf-8") for k, v in source[index].items()}
-            assert got == expected[index], (name, index)
-    all_aime = [
-        {k: v.decode() for k, v in x.items()}
-        for x in tfds.data_source("aime24", data_dir=str(tmp_path), split="test")
-    ]
-    assert all_aime == load_benchmark("aime24", DATA)
+        assert builder.info.splits[split].num_examples == len(source) == len(expected), name
+        # every benchmark record; every 11th of DAPO-Math's 17k and its last (decoding is the cost)
+        step = 11 if name == "dapo_math" else 1
+        keys = sorted({*range(0, len(source), step), len(source) - 1})
+        got = [{k: v.decode("utf-8") for k, v in x.items()} for x in source.__getitems__(keys)]
+        assert got == [expected[i] for i in keys], name
+    built = sorted(f for f in os.listdir(tmp_path / "respo_records") if not f.startswith("."))
+    assert built == sorted(rec.SPECS)  # one folder per config
 
 
 def test_tfds_builder_from_dataset_folder_and_unknown_name(tmp_path):
@@ -436,7 +441,7 @@ def test_batches_over_a_tfds_data_source(tmp_path):
     from respo_jax.data import tfds_builders
 
     tfds_builders.prepare("amc23", tmp_path, manual_dir=DATA)
-    source = tfds.data_source("amc23", data_dir=str(tmp_path), split="test")
+    source = tfds.data_source("respo_records/amc23", data_dir=str(tmp_path), split="test")
     from_tfds = PromptBatches(source, batch_size=8, seed=5, num_epochs=1)
     from_list = PromptBatches(load_benchmark("amc23", DATA), batch_size=8, seed=5, num_epochs=1)
     assert list(from_tfds) == list(from_list)  # same order, bytes decoded to str

@@ -3,7 +3,7 @@ synthetic verifiable task for CPU-scale runs.
 
   records        load_benchmark / load_dapo_math: `{problem, answer, id}` with per-dataset answers
   sources        the pinned public file of each dataset and an explicit `download_dataset`
-  tfds_builders  TFDS builders (array_record, no TensorFlow); import it to register them
+  tfds_builders  one TFDS builder (array_record, no TensorFlow), a config per dataset; import it to register
   prompts        the paper's prompt template, chat-rendered or raw
   tokenizer      any Hugging Face tokenizer directory through `tokenizers` (+ its chat template)
   synthetic      arithmetic in `\\boxed{}` with a character tokenizer built in-process
