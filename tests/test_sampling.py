@@ -304,7 +304,6 @@ def test_routing_when_every_row_stops_in_an_early_decode_segment(moe):
         ([], dict(max_new_tokens=4), {}, "prompts is empty"),
         ([[1, 2], []], dict(max_new_tokens=4), {}, "prompt 1 is empty"),
         ([[1, 500]], dict(max_new_tokens=4), {}, r"expected \[0, 128\)"),
-        ([[1] * 20], dict(max_new_tokens=20), dict(max_cache_len=32), "exceeds EngineConfig.max_cache_len"),
         ([[1] * 200], dict(max_new_tokens=100), {}, "max_position_embeddings"),
     ],
 )
@@ -344,5 +343,3 @@ def test_bad_engine_config_raises():
         EngineConfig(prefill_chunk_size=0)
     with pytest.raises(ValueError, match="decode_chunk_size"):
         EngineConfig(decode_chunk_size=-1)
-    with pytest.raises(ValueError, match="cache_dtype"):
-        EngineConfig(cache_dtype="int8")

@@ -51,7 +51,7 @@ def decode_point(model, batch: int, prompt_len: int, new_tokens: tuple[int, int]
     times = alternate({"short": lambda: gen(short), "long": lambda: gen(long)}, rounds=rounds, warmup=1)
     step_s = max((median(times["long"]) - median(times["short"])) / (long - short), 1e-9)
     context = prompt_len + (short + long) // 2
-    cache_bytes = jnp.dtype(engine.cache_dtype or cfg.dtype).itemsize
+    cache_bytes = jnp.dtype(cfg.dtype).itemsize  # the sampler's KV cache is in the compute dtype
     step_bytes = roofline.decode_step_bytes(cfg, batch, context, jnp.dtype(cfg.param_dtype).itemsize, cache_bytes)
     return {"batch": batch, "prompt_len": prompt_len, "new_tokens": list(new_tokens),
             "short": summarize(times["short"]), "long": summarize(times["long"]),

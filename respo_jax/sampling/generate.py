@@ -432,18 +432,10 @@ def _generate(model, prompts, params: SamplingParams, return_routing: bool, engi
             f"model's max_position_embeddings ({max_positions})"
         )
     prompt_len = _round_up(longest, engine.prompt_bucket)
-    needed = prompt_len + params.max_new_tokens
-    if engine.max_cache_len is not None and needed > engine.max_cache_len:
-        raise ValueError(
-            f"longest prompt ({longest} tokens, padded to {prompt_len}) + max_new_tokens "
-            f"({params.max_new_tokens}) = {needed} exceeds EngineConfig.max_cache_len "
-            f"({engine.max_cache_len})"
-        )
 
     def cache_slots(stop: int) -> int:
         """Slots for the prompt, `stop` generated tokens and the routing-capture feed of the last one."""
-        slots = _round_up(prompt_len + stop, engine.cache_bucket)
-        return slots if engine.max_cache_len is None else min(slots, engine.max_cache_len)
+        return _round_up(prompt_len + stop, engine.cache_bucket)
 
     rows = [p for p in prompts for _ in range(params.num_samples)]
     ids = _validate_row_ids(row_ids, len(rows))
@@ -453,7 +445,7 @@ def _generate(model, prompts, params: SamplingParams, return_routing: bool, engi
     run = functools.partial(
         _generate_chunk, graphdef=graphdef, model_state=model_state, layers=layers, params=params, engine=engine,
         prompt_len=prompt_len, cache_slots=cache_slots, return_routing=return_routing, cfg=cfg,
-        cache_dtype=engine.cache_dtype or getattr(cfg, "dtype", "float32"), compile_only=compile_only,
+        cache_dtype=getattr(cfg, "dtype", "float32"), compile_only=compile_only,
     )
     if compile_only:  # equal chunks: the first one's programs are every chunk's
         run(rows[:chunk_rows], ids[:chunk_rows], 0, chunk_rows)

@@ -2,7 +2,7 @@
 
 `SamplingParams` describes the sampling *distribution* (temperature, top-k, top-p) and the rollout
 shape (max new tokens, EOS ids, samples per prompt, seed).  `EngineConfig` describes how the sampler
-lays out memory (cache/prompt buckets, prefill chunking, cache dtype); it changes speed and memory,
+lays out memory (cache/prompt buckets, prefill and decode chunking, row chunks); it changes speed and memory,
 never the result.  Both are hashable, so they serve as static arguments of the jitted sampler: one
 compilation per distinct value.
 """
@@ -96,15 +96,12 @@ class EngineConfig:
       cache_bucket: the KV-cache length (padded prompt + max_new_tokens) is rounded up to a multiple of
         this. Keep it small: every decode step attends over every slot (with max_new_tokens fixed, the
         distinct cache lengths follow the prompt buckets anyway).
-      max_cache_len: refuse prompts whose padded length + max_new_tokens exceed this (None: no limit).
       prefill_chunk_size: prefill the padded prompt in pieces of at most this many tokens (bounds the
         activation memory of long prompts); None prefills in one pass. Either way the vocabulary
         projection runs for the last prompt token only.
       decode_chunk_size: decode in segments of this many steps, growing the cache by as much between
         segments (one host sync and one compilation per segment length), so attention reads only the
         slots a segment can reach; None decodes in one loop over a cache sized for max_new_tokens.
-      cache_dtype: dtype name of the KV cache ("float32", "bfloat16"); None uses the model's
-        compute dtype (`config.dtype`).
       max_batch_rows: generate at most this many rows (prompts × samples) at once; a larger batch
         runs as equal chunks one after the other (same samples), which bounds the KV cache, the
         prefill activations and the [rows, vocab] logits of a decode step. None: one chunk.
@@ -112,22 +109,16 @@ class EngineConfig:
 
     prompt_bucket: int = 16
     cache_bucket: int = 16
-    max_cache_len: int | None = None
     prefill_chunk_size: int | None = None
     decode_chunk_size: int | None = None
-    cache_dtype: str | None = None
     max_batch_rows: int | None = 256
 
     def __post_init__(self):
         _check_int("prompt_bucket", self.prompt_bucket, 1)
         _check_int("cache_bucket", self.cache_bucket, 1)
-        if self.max_cache_len is not None:
-            _check_int("max_cache_len", self.max_cache_len, 2)
         if self.prefill_chunk_size is not None:
             _check_int("prefill_chunk_size", self.prefill_chunk_size, 1)
         if self.decode_chunk_size is not None:
             _check_int("decode_chunk_size", self.decode_chunk_size, 1)
         if self.max_batch_rows is not None:
             _check_int("max_batch_rows", self.max_batch_rows, 1)
-        if self.cache_dtype is not None and self.cache_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"cache_dtype must be float32, bfloat16 or float16, got {self.cache_dtype!r}")
