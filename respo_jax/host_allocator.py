@@ -3,8 +3,7 @@
 Why: XLA:CPU allocates each execution's temporary buffer (all intermediates of the step, one block:
 100 MB for the benchmarks' tiny Qwen3 train step, 4.1 GB for the small one) with `malloc`. glibc serves
 a block that large with a fresh `mmap` and returns it with `munmap` when the step ends, so every step
-page-faults its whole temp buffer in again: measured on a 2-core CPU, 24k page faults per tiny step
-(~40 ms of kernel time; the step took 56-63 ms) and 1M per small step (1.7 s of a 4.5 s step).
+page-faults its whole temp buffer in again, a large share of a CPU step's time.
 
 Two settings remove this (experiments/benchmarks/README.md has the measurements):
 - glibc (`mallopt`): no `mmap` for large blocks (M_MMAP_MAX=0) and no trimming of the heap top
@@ -14,14 +13,14 @@ Two settings remove this (experiments/benchmarks/README.md has the measurements)
 - JAX: synchronous dispatch on the CPU backend (`jax_cpu_enable_async_dispatch=False`), so an execution
   and its temp buffer are allocated on the calling (main) thread, from the main arena. Dispatch then
   returns when the computation is done; on a CPU the computation occupies the cores anyway.
-Measured: tiny step 56 -> 34 ms, small 4.5 -> 3.6 s, no page faults. (Forcing all threads onto the main
-arena with M_ARENA_MAX=1 also works, but lock contention made small steps 35% slower.)
+Together they leave no page faults in a step. (Forcing all threads onto the main arena with
+M_ARENA_MAX=1 also works, but lock contention makes the steps slower.)
 
 The cost: the process keeps its high-water mark of host memory instead of returning it to the OS
 between steps, which is what a trainer wants (PyTorch's CUDA caching allocator and XLA's GPU allocator
 do the same for device memory). One caveat: when the step's shape changes, a freed block too small for
 the new step's temp buffer stays as a hole and the heap grows past it, so a sweep over growing shapes
-accumulates (measured: 13.8 GB resident after five sequence lengths whose steps need ~4-5 GB each).
+accumulates (the benchmarks' scaling sweep was once killed for memory that way).
 `release_host_memory()` (glibc `malloc_trim`) returns the free parts of the heap to the OS; callers use
 it when the shape of their steps changes (a new shape also means a new compilation, which costs far
 more than faulting the next step's buffers in once).

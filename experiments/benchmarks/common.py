@@ -29,10 +29,10 @@ def configure_threads(threads: int = DEFAULT_THREADS) -> int:
     """Pin PyTorch's intra-op pool to `threads` (XLA's CPU client already sizes its pool to every core of
     the machine) and make PyTorch flush denormal floats to zero, as XLA:CPU does by default.
 
-    Without the flush, PyTorch's train step slows down 5-90× on steps where AdamW's second moments or
-    the gradients of a freshly initialized model underflow into the denormal range (measured on the
-    tiny config: 0.065 s per step with the flush, up to 5.8 s without), which would make the
-    comparison say more about denormal arithmetic than about either framework. Returns `threads`.
+    Without the flush, PyTorch's train step slows down by orders of magnitude on steps where AdamW's
+    second moments or the gradients of a freshly initialized model underflow into the denormal range
+    (README.md), which would make the comparison say more about denormal arithmetic than about either
+    framework. Returns `threads`.
     """
     import torch
 

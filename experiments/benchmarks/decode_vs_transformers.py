@@ -4,7 +4,7 @@ Both run the same random checkpoint (built with transformers, saved, loaded with
 `qwen3.from_pretrained`), the same prompts and the same sampling setting (temperature 1, no
 truncation, no EOS, so every row generates exactly `max_new_tokens`). transformers runs with its
 default dynamic cache and with `cache_implementation="static"`; the baseline is whichever of the two
-is faster at that batch size (their medians; on this CPU the static cache was ~2-6% slower). For each
+is faster at that batch size (their medians; README.md says which one won). For each
 batch size the sides are timed alternately (A B C A B C ...) in one process, after one untimed warm-up
 each (JAX compiles there), and the medians are compared. Throughput is generated tokens per second of a whole
 `generate` call (short prompts, so the prefill is a small part of it).

@@ -4,7 +4,7 @@ over square sizes and the GEMM shapes of the benchmarked models.
 The roofline divides a model's FLOPs per step by this number, so the MFU it reports is a fraction of
 what this machine demonstrably reaches through the same compiler, not of a datasheet figure. Run it in a
 process with `respo_jax.host_allocator` configured: with glibc's default malloc every call page-faults
-its output in again (a 2048² float32 output is 16 MiB), which measured the peak ~25% low here.
+its output in again (a 2048² float32 output is 16 MiB), which under-measures the peak (README.md).
 """
 
 from __future__ import annotations

@@ -232,9 +232,9 @@ class RssPeak:
 # -------------------------------------------------------------------------------------- side processes
 #
 # Each side runs in its own process, driven one step at a time from the parent, so the sides still
-# alternate (A B A B …) but never share an allocator, thread pools or page cache state: measured in one
-# process, a JAX step right after a PyTorch step took 5–6 s instead of 3.5 s (twice the kernel time in
-# page faults), which would have been a property of the harness, not of either framework. While one
+# alternate (A B A B …) but never share an allocator, thread pools or page cache state: in one process a
+# JAX step right after a PyTorch step was much slower (twice the kernel time in page faults; README.md),
+# which would have been a property of the harness, not of either framework. While one
 # side runs, the other waits on its pipe and uses no CPU.
 
 

@@ -87,8 +87,8 @@ class ModelConfig(_Section):
     param_dtype: str = ""
     remat: bool = False
     # Run the decoder layers as one lax.scan (compiles once per layer kind: large models, accelerators)
-    # or unrolled (no per-layer slicing of stacked weights and activations: faster on CPU, e.g. the
-    # benchmarks' tiny train step 44 -> 39 ms, small 3.8 -> 3.6 s; compile time grows with depth).
+    # or unrolled (no per-layer slicing of stacked weights and activations: faster on CPU, see
+    # experiments/benchmarks/README.md "Layer scan"; compile time grows with depth).
     scan_layers: bool = True
 
     def validate(self) -> None:

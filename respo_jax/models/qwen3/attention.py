@@ -44,8 +44,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     return out.reshape(b, s, h, d)
 
 
-# Query rows per block of `causal_block_attention`. On CPU: the small benchmark config (seq 511) is flat
-# between 64 and 256; the tiny one (seq 127: two blocks instead of one) trains 8% faster at 64 than at 128.
+# Query rows per block of `causal_block_attention`. On CPU the small benchmark config (seq 511) is flat
+# between 64 and 256; the tiny one (seq 127) is faster at 64 than at 128: two causal blocks skip a quarter
+# of the score FLOPs (experiments/benchmarks/README.md).
 CAUSAL_BLOCK = 64
 
 

@@ -38,9 +38,8 @@ from respo_jax.sharding import sharded_init, state_shardings
 
 # Tokens per chunk of the vocabulary projection in ``token_logprobs``: [1024, 151,936] float32 logits
 # are 620 MB. Under a gradient, larger chunks win (fewer [vocab, embed] gradient accumulations); a
-# forward-only pass (log π_old and its entropy) is faster in small chunks, whose logits stay in cache:
-# 2,048 response tokens at the real vocabulary on 2 CPU cores took 4.5 s in chunks of 1,024 tokens,
-# 2.5 s in chunks of 256 and 2.1 s in chunks of 64 (gradient: 5.4 s, 7.5 s, 6.9 s).
+# forward-only pass (log π_old and its entropy) is faster in small chunks, whose logits stay in cache
+# (the measurements are in experiments/benchmarks/README.md, RL iterations).
 LOGPROB_CHUNK_TOKENS = 1024
 INFERENCE_CHUNK_TOKENS = 64
 
