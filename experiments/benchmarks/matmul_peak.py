@@ -74,7 +74,7 @@ def run(sizes=QUICK_SIZES, rounds: int = 5, dtype: str = "float32", with_numpy: 
         a = jnp.asarray(a_np, jdtype)
         b = jnp.asarray(b_np, jdtype)
         # Not alternated: OpenBLAS's threads keep spinning for a while after each NumPy call, and
-        # XLA's matmul right after one ran at ~65% of its speed alone (286 vs 450 GFLOP/s at 2048).
+        # XLA's matmul right after one runs far below its speed alone (README.md).
         times = alternate({"xla": lambda: product(a, b).block_until_ready()}, rounds=rounds, warmup=2)
         if with_numpy:
             times.update(alternate({"numpy": lambda: np.matmul(a_np, b_np)}, rounds=rounds, warmup=2))

@@ -10,8 +10,7 @@ Decoding path. On XLA:CPU a scan over stacked weights materialises every layer's
 every step. ``unstacked_layers`` slices the stacks once into per-layer states; ``forward(...,
 layers=...)`` then runs a Python loop over them (layers unrolled, no slicing inside the step). Pass
 them into the jitted decode loop as an argument: slicing inside the same jit, even outside the loop,
-was measurably slower (batch-1 decode loop, 8 layers, hidden 512, 2-core CPU, ms/step: scanned
-10.3 / sliced in the jit 8.2 / passed in 7.5 on a loaded machine; 5.9 / 5.8 / 5.1 on a quieter one).
+was measurably slower (experiments/benchmarks/README.md).
 Unrolling compiles one copy of the layer per layer, so training and prefill keep the scan.
 """
 
