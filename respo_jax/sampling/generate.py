@@ -382,7 +382,7 @@ def generate(
       prompts: token-id lists of any (non-zero) lengths.
       params: sampling distribution and limits (static: a new value compiles once).
       return_routing: also return the routed experts of prompt and generated tokens (MoE only).
-      engine: buckets, prefill/decode chunking and cache dtype.
+      engine: buckets, prefill/decode chunking and row chunks.
       row_ids: `[len(prompts) * num_samples]` ints in [0, 2**32), one per output row (prompt-major),
         that seed the rows' random draws instead of their row indices (the default): a row with the
         same id, prompt and params gets the same sample wherever it sits in the batch.

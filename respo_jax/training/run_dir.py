@@ -7,7 +7,7 @@ Layout of `run.out_dir` (the names are a contract with readers such as the evalu
     summary.json         `experiments.train.summarize` of metrics.jsonl, written at the end
     training_curves.png  the curves of metrics.jsonl, written at the end
     checkpoints/<step>/  Orbax checkpoints with a SHA-256 manifest (`respo_jax.training.checkpoint`)
-    rollouts/iteration_%06d.npz   per-response arrays of each iteration (CONTRACTS.md §1)
+    rollouts/iteration_%06d.npz   per-response arrays of each iteration (`respo_jax.eval.rollout_files`)
 
 Rules (`plan_run_dir` decides, before anything is written):
 - a directory without these entries starts a fresh run (with or without `run.resume`);
