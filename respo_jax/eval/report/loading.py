@@ -80,10 +80,11 @@ class Evaluation:
 class Run:
     """One training run directory, read and cross-checked by `load_run`.
 
-    config: config.json as a dict; records: every metrics.jsonl record (all phases) in file order;
-    rollouts: the rollout files (`respo_jax.eval.rollout_files`), in iteration order, [] when the run
-    wrote none; evaluation: its evaluation outputs or None; notes: things a reader should know (a torn
-    last metrics line, an unfinished evaluation), shown in reports.
+    config: config.json as its loader reads it (`ExperimentConfig.to_dict()`, defaults for fields it
+    lacks); records: every metrics.jsonl record (all phases) in file order; rollouts: the rollout files
+    (`respo_jax.eval.rollout_files`), in iteration order, [] when the run wrote none; evaluation: its
+    evaluation outputs or None; notes: things a reader should know (a torn last metrics line left out,
+    an unfinished evaluation), shown in reports.
     """
 
     path: str
