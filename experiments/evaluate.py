@@ -65,7 +65,8 @@ from respo_jax.eval.completions import (
 from respo_jax.eval.config import LOADER_NAMES, SYNTHETIC, EvalConfig, EvalSettings
 from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict
-from respo_jax.training.run_dir import atomic_write_bytes, atomic_write_json
+from respo_jax import runs
+from respo_jax.runs import atomic_write_bytes, atomic_write_json, read_json
 from respo_jax.training.run_lock import RunLock
 from respo_jax.training.write_errors import writing
 
@@ -73,7 +74,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "eval_paper.
 # The synthetic task's held-out stream: the same problems as the trainer's greedy evaluation
 # (`respo_jax.training.loop.load_task`: task.seed + 7919), extended to `eval.synthetic_problems`.
 SYNTHETIC_HELD_OUT_OFFSET = 7919
-OUTPUT_FILES = ("completions.jsonl", "summary.json", "summary.md")
+OUTPUT_FILES = (runs.COMPLETIONS_FILE, runs.EVAL_SUMMARY_FILE, runs.EVAL_SUMMARY_MARKDOWN)
 
 
 @dataclasses.dataclass
@@ -344,12 +345,11 @@ def check_out_dir(out_dir: str, config: EvalConfig, protocol: dict) -> None:
     Reads only."""
     if config.eval.overwrite:
         return
-    config_path = os.path.join(out_dir, "eval_config.json")
+    config_path = os.path.join(out_dir, runs.EVAL_CONFIG_FILE)
     present = [name for name in OUTPUT_FILES if os.path.exists(os.path.join(out_dir, name))]
     if os.path.exists(config_path):
         try:
-            with open(config_path, encoding="utf-8") as handle:
-                previous = json.load(handle)["protocol"]
+            previous = read_json(config_path)["protocol"]
             changed = [f"{key}: {previous.get(key)!r} -> {protocol.get(key)!r}"
                        for key in sorted(set(previous) | set(protocol))
                        if previous.get(key) != protocol.get(key)]
@@ -373,7 +373,7 @@ def start_out_dir(out_dir: str, config: EvalConfig, protocol: dict) -> None:
         for name in OUTPUT_FILES:
             if os.path.exists(os.path.join(out_dir, name)):
                 os.remove(os.path.join(out_dir, name))
-    config_path = os.path.join(out_dir, "eval_config.json")
+    config_path = os.path.join(out_dir, runs.EVAL_CONFIG_FILE)
     with _writing(config_path, "the evaluation's config"):
         atomic_write_json(config_path, {"config": config.to_dict(), "protocol": protocol})
 
@@ -430,7 +430,7 @@ def encode_prompts(pending: list[WorkItem], checkpoint: Checkpoint,
 
 def default_out_dir(checkpoint: Checkpoint) -> str:
     if checkpoint.kind == "run":
-        return os.path.join(checkpoint.path, "eval")
+        return os.path.join(checkpoint.path, runs.EVAL_DIR)
     return os.path.join("runs", "eval", os.path.basename(checkpoint.path.rstrip(os.sep)))
 
 
@@ -509,7 +509,7 @@ def evaluate(config: EvalConfig) -> dict:
     protocol = protocol_of(settings, checkpoint)
     items = work_items(problems, settings)
     out_dir = settings.out_dir or default_out_dir(checkpoint)
-    completions_path = os.path.join(out_dir, "completions.jsonl")
+    completions_path = os.path.join(out_dir, runs.COMPLETIONS_FILE)
     lock = lock_out_dir(out_dir)
     try:
         check_out_dir(out_dir, config, protocol)
@@ -561,10 +561,12 @@ def evaluate(config: EvalConfig) -> dict:
         summary = {"checkpoint": checkpoint.label, "protocol": protocol, **summary}
         markdown = summary_markdown(summary, checkpoint.label)
         heading = f"# Evaluation of {checkpoint.label}\n\n"
-        with _writing(os.path.join(out_dir, "summary.json"), "the summary"):
-            atomic_write_json(os.path.join(out_dir, "summary.json"), summary)
-        with _writing(os.path.join(out_dir, "summary.md"), "the summary"):
-            atomic_write_bytes(os.path.join(out_dir, "summary.md"), (heading + markdown).encode("utf-8"))
+        summary_json, summary_md = (os.path.join(out_dir, name)
+                                    for name in (runs.EVAL_SUMMARY_FILE, runs.EVAL_SUMMARY_MARKDOWN))
+        with _writing(summary_json, "the summary"):
+            atomic_write_json(summary_json, summary)
+        with _writing(summary_md, "the summary"):
+            atomic_write_bytes(summary_md, (heading + markdown).encode("utf-8"))
     print(markdown)
     print(f"completions: {completions_path}\nsummary:     {os.path.join(out_dir, 'summary.md')}")
     return {**summary, "out_dir": out_dir, "generated": len(pending), "skipped": len(kept)}

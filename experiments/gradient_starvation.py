@@ -41,9 +41,10 @@ from tqdm import tqdm
 
 from experiments.cli import ArgumentParser, run_cli, run_failures
 from respo_jax.eval import positive_branch
-from respo_jax.eval.report import ReportError, Run, _write_atomic, load_run, positive_branch_tables
+from respo_jax.eval.report import ReportError, Run, load_run, positive_branch_tables
 from respo_jax.eval.statistics import early_peak, late_mean
 from respo_jax.files import file_sha256
+from respo_jax.runs import atomic_write_bytes
 from respo_jax.training import run_dir
 from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.config import ConfigError, apply_overrides
@@ -443,11 +444,11 @@ def write_outputs(summary: dict, out_dir: str) -> list[str]:
 
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, name) for name in (SUMMARY_JSON, SUMMARY_MD, FIGURE)]
-    _write_atomic(paths[0], (json.dumps(summary, indent=1) + "\n").encode())
-    _write_atomic(paths[1], summary_markdown(summary).encode())
+    atomic_write_bytes(paths[0], (json.dumps(summary, indent=1) + "\n").encode())
+    atomic_write_bytes(paths[1], summary_markdown(summary).encode())
     buffer = io.BytesIO()
     starvation_figure(summary).savefig(buffer, format="png", dpi=90)
-    _write_atomic(paths[2], buffer.getvalue())
+    atomic_write_bytes(paths[2], buffer.getvalue())
     for path in paths:  # results to share (the temp files are private)
         os.chmod(path, 0o644)
     return paths

@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from experiments.cli import ArgumentParser, run_cli
+from respo_jax import runs
 from respo_jax.training.config import ConfigError
 
 DEFAULT_MESHES = ("1,1,1,1", "2,1,1,4", "2,2,2,1")
@@ -29,8 +30,7 @@ AXES = ("data", "fsdp", "tensor", "expert")
 
 
 def _records(run: str) -> list[dict]:
-    with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return runs.read_jsonl(os.path.join(run, runs.METRICS_FILE)).records
 
 
 def _rel(a: float, b: float) -> float:
@@ -72,8 +72,7 @@ def run_mesh(mesh: str, config: str, out: str, devices: int, extra: list[str]) -
         raise error(f"mesh {mesh} failed with exit status {result.returncode}: {reason} "
                     f"(command: {' '.join(cmd)})")
     records = _records(run)
-    with open(os.path.join(run, "run_info.json"), encoding="utf-8") as f:
-        info = json.load(f)
+    info = runs.read_json(os.path.join(run, runs.RUN_INFO_FILE))
     rl = next(r for r in records if r["phase"] == "rl")
     return {
         "mesh": dict(zip(AXES, sizes)),

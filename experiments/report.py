@@ -34,14 +34,15 @@ from respo_jax.eval.report import (
     summary_windows,
     write_report,
 )
+from respo_jax.runs import REPORT_DIR
 
 
 def default_out_dir(run_dirs: list[str]) -> str:
     """RUN_DIR/report for one run; for several, report/ in their common parent directory."""
     if len(run_dirs) == 1:
-        return os.path.join(run_dirs[0], "report")
+        return os.path.join(run_dirs[0], REPORT_DIR)
     parents = [os.path.dirname(os.path.abspath(os.path.normpath(d))) for d in run_dirs]
-    return os.path.join(os.path.commonpath(parents), "report")
+    return os.path.join(os.path.commonpath(parents), REPORT_DIR)
 
 
 def _eval_dirs(pairs: list[str]) -> dict[str, str]:

@@ -494,9 +494,15 @@ def test_not_a_run_and_mismatched_files_are_named(tmp_path, capsys):
     with pytest.raises(ReportError, match=r"metrics.jsonl:2: policy_updates=2 at iteration 1, but "
                                           r"config.json's rollout.reuse=4 gives 4"):
         load_run(run)
-    del config["objective"]
-    (run / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ReportError, match=r"config.json: objective.name must be a str"):
+    # config.json is read by the config's own loader and validator: a bad value, an unknown field
+    (run / "config.json").write_text(json.dumps(dict(config, objective=dict(config["objective"], name=7))))
+    with pytest.raises(ReportError, match=r"config.json: objective.name=7: expected a string"):
+        load_run(run)
+    (run / "config.json").write_text(json.dumps(dict(config, rollout=dict(config["rollout"], reuse=0))))
+    with pytest.raises(ReportError, match=r"config.json: rollout.reuse=0: expected"):
+        load_run(run)
+    (run / "config.json").write_text(json.dumps(dict(config, run=dict(config["run"], sed=1))))
+    with pytest.raises(ReportError, match=r"config.json: unknown config fields run.\['sed'\]"):
         load_run(run)
 
     other = _write_run(tmp_path / "other", iterations=5)

@@ -14,9 +14,10 @@
   answer         str   the gold answer it was scored against
   text           str   the generated response (special tokens removed)
 
-The file is append-only; an interrupted writer can leave a torn (unterminated) last line, which
-`load_completions` skips with a warning and `repair_completions` cuts off before appending again.
-Any other malformed line is an error naming the file and line: nothing is dropped silently.
+The file is append-only and read by `respo_jax.runs.read_jsonl`, under its rule for a torn last line: an
+interrupted writer can leave an unterminated last line, which `load_completions` leaves out with a
+warning and `repair_completions` cuts off before appending again. Any other malformed line is an error
+naming the file and line: nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from respo_jax import runs
 from respo_jax.eval.config import DISPLAY_NAMES
 from respo_jax.eval.statistics import cluster_bootstrap
 
@@ -74,60 +76,38 @@ def check_record(record: object, where: str) -> dict:
 def load_completions(path: str | os.PathLike, with_text: bool = True) -> list[dict]:
     """Every complete record of a completions file, in file order (an absent file reads as empty).
 
-    A torn last line (no newline: the writer was interrupted) is skipped with a warning; a malformed
-    complete line or a completion recorded twice raises ValueError naming the line. The file is read
-    line by line; `with_text=False` drops each record's `text` (the bulk of a 16k-token evaluation's
-    file) after checking it, for statistics that need only scores and lengths.
+    A torn last line (no newline: the writer was interrupted) is left out with a warning
+    (`respo_jax.runs`' rule); a malformed complete line or a completion recorded twice raises ValueError
+    naming the line. The file is read line by line; `with_text=False` drops each record's `text` (the
+    bulk of a 16k-token evaluation's file) after checking it, for statistics that need only scores and
+    lengths.
     """
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        return []
-    records, seen = [], {}
-    with open(path, "rb") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.endswith(b"\n"):
-                if line.strip():
-                    logger.warning("%s: skipping a torn last line (%d bytes without a newline)", path,
-                                   len(line))
-                break
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise ValueError(f"{where}: invalid JSON ({err})") from None
-            key = completion_key(check_record(record, where))
-            if key in seen:
-                raise ValueError(f"{where}: completion {key} was already recorded on line {seen[key]}")
-            seen[key] = lineno
-            if not with_text:
-                del record["text"]
-            records.append(record)
-    return records
+    seen: dict[tuple, str] = {}
+
+    def keep(record: dict, where: str) -> dict:
+        key = completion_key(check_record(record, where))
+        if key in seen:
+            raise ValueError(f"{where}: completion {key} was already recorded on line {seen[key]}")
+        seen[key] = where.rsplit(":", 1)[1]
+        if not with_text:
+            del record["text"]
+        return record
+
+    try:
+        log = runs.read_jsonl(path, keep)
+    except runs.RunFileError as err:
+        raise ValueError(f"{err.where}: {err.problem}") from None
+    if log.torn_note:
+        logger.warning("%s", log.torn_note)
+    return log.records
 
 
 def repair_completions(path: str | os.PathLike) -> int:
     """Cuts a torn last line off a completions file so that appending can resume; returns bytes removed."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        return 0
-    with open(path, "r+b") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        keep = size
-        while keep > 0:  # find the last newline, reading backwards in blocks
-            start = max(0, keep - (1 << 16))
-            handle.seek(start)
-            block = handle.read(keep - start)
-            newline = block.rfind(b"\n")
-            if newline >= 0:
-                keep = start + newline + 1
-                break
-            keep = start
-        if keep < size:
-            handle.truncate(keep)
-            logger.warning("%s: cut a torn last line (%d bytes) before resuming", path, size - keep)
-    return size - keep
+    removed = runs.cut_torn_tail(path)
+    if removed:
+        logger.warning("%s: cut a torn last line (%d bytes) before resuming", os.fspath(path), removed)
+    return removed
 
 
 def append_completions(handle, records: Iterable[dict]) -> None:

@@ -1,7 +1,7 @@
 """Per-iteration rollout files: what each response of a rollout batch did in its policy update (App. E.3).
 
 The trainer writes one compressed ``.npz`` per iteration, ``<out_dir>/rollouts/iteration_000001.npz``
-(1-based, the metrics record's "iteration"), atomically (temporary file + rename), without pickle.
+(1-based, the metrics record's "iteration"), atomically (`respo_jax.runs.atomic_write`), without pickle.
 One entry per response, rows prompt-major (N·M·G rows; row r is sample r % G of prompt r // G):
 
   log_w      float32  clamped sequence log-weight log W that the objective saw at the update that used
@@ -22,13 +22,11 @@ One entry per response, rows prompt-major (N·M·G rows; row r is sample r % G o
 from __future__ import annotations
 
 import os
-import re
-import tempfile
 from typing import Mapping
 
 import numpy as np
 
-ROLLOUT_DIR = "rollouts"
+from respo_jax.runs import ROLLOUT_DIR, ROLLOUT_FILE, atomic_write, rollout_file_name
 FIELDS: dict[str, type] = {
     "log_w": np.float32,
     "advantage": np.float32,
@@ -39,12 +37,11 @@ FIELDS: dict[str, type] = {
     "group": np.int32,
 }
 SCALARS = ("iteration", "policy_updates")
-_NAME = re.compile(r"iteration_(\d{6,})\.npz")
 
 
 def rollout_path(out_dir: str | os.PathLike, iteration: int) -> str:
     """``<out_dir>/rollouts/iteration_<iteration:06d>.npz``."""
-    return os.path.join(os.fspath(out_dir), ROLLOUT_DIR, f"iteration_{int(iteration):06d}.npz")
+    return os.path.join(os.fspath(out_dir), ROLLOUT_DIR, rollout_file_name(iteration))
 
 
 def _checked(rollout: Mapping, source: str) -> dict[str, np.ndarray]:
@@ -83,22 +80,13 @@ def _checked(rollout: Mapping, source: str) -> dict[str, np.ndarray]:
 def write_rollout_file(out_dir: str | os.PathLike, rollout: Mapping) -> str:
     """Writes `rollout` (the fields of the module docstring) to its iteration's file; returns the path.
 
-    The file appears complete or not at all: it is written to a temporary file in the same folder and
-    renamed, so a reader (or a crash) never sees a partial file.
+    The file appears complete or not at all (`respo_jax.runs.atomic_write`), so a reader (or a crash)
+    never sees a partial file.
     """
     arrays = _checked(rollout, "rollout")
     path = rollout_path(out_dir, int(arrays["iteration"]))
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=".iteration_", suffix=".npz.partial", dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            np.savez_compressed(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, lambda handle: np.savez_compressed(handle, **arrays))
     return path
 
 
@@ -119,11 +107,11 @@ def load_rollout_files(run_dir: str | os.PathLike) -> list[dict[str, np.ndarray]
     folder = os.path.join(run_dir, ROLLOUT_DIR)
     if not os.path.isdir(folder):
         folder = run_dir
-    names = sorted(name for name in os.listdir(folder) if _NAME.fullmatch(name)) if os.path.isdir(folder) else []
+    names = sorted(filter(ROLLOUT_FILE.fullmatch, os.listdir(folder))) if os.path.isdir(folder) else []
     if not names:
         raise FileNotFoundError(f"no rollout files (rollouts/iteration_*.npz) under {run_dir!r}")
     rollouts = [read_rollout_file(os.path.join(folder, name)) for name in names]
     for name, rollout in zip(names, rollouts):
-        if int(_NAME.fullmatch(name).group(1)) != int(rollout["iteration"]):
+        if int(ROLLOUT_FILE.fullmatch(name).group(1)) != int(rollout["iteration"]):
             raise ValueError(f"{os.path.join(folder, name)}: holds iteration {int(rollout['iteration'])}")
     return sorted(rollouts, key=lambda r: int(r["iteration"]))

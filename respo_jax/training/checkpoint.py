@@ -30,6 +30,7 @@ from etils import epath
 
 from respo_jax.distributed import sync_processes
 from respo_jax.files import file_sha256
+from respo_jax.runs import atomic_write_bytes, read_json
 from respo_jax.training.step import NonFiniteError, tree_all_finite
 from respo_jax.training.write_errors import free_space
 
@@ -83,12 +84,8 @@ def _file_digests(folder: str) -> dict[str, str]:
 def write_manifest(folder: str, step: int) -> None:
     """Writes `MANIFEST` (the SHA-256 of each file of a finished step folder) atomically."""
     manifest = {"step": step, "files": _file_digests(folder)}
-    temp = os.path.join(folder, f".{MANIFEST}.tmp")
-    with open(temp, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, os.path.join(folder, MANIFEST))
+    payload = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+    atomic_write_bytes(os.path.join(folder, MANIFEST), payload)
 
 
 def verify_files(folder: str) -> str | None:
@@ -97,8 +94,7 @@ def verify_files(folder: str) -> str | None:
     if not os.path.isfile(path):
         return f"no {MANIFEST} (the save did not finish)"
     try:
-        with open(path, encoding="utf-8") as handle:
-            expected = json.load(handle)["files"]
+        expected = read_json(path)["files"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"unreadable {MANIFEST} ({err})"
     actual = _file_digests(folder)

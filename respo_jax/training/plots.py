@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from respo_jax.training.run_dir import atomic_write_bytes  # noqa: E402
+from respo_jax.runs import atomic_write_bytes  # noqa: E402
 
 
 def plot_training_curves(records: list[dict], path: str, title: str = "") -> str:

@@ -1,16 +1,8 @@
 """A run directory is the result of a run: the guards that keep runs from mixing, losing or tearing it.
 
-Layout of `run.out_dir` (the names are a contract with readers such as the evaluation and report tools):
-
-    config.json          the validated config of the run (rewritten on resume with the new run.* values)
-    metrics.jsonl        one JSON record per warm-up step, RL iteration or evaluation, append-only
-    summary.json         `experiments.train.summarize` of metrics.jsonl, written at the end
-    training_curves.png  the curves of metrics.jsonl, written at the end
-    checkpoints/<step>/  Orbax checkpoints with a SHA-256 manifest (`respo_jax.training.checkpoint`)
-    rollouts/iteration_%06d.npz   per-response arrays of each iteration (`respo_jax.eval.rollout_files`)
-
-Rules (`plan_run_dir` decides, before anything is written):
-- a directory without these entries starts a fresh run (with or without `run.resume`);
+Its layout, file names, atomic writer, readers and the rule for a torn last line are `respo_jax.runs`'s
+(re-exported here for the trainer). Rules (`plan_run_dir` decides, before anything is written):
+- a directory without the run entries (`RUN_ENTRIES`) starts a fresh run (with or without `run.resume`);
 - a directory holding a run is refused unless `run.resume=true` (its config must equal this one except
   for `RESUMABLE_KEYS`) or `run.overwrite=true` (its run entries are deleted first; other files stay);
 - resume rewinds the log to the restored checkpoint (`rewind`): metrics records and rollout files after
@@ -18,8 +10,8 @@ Rules (`plan_run_dir` decides, before anything is written):
   a log that is not one writer's (`check_log`: iterations repeated or out of order, as two runs in one
   directory leave them) is refused instead, since cutting it back would keep the wrong records.
 - the lock file `.lock` (`respo_jax.training.run_lock`) is not a run entry.
-Files that are replaced as a whole are written atomically (temp file + fsync + rename); metrics records
-are appended and fsync'ed one by one, before any checkpoint that counts them.
+Files that are replaced as a whole are written atomically (`respo_jax.runs.atomic_write`); metrics
+records are appended and fsync'ed one by one, before any checkpoint that counts them.
 """
 
 from __future__ import annotations
@@ -27,28 +19,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
-import tempfile
 from typing import Any
 
+from respo_jax import runs
+from respo_jax.runs import (  # noqa: F401 - the layout, re-exported for the trainer and its tools
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    CURVES_FILE,
+    METRICS_FILE,
+    ROLLOUT_DIR,
+    ROLLOUT_FILE,
+    RUN_ENTRIES,
+    RUN_INFO_FILE,
+    SUMMARY_FILE,
+    TENSORBOARD_DIR,
+    WANDB_FILE,
+    atomic_write_bytes,
+    atomic_write_json,
+)
 from respo_jax.training.config import ConfigError, ExperimentConfig, config_from_dict
 from respo_jax.training.write_errors import writing
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-CURVES_FILE = "training_curves.png"
-CHECKPOINT_DIR = "checkpoints"
-ROLLOUT_DIR = "rollouts"
-# devices, mesh axis sizes and where the parameters live (param_bytes_total, param_bytes_max_per_device)
-RUN_INFO_FILE = "run_info.json"
-# what respo_jax.training.trackers writes here: TensorBoard's event files, the W&B run id and last row
-TENSORBOARD_DIR = "tensorboard"
-WANDB_FILE = "wandb_run.json"
-RUN_ENTRIES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CURVES_FILE, CHECKPOINT_DIR, ROLLOUT_DIR,
-               RUN_INFO_FILE, TENSORBOARD_DIR, WANDB_FILE)
-ROLLOUT_FILE = re.compile(r"iteration_(\d{6,})\.npz")
 # What a run that failed to write (a full disk) tells the user to do: its checkpoints are intact.
 RESUME_HINT = "the checkpoints written so far are kept; make room and rerun with run.resume=true"
 
@@ -123,14 +115,11 @@ def config_differences(saved: Any, current: ExperimentConfig) -> list[str]:
 
 
 def read_json(path: str) -> Any:
-    """A JSON file; RunDirError names the file and line when it is not valid JSON."""
+    """`respo_jax.runs.read_json`, its error a RunDirError (a run directory that cannot be used)."""
     try:
-        with open(path, "rb") as handle:
-            return json.loads(handle.read().decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise RunDirError(f"{path}: not UTF-8 (byte {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise RunDirError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
+        return runs.read_json(path)
+    except runs.RunFileError as err:
+        raise RunDirError(str(err)) from None
 
 
 def plan_run_dir(config: ExperimentConfig) -> RunDirPlan:
@@ -166,41 +155,6 @@ def plan_run_dir(config: ExperimentConfig) -> RunDirPlan:
 # -------------------------------------------------------------------------------------- writing
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Writes `path` so that a kill leaves either the old file or the new one, never half of one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
-    _fsync_dir(folder)
-
-
-def atomic_write_json(path: str, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode("utf-8"))
-
-
-def _fsync_dir(folder: str) -> None:
-    """Makes a rename in `folder` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def clear_run(out_dir: str) -> None:
     """Deletes the run entries (and temp files a killed write left) of `out_dir`; other files stay."""
     for name in run_entries(out_dir):
@@ -214,8 +168,7 @@ def clear_run(out_dir: str) -> None:
 
 def _remove_temp_files(out_dir: str) -> None:
     for name in os.listdir(out_dir):
-        ours = any(name.startswith(f".{entry}.") for entry in RUN_ENTRIES)
-        if ours and name.endswith(".tmp"):
+        if runs.is_temp_file(name, RUN_ENTRIES):
             os.remove(os.path.join(out_dir, name))
 
 
@@ -228,39 +181,32 @@ def start_run_dir(plan: RunDirPlan, config: ExperimentConfig) -> None:
     atomic_write_json(os.path.join(plan.out_dir, CONFIG_FILE), config.to_dict())
 
 
-def read_metrics(path: str, keep: int) -> tuple[list[dict], int]:
-    """(records, bytes they take) of the first `keep` records of a metrics.jsonl.
-
-    Whatever follows them is not read (records after a checkpoint, a line torn by a kill); a damaged
-    line among them, or fewer than `keep` complete records, raises RunDirError naming the file and line.
-    """
+def _read_log(path: str, keep: int) -> tuple[list[dict], int]:
+    """(every record, bytes the first `keep` take) of a metrics.jsonl by `respo_jax.runs.read_jsonl`, whose
+    rule leaves a torn last line out; RunDirError naming the file (and line) for a damaged complete line,
+    a missing file or fewer than `keep` complete records."""
     if not os.path.isfile(path):
         if keep:
             raise RunDirError(f"{path} is missing; the checkpoint counts {keep} records in it")
         return [], 0
-    with open(path, "rb") as handle:
-        data = handle.read()
-    records: list[dict] = []
-    offset = 0
-    lineno = 0
-    while offset < len(data) and len(records) < keep:
-        end = data.find(b"\n", offset)
-        lineno += 1
-        line = data[offset:] if end < 0 else data[offset:end]
-        try:
-            if end < 0:
-                raise ValueError("no line end (torn write)")
-            record = json.loads(line.decode("utf-8"))
-            if not isinstance(record, dict):
-                raise ValueError(f"a JSON {type(record).__name__}, expected an object")
-        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise RunDirError(f"{path}:{lineno}: damaged record ({err}); the checkpoint counts {keep} "
-                              "records") from None
-        records.append(record)
-        offset = end + 1
-    if len(records) < keep:
-        raise RunDirError(f"{path} holds {len(records)} complete records; the checkpoint counts {keep}")
-    return records, offset
+    try:
+        log = runs.read_jsonl(path)
+    except runs.RunFileError as err:
+        raise RunDirError(f"{err.where}: damaged record ({err.problem}) before the log's end; only the last "
+                          f"line may be torn by a kill (the checkpoint counts {keep} records)") from None
+    if len(log.records) < keep:
+        raise RunDirError(f"{path} holds {len(log.records)} complete records; the checkpoint counts {keep}")
+    return log.records, log.ends[keep - 1] if keep else 0
+
+
+def read_metrics(path: str, keep: int) -> tuple[list[dict], int]:
+    """(records, bytes they take) of the first `keep` records of a metrics.jsonl.
+
+    The records after them and a torn last line (`respo_jax.runs`' rule) are not returned; a damaged
+    line, or fewer than `keep` complete records, raises RunDirError naming the file (and line).
+    """
+    records, size = _read_log(path, keep)
+    return records[:keep], size
 
 
 def log_problem(records: list[dict]) -> str | None:
@@ -289,20 +235,15 @@ def check_log(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
     that those records hold exactly iterations 1..`iteration`. Reads only; RunDirError (one line) for a
     log resume would have to drop RL records from or reorder: a torn last line is the only damage a kill
     leaves, and records after the checkpoint may only continue it."""
+    return _check_log(out_dir, metrics_records, iteration)[0]
+
+
+def _check_log(out_dir: str, metrics_records: int, iteration: int) -> tuple[list[dict], int]:
+    """`check_log`'s records and the bytes they take in metrics.jsonl."""
     path = os.path.join(out_dir, METRICS_FILE)
-    kept, size = read_metrics(path, metrics_records)
-    tail: list[dict] = []
-    if os.path.isfile(path):
-        with open(path, "rb") as handle:
-            handle.seek(size)
-            lines = handle.read().split(b"\n")[:-1]  # the last piece is "" or a torn line
-        for offset, line in enumerate(lines, start=len(kept) + 1):
-            try:
-                tail.append(json.loads(line.decode("utf-8")))
-            except ValueError as err:
-                raise RunDirError(f"{path}:{offset}: damaged record ({err}) before the log's end; only the "
-                                  "last line may be torn by a kill") from None
-    problem = log_problem(kept + tail)
+    records, size = _read_log(path, metrics_records)
+    kept = records[:metrics_records]
+    problem = log_problem(records)
     if problem is None:
         done = sum(1 for record in kept if record.get("phase") == "rl")
         if done != iteration:
@@ -311,7 +252,7 @@ def check_log(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
         raise RunDirError(f"run.resume=true: {path} is not one run's log ({problem}); resuming would drop "
                           "or repeat RL records. Was the directory written by two runs at once? "
                           "run.overwrite=true starts afresh")
-    return kept
+    return kept, size
 
 
 def rewind(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
@@ -322,8 +263,7 @@ def rewind(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
         if os.path.isfile(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
     path = os.path.join(out_dir, METRICS_FILE)
-    check_log(out_dir, metrics_records, iteration)
-    records, size = read_metrics(path, metrics_records)
+    records, size = _check_log(out_dir, metrics_records, iteration)
     if os.path.isfile(path) and os.path.getsize(path) != size:
         with open(path, "rb") as handle:
             atomic_write_bytes(path, handle.read(size))
