@@ -24,7 +24,8 @@ from respo_jax.sampling.params import PAGED_ATTENTION_IMPLS
 def check_paged_attention_impl(impl: str, platform: str) -> None:
     """Refuse a kernel that does not run on `platform` (the engine's devices', e.g. "cpu")."""
     if impl not in PAGED_ATTENTION_IMPLS:
-        raise ValueError(f"paged_attention_impl must be one of {', '.join(PAGED_ATTENTION_IMPLS)}; got {impl!r}")
+        raise ValueError(f"paged_attention_impl must be one of {', '.join(PAGED_ATTENTION_IMPLS)}; "
+                         f"got {impl!r}")
     needs = PAGED_ATTENTION_IMPLS[impl]
     if needs is not None and needs != platform:
         raise ValueError(f"EngineConfig.paged_attention_impl={impl!r} runs on {needs} devices; the engine "

@@ -100,7 +100,8 @@ class PagedCache:
         """Take the pages a prompt of `tokens` tokens is prefilled into (released by `release_prompt`)."""
         need = pages_for(tokens, self.page_size)
         if need > self.available:
-            raise ValueError(f"a prompt of {tokens} tokens needs {need} pages; {self.available} are available")
+            raise ValueError(f"a prompt of {tokens} tokens needs {need} pages; "
+                             f"{self.available} are available")
         return PromptPages(tokens, tuple(self._take() for _ in range(need)))
 
     def release_prompt(self, prompt: PromptPages) -> None:

@@ -96,7 +96,8 @@ def _prefill(graphdef, model_state, state: EngineState, input_ids, positions, at
         values = cached[:, 0, source].transpose(0, 2, 1, 3).astype(pool.dtype)  # [layers, kv, T, dim]
         return pool.at[:, :, page, offset].set(values)
 
-    state = state.replace(k_pages=scatter(state.k_pages, out.cache.k), v_pages=scatter(state.v_pages, out.cache.v))
+    state = state.replace(k_pages=scatter(state.k_pages, out.cache.k),
+                          v_pages=scatter(state.v_pages, out.cache.v))
     return state, out.logits[0, -1]
 
 
@@ -146,8 +147,9 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
             q, k, v = layer.attn.project(layer.input_layernorm(x), cos, sin)  # [slots, 1, heads, dim]
             k_pages = k_pages.at[layer_idx, :, page, offset].set(k[:, 0].astype(k_pages.dtype))
             v_pages = v_pages.at[layer_idx, :, page, offset].set(v[:, 0].astype(v_pages.dtype))
-            attn = paged_attention(q[:, 0], k_pages[layer_idx].astype(q.dtype), v_pages[layer_idx].astype(q.dtype),
-                                   state.page_table, position + 1, scale=layer.attn.scale, impl=impl)
+            attn = paged_attention(q[:, 0], k_pages[layer_idx].astype(q.dtype),
+                                   v_pages[layer_idx].astype(q.dtype), state.page_table, position + 1,
+                                   scale=layer.attn.scale, impl=impl)
             x = x + layer.attn.output(attn[:, None])
             x = constrain(x + layer.mlp(layer.post_attention_layernorm(x)), HIDDEN, cfg)
             return (x, k_pages, v_pages), None
@@ -197,7 +199,8 @@ def _platform(model) -> str:
 
 
 def generate_continuous(model, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
-                        engine: EngineConfig = EngineConfig(), row_max_new_tokens: Sequence[int] | None = None,
+                        engine: EngineConfig = EngineConfig(),
+                        row_max_new_tokens: Sequence[int] | None = None,
                         row_ids: Sequence[int] | None = None) -> GenerateOutput:
     """`generate` with continuous batching over a paged KV cache (dense Qwen3 models).
 
@@ -253,8 +256,8 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
             input_ids, positions, mask, _ = left_pad([prompts[prefill.prompt]], bucket, 1)
             pages = np.full(pages_for(bucket, page_size), scratch, np.int32)
             pages[: len(prefill.pages)] = prefill.pages
-            state, prompt_logits[prefill.prompt] = _prefill(graphdef, model_state, state, input_ids, positions,
-                                                            mask, pages)
+            state, prompt_logits[prefill.prompt] = _prefill(graphdef, model_state, state, input_ids,
+                                                            positions, mask, pages)
         for adm in plan.admissions:
             source, target = adm.copy or (scratch, scratch)
             state = _admit(state, prompt_logits[adm.prompt], np.int32(adm.slot), np.int32(adm.row),

@@ -88,7 +88,8 @@ class Scheduler:
         self.budgets = budgets.astype(np.int64)
         self.steps_per_schedule = steps_per_schedule
         longest = max(self.prompt_lengths)
-        self.cache = PagedCache(num_pages, page_size, max_slots, pages_for(longest + max_new_tokens, page_size))
+        max_pages = pages_for(longest + max_new_tokens, page_size)
+        self.cache = PagedCache(num_pages, page_size, max_slots, max_pages)
         for row in range(rows):
             alone = self._row_need(row, prompt_held=False, take_partial=self.num_samples == 1)
             if alone > num_pages:
