@@ -80,6 +80,15 @@ def test_sampled_tokens_do_not_depend_on_scheduling(model, sampled, engine):
     _assert_same(generate_continuous(model, PROMPTS, params, engine=engine), want)
 
 
+def test_row_ids_and_prefill_chunks_keep_the_samples(model, sampled):
+    params, _, _ = sampled
+    ids = np.arange(12, dtype=np.uint32)[::-1] * 1000 + 5  # a row's draws follow its id, not its index
+    want = generate(model, PROMPTS, params, row_ids=ids)
+    engine = dataclasses.replace(ENGINE, prefill_chunk_size=4)
+    got = generate_continuous(model, PROMPTS, params, engine=engine, row_ids=ids)
+    _assert_same(got, {k: np.asarray(getattr(want, k)) for k in ("tokens", "lengths", "logprobs")})
+
+
 def test_reported_logprobs_equal_a_teacher_forced_forward(model, sampled):
     params, _, _ = sampled
     out = generate_continuous(model, PROMPTS, params, engine=ENGINE)

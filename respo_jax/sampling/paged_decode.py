@@ -75,16 +75,22 @@ def _is_eos(tokens: jax.Array, params: SamplingParams) -> jax.Array:
     return hit
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
-def _prefill(graphdef, model_state, state: EngineState, input_ids, positions, attention_mask, pages):
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk"), donate_argnames=("state",))
+def _prefill(graphdef, model_state, state: EngineState, input_ids, positions, attention_mask, pages, *,
+             chunk: int | None):
     """Prefill one prompt ([1, bucket] left-padded arrays) and scatter its K/V into `pages`
     ([pages_for(bucket)] int32, the scratch page past the prompt's own). Returns (state, the last
-    token's logits [vocab] float32)."""
+    token's logits [vocab] float32). As in `generate`, all but the last token run in pieces of at most
+    `chunk` tokens (`EngineConfig.prefill_chunk_size`; None: one piece) and the last token alone, so
+    logits are computed for it only."""
     model = nnx.merge(graphdef, model_state)
     bucket = input_ids.shape[1]
     cache = qwen3.init_cache(model.config, 1, bucket, dtype=state.k_pages.dtype)
-    if bucket > 1:  # all but the last token, whose logits alone are computed
-        cache = model.forward(input_ids[:, :-1], positions[:, :-1], attention_mask[:, :-1], cache).cache
+    step = chunk or bucket
+    for start in range(0, bucket - 1, step):  # static unroll: few pieces
+        end = min(start + step, bucket - 1)
+        cache = model.forward(input_ids[:, start:end], positions[:, start:end], attention_mask[:, start:end],
+                              cache).cache
     out = model.forward(input_ids[:, -1:], positions[:, -1:], attention_mask[:, -1:], cache)
     page_size = state.k_pages.shape[3]
     position = jnp.arange(pages.shape[0] * page_size, dtype=jnp.int32)
@@ -208,7 +214,8 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
       model: a dense `qwen3.Qwen3ForCausalLM`.
       prompts, params, row_ids: as in `generate` (prompt-major rows, `params.num_samples` per prompt).
       engine: `max_slots`, `steps_per_schedule`, `page_size`, the pool (`num_pages` / `kv_cache_bytes`),
-        `paged_attention_impl`, `prompt_bucket` (the prefill's padded length) and `cache_dtype`.
+        `paged_attention_impl`, `prompt_bucket` (the prefill's padded length), `prefill_chunk_size`
+        and `cache_dtype`.
       row_max_new_tokens: `[rows]` each row's own budget in [1, max_new_tokens] (None: max_new_tokens).
     Returns:
       GenerateOutput (tokens, lengths, logprobs) with `generate`'s conventions: `tokens[r, t]` for
@@ -257,7 +264,8 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
             pages = np.full(pages_for(bucket, page_size), scratch, np.int32)
             pages[: len(prefill.pages)] = prefill.pages
             state, prompt_logits[prefill.prompt] = _prefill(graphdef, model_state, state, input_ids,
-                                                            positions, mask, pages)
+                                                            positions, mask, pages,
+                                                            chunk=engine.prefill_chunk_size)
         for adm in plan.admissions:
             source, target = adm.copy or (scratch, scratch)
             state = _admit(state, prompt_logits[adm.prompt], np.int32(adm.slot), np.int32(adm.row),
