@@ -41,6 +41,10 @@ from respo_jax.sampling.paged_cache import pages_for, pool_pages_for_bytes
 from respo_jax.sampling.params import EngineConfig, SamplingParams
 from respo_jax.sampling.scheduler import Scheduler, default_num_pages
 
+# Logical axes of the page pools (`respo_jax.sharding.ShardingRules`): kv heads split like the attention
+# weights (and like the dense cache's `qwen3.cache.CACHE_AXES`); pages and their tokens whole.
+PAGE_AXES = ("layers", "kv_heads", None, None, "head_dim")
+
 
 @struct.dataclass
 class EngineState:
@@ -102,8 +106,9 @@ def _prefill(graphdef, model_state, state: EngineState, input_ids, positions, at
         values = cached[:, 0, source].transpose(0, 2, 1, 3).astype(pool.dtype)  # [layers, kv, T, dim]
         return pool.at[:, :, page, offset].set(values)
 
-    state = state.replace(k_pages=scatter(state.k_pages, out.cache.k),
-                          v_pages=scatter(state.v_pages, out.cache.v))
+    cfg = model.config
+    state = state.replace(k_pages=constrain(scatter(state.k_pages, out.cache.k), PAGE_AXES, cfg),
+                          v_pages=constrain(scatter(state.v_pages, out.cache.v), PAGE_AXES, cfg))
     return state, out.logits[0, -1]
 
 
@@ -153,6 +158,7 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
             q, k, v = layer.attn.project(layer.input_layernorm(x), cos, sin)  # [slots, 1, heads, dim]
             k_pages = k_pages.at[layer_idx, :, page, offset].set(k[:, 0].astype(k_pages.dtype))
             v_pages = v_pages.at[layer_idx, :, page, offset].set(v[:, 0].astype(v_pages.dtype))
+            k_pages, v_pages = constrain(k_pages, PAGE_AXES, cfg), constrain(v_pages, PAGE_AXES, cfg)
             attn = paged_attention(q[:, 0], k_pages[layer_idx].astype(q.dtype),
                                    v_pages[layer_idx].astype(q.dtype), state.page_table, position + 1,
                                    scale=layer.attn.scale, impl=impl)
