@@ -164,7 +164,7 @@ def _record(state: _DecodeState, tokens, token_logprobs, params: SamplingParams)
     tokens = jnp.where(was_done, params.pad_token_id, tokens).astype(jnp.int32)
     token_logprobs = jnp.where(was_done, 0.0, token_logprobs).astype(jnp.float32)
     is_eos = jnp.zeros_like(was_done)
-    for eos in params.eos_token_ids:
+    for eos in () if params.ignore_eos else params.eos_token_ids:  # ignore_eos: rows run to the limit
         is_eos = is_eos | (tokens == eos)
     return state.replace(
         step=state.step + 1,

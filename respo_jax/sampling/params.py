@@ -33,6 +33,8 @@ class SamplingParams:
       seed: PRNG seed; the same seed, prompts and params give the same samples.
       eos_token_ids: generation of a sequence stops after it samples any of these ids.
       num_samples: samples per prompt (the GRPO group size G); the output is prompt-major.
+      ignore_eos: keep sampling after an EOS id until the row's budget (as vLLM's `ignore_eos`: a
+        benchmark replays a length distribution with it); EOS ids still fill `pad_token_id`.
 
     Truncations compose in the order temperature -> top-k -> top-p (as in HF `transformers` and
     vLLM): top-p is computed on the temperature-scaled, top-k-renormalized distribution.
@@ -45,9 +47,13 @@ class SamplingParams:
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()
     num_samples: int = 1
+    ignore_eos: bool = False
 
     def __post_init__(self):
         _check_int("max_new_tokens", self.max_new_tokens, 1)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__} "
+                             f"({self.ignore_eos!r})")
         _check_int("top_k", self.top_k, 0)
         _check_int("num_samples", self.num_samples, 1)
         _check_int("seed", self.seed, 0)
@@ -87,6 +93,11 @@ class SamplingParams:
         return self.eos_token_ids[0] if self.eos_token_ids else 0
 
 
+# Kernels of attention over the paged KV cache (`respo_jax.sampling.paged_attention`): the platform
+# each one runs on (None: every platform).
+PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Memory layout of the sampler (buckets limit recompilation; none of this changes the samples).
@@ -105,6 +116,16 @@ class EngineConfig:
       max_batch_rows: generate at most this many rows (prompts × samples) at once; a larger batch
         runs as equal chunks one after the other (same samples), which bounds the KV cache, the
         prefill activations and the [rows, vocab] logits of a decode step. None: one chunk.
+
+    Continuous-batching engine (`respo_jax.sampling.scheduler`, `paged_cache`, `paged_attention`):
+      max_slots: decode slots: rows decoded together; a finished row's slot is refilled.
+      steps_per_schedule: decode steps of one jitted segment between two scheduling decisions.
+      page_size: tokens per page of the paged KV cache.
+      num_pages: pages in the pool; None: from `kv_cache_bytes`, or else enough for every slot to
+        hold a row of the longest prompt and `max_new_tokens` at once (admission never waits).
+      kv_cache_bytes: pool size as a byte budget for K and V of all layers (exclusive with num_pages).
+      paged_attention_impl: the kernel of attention over pages: "gather" (runs everywhere), or an
+        accelerator kernel "pallas_tpu" / "pallas_gpu", refused on any other platform.
     """
 
     prompt_bucket: int = 16
@@ -112,6 +133,12 @@ class EngineConfig:
     prefill_chunk_size: int | None = None
     decode_chunk_size: int | None = None
     max_batch_rows: int | None = 256
+    max_slots: int = 64
+    steps_per_schedule: int = 32
+    page_size: int = 16
+    num_pages: int | None = None
+    kv_cache_bytes: int | None = None
+    paged_attention_impl: str = "gather"
 
     def __post_init__(self):
         _check_int("prompt_bucket", self.prompt_bucket, 1)
@@ -122,3 +149,16 @@ class EngineConfig:
             _check_int("decode_chunk_size", self.decode_chunk_size, 1)
         if self.max_batch_rows is not None:
             _check_int("max_batch_rows", self.max_batch_rows, 1)
+        _check_int("max_slots", self.max_slots, 1)
+        _check_int("steps_per_schedule", self.steps_per_schedule, 1)
+        _check_int("page_size", self.page_size, 1)
+        if self.num_pages is not None:
+            _check_int("num_pages", self.num_pages, 1)
+        if self.kv_cache_bytes is not None:
+            _check_int("kv_cache_bytes", self.kv_cache_bytes, 1)
+        if self.num_pages is not None and self.kv_cache_bytes is not None:
+            raise ValueError(f"set num_pages ({self.num_pages}) or kv_cache_bytes ({self.kv_cache_bytes}), "
+                             "not both: both size the page pool")
+        if self.paged_attention_impl not in PAGED_ATTENTION_IMPLS:
+            raise ValueError(f"paged_attention_impl must be one of {', '.join(PAGED_ATTENTION_IMPLS)}; "
+                             f"got {self.paged_attention_impl!r}")

@@ -1,0 +1,176 @@
+"""Host-side scheduler of the continuous-batching engine: which rows occupy the decode slots.
+
+Why: a static batch decodes until its longest row ends, so on a long-tailed length distribution most
+decode steps produce nothing anyone keeps. Here `EngineConfig.max_slots` slots are decoded together
+for a segment of `EngineConfig.steps_per_schedule` steps; between segments the scheduler retires the
+rows that finished (EOS unless `SamplingParams.ignore_eos`, or the row's own budget) and refills
+their slots with waiting rows, while `PagedCache` owns the pages (vLLM's scheduler / KV-cache manager
+split).
+
+Determinism. Every decision is a function of the inputs (prompt lengths, budgets, config) and of
+the per-slot flags the device returns after a segment: rows are admitted first-in first-out in
+prompt-major order into the lowest free slot, and admission stops at the first row that does not fit
+(it waits; no later row overtakes it). Every process fed the same flags takes the same decisions.
+
+Rows and prompts. Row r is sample r % G of prompt r // G (G = `num_samples`). A prompt is prefilled
+once, when its first row is admitted; its pages stay held while any of its rows waits, so rows of one
+prompt admitted in different segments share the same prefill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+from respo_jax.sampling.paged_cache import PagedCache, PromptPages, pages_for
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefill:
+    """Prefill prompt `prompt` (`tokens` tokens) into `pages` (in order)."""
+
+    prompt: int
+    tokens: int
+    pages: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """Row `row` (of prompt `prompt`) starts in `slot`; `copy`: a `(source, destination)` page copy of
+    the prompt's partial last page to make first, or None."""
+
+    slot: int
+    row: int
+    prompt: int
+    copy: tuple[int, int] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """One scheduling decision: prefills to run, then admissions to apply, then decode with
+    `page_table` (`[max_slots, max_pages]` int32, grown for the coming segment)."""
+
+    prefills: tuple[Prefill, ...]
+    admissions: tuple[Admission, ...]
+    page_table: np.ndarray
+
+
+class Scheduler:
+    """Admission, retirement and page growth for the rows of one `generate` call.
+
+    Args:
+      prompt_lengths: `[num_prompts]` prompt token counts.
+      num_samples: rows per prompt (G).
+      budgets: `[num_prompts * num_samples]` tokens each row may generate at most (its
+        `row_max_new_tokens`, each in [1, max_new_tokens]).
+      max_new_tokens: `SamplingParams.max_new_tokens` (the page table's width is sized for it).
+      max_slots, steps_per_schedule, page_size: as in `EngineConfig`.
+      num_pages: pages in the pool (`default_num_pages` when the engine leaves it open).
+    A row's cache holds its prompt and its response: `prompt + budget` tokens at most.
+    """
+
+    def __init__(self, prompt_lengths: Sequence[int], num_samples: int, budgets: Sequence[int], *,
+                 max_new_tokens: int, max_slots: int, steps_per_schedule: int, page_size: int,
+                 num_pages: int):
+        self.prompt_lengths = [int(n) for n in prompt_lengths]
+        self.num_samples = int(num_samples)
+        budgets = np.asarray(budgets)
+        rows = len(self.prompt_lengths) * self.num_samples
+        if budgets.shape != (rows,) or not np.issubdtype(budgets.dtype, np.integer):
+            raise ValueError(f"row_max_new_tokens has shape {budgets.shape} ({budgets.dtype}); expected "
+                             f"({rows},) integers: one per row (len(prompts) * num_samples)")
+        if rows and (budgets.min() < 1 or budgets.max() > max_new_tokens):
+            raise ValueError(f"row_max_new_tokens must lie in [1, max_new_tokens={max_new_tokens}]; got "
+                             f"[{budgets.min()}, {budgets.max()}]")
+        self.budgets = budgets.astype(np.int64)
+        self.steps_per_schedule = steps_per_schedule
+        longest = max(self.prompt_lengths)
+        max_pages = pages_for(longest + max_new_tokens, page_size)
+        self.cache = PagedCache(num_pages, page_size, max_slots, max_pages)
+        for row in range(rows):
+            alone = self._row_need(row, prompt_held=False, take_partial=self.num_samples == 1)
+            if alone > num_pages:
+                prompt_len = self.prompt_lengths[row // self.num_samples]
+                raise ValueError(
+                    f"the page pool ({num_pages} pages of {page_size} tokens) is too small for row {row}: "
+                    f"its prompt ({prompt_len} tokens) and budget ({self.budgets[row]} new tokens) need "
+                    f"{alone} pages (with the prompt's own partial page, shared by its {self.num_samples} "
+                    "samples); raise EngineConfig.num_pages / kv_cache_bytes or lower page_size")
+        self._waiting = deque(range(rows))
+        self._prompts: dict[int, PromptPages] = {}        # prefilled prompts with rows still waiting
+        self._pending = [self.num_samples] * len(self.prompt_lengths)  # rows of each prompt not admitted
+        self.slot_row = np.full(max_slots, -1, np.int64)  # row in each slot, -1 = free
+        self.generated = np.zeros(max_slots, np.int64)    # tokens the slot's row has generated
+
+    @property
+    def finished(self) -> bool:
+        """No row waits and no slot runs."""
+        return not self._waiting and bool(np.all(self.slot_row < 0))
+
+    def _row_tokens(self, row: int) -> int:
+        return self.prompt_lengths[row // self.num_samples] + int(self.budgets[row])
+
+    def _row_need(self, row: int, prompt_held: bool, take_partial: bool) -> int:
+        prompt_len = self.prompt_lengths[row // self.num_samples]
+        need = self.cache.attach_cost(prompt_len, self._row_tokens(row), take_partial)
+        return need if prompt_held else need + pages_for(prompt_len, self.cache.page_size)
+
+    def schedule(self) -> Schedule:
+        """Admit waiting rows into free slots (FIFO, while pages allow) and grow every running row's
+        pages for the next `steps_per_schedule` steps."""
+        prefills, admissions = [], []
+        free_slots = [int(s) for s in np.flatnonzero(self.slot_row < 0)]
+        while self._waiting and free_slots:
+            row = self._waiting[0]
+            prompt = row // self.num_samples
+            last = self._pending[prompt] == 1
+            held = prompt in self._prompts
+            if self._row_need(row, held, take_partial=last) > self.cache.available:
+                break  # wait for pages: a row is never dropped or truncated
+            if not held:
+                self._prompts[prompt] = self.cache.hold_prompt(self.prompt_lengths[prompt])
+                prefills.append(Prefill(prompt, self.prompt_lengths[prompt], self._prompts[prompt].pages))
+            slot = free_slots.pop(0)
+            copy = self.cache.attach(slot, self._prompts[prompt], self._row_tokens(row), take_partial=last)
+            self._waiting.popleft()
+            self._pending[prompt] -= 1
+            if last:
+                self.cache.release_prompt(self._prompts.pop(prompt))
+            self.slot_row[slot] = row
+            self.generated[slot] = 0
+            admissions.append(Admission(slot, row, prompt, copy))
+        if self._waiting and not admissions and np.all(self.slot_row < 0):  # excluded by __init__'s check
+            raise RuntimeError(f"row {self._waiting[0]} fits no empty pool of {self.cache.num_pages} pages")
+        for slot in np.flatnonzero(self.slot_row >= 0):
+            row = int(self.slot_row[slot])
+            upto = min(int(self.generated[slot]) + self.steps_per_schedule, int(self.budgets[row]))
+            self.cache.grow(int(slot), self.prompt_lengths[row // self.num_samples] + upto)
+        return Schedule(tuple(prefills), tuple(admissions), self.cache.page_table.copy())
+
+    def retire(self, generated: Sequence[int], done: Sequence[bool]) -> list[int]:
+        """Record the segment's result per slot (`generated`: tokens of the slot's row so far; `done`:
+        the row ended) and free the finished rows' slots and pages. Returns the retired rows."""
+        generated, done = np.asarray(generated), np.asarray(done, bool)
+        retired = []
+        for slot in np.flatnonzero(self.slot_row >= 0):
+            row = int(self.slot_row[slot])
+            if generated[slot] > self.budgets[row]:
+                raise ValueError(f"row {row} in slot {slot} generated {generated[slot]} tokens, beyond its "
+                                 f"budget of {self.budgets[row]}")
+            self.generated[slot] = generated[slot]
+            if done[slot] or generated[slot] == self.budgets[row]:
+                self.cache.free_slot(int(slot))
+                self.slot_row[slot] = -1
+                retired.append(row)
+        return retired
+
+
+def default_num_pages(prompt_lengths: Sequence[int], max_new_tokens: int, *, max_slots: int,
+                      page_size: int) -> int:
+    """A pool in which every slot can hold a row of the longest prompt and `max_new_tokens` (plus
+    one pristine partial prompt page per slot), so admission never waits for pages."""
+    longest = max(int(n) for n in prompt_lengths)
+    return max_slots * (pages_for(longest + max_new_tokens, page_size) + 1)

@@ -1,0 +1,161 @@
+"""The continuous-batching scheduler and the paged-cache bookkeeping, driven by a NumPy stand-in for
+the device: every token a row writes is a value naming (row, position), stored in a NumPy page pool
+through the page tables exactly as the engine writes K/V; reading a row back through its page table
+must give its own prompt and its own tokens, whatever the slots, page size or pool size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from respo_jax.sampling import EngineConfig, SamplingParams
+from respo_jax.sampling.paged_cache import PagedCache, pool_pages_for_bytes
+from respo_jax.sampling.scheduler import Scheduler, default_num_pages
+
+
+def _prompt_value(prompt: int, position: int) -> int:
+    return 1000 * prompt + position
+
+
+def _row_value(row: int, position: int) -> int:
+    return 10**6 + 1000 * row + position
+
+
+def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps, page_size, num_pages):
+    """Run the scheduler to the end against a fake device; row r ends after `lengths[r]` tokens (its
+    "EOS") or at its budget. Checks the pool's content and the bookkeeping after every segment.
+    Returns (generated tokens per row, the most slots busy at once, the most pages in use)."""
+    sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max(budgets), max_slots=max_slots,
+                      steps_per_schedule=steps, page_size=page_size, num_pages=num_pages)
+    pool = np.full((num_pages + 1, page_size), -1, np.int64)  # + the scratch page
+    generated = np.zeros(max_slots, np.int64)
+    done = np.zeros(max_slots, bool)
+    result, busiest, most_pages, admitted = {}, 0, 0, []
+
+    def read(slot, tokens):
+        table = sched.cache.page_table[slot]
+        return [pool[table[p // page_size], p % page_size] for p in range(tokens)]
+
+    while not sched.finished:
+        plan = sched.schedule()
+        for prefill in plan.prefills:
+            for p in range(prefill.tokens):
+                pool[prefill.pages[p // page_size], p % page_size] = _prompt_value(prefill.prompt, p)
+        for adm in plan.admissions:
+            if adm.copy is not None:
+                pool[adm.copy[1]] = pool[adm.copy[0]]
+            admitted.append(adm.row)
+            row = adm.row
+            generated[adm.slot] = 1  # the first token comes from the prefill's logits
+            done[adm.slot] = lengths[row] == 1
+        assert admitted == sorted(admitted), "rows are admitted first-in first-out"
+        np.testing.assert_array_equal(plan.page_table, sched.cache.page_table)
+        live = np.flatnonzero(sched.slot_row >= 0)
+        busiest = max(busiest, len(live))
+        for slot in live:  # one segment of decode steps
+            row = int(sched.slot_row[slot])
+            prompt_len = prompt_lengths[row // num_samples]
+            for _ in range(steps):
+                if done[slot] or generated[slot] == budgets[row]:
+                    break
+                position = prompt_len + generated[slot] - 1  # the K/V of the token fed now
+                assert sched.cache.writable(slot, position), "decode writes only pages the row owns"
+                page = sched.cache.page_table[slot, position // page_size]
+                pool[page, position % page_size] = _row_value(row, position)
+                generated[slot] += 1
+                done[slot] = generated[slot] == lengths[row]
+        most_pages = max(most_pages, sched.cache.pages_in_use)
+        for slot in live:  # every row reads back its own prompt and tokens
+            row = int(sched.slot_row[slot])
+            prompt = row // num_samples
+            prompt_len = prompt_lengths[prompt]
+            tokens = prompt_len + generated[slot] - 1
+            want = [_prompt_value(prompt, p) for p in range(prompt_len)]
+            want += [_row_value(row, p) for p in range(prompt_len, tokens)]
+            assert read(slot, tokens) == want, f"row {row}"
+        snapshot = {int(s): (int(sched.slot_row[s]), int(generated[s])) for s in live}
+        for row in sched.retire(generated, done):
+            assert row not in result
+            result[row] = next(g for r, g in snapshot.values() if r == row)
+    assert sched.cache.pages_in_use == 0 and sched.cache.available == num_pages
+    assert (sched.cache.page_table == num_pages).all()
+    return [result[r] for r in range(len(budgets))], busiest, most_pages
+
+
+PROMPTS = [5, 16, 1, 23]  # tokens: partial, exactly full, single, several pages (page size 8)
+G = 3
+LENGTHS = [1, 40, 7, 12, 3, 30, 2, 2, 19, 33, 8, 5]   # each row's "EOS" length
+BUDGETS = [4, 40, 40, 9, 40, 40, 1, 40, 40, 20, 40, 40]
+
+
+@pytest.mark.parametrize("max_slots,steps,page_size,num_pages", [
+    (4, 3, 8, None), (12, 1, 8, None), (2, 5, 4, None), (5, 2, 1, None),
+    (12, 4, 8, 9),  # a pool smaller than the batch: admission waits, every row still completes
+])
+def test_every_row_completes_with_its_own_tokens(max_slots, steps, page_size, num_pages):
+    pages = num_pages or default_num_pages(PROMPTS, max(BUDGETS), max_slots=max_slots, page_size=page_size)
+    got, busiest, most_pages = _simulate(PROMPTS, G, LENGTHS, BUDGETS, max_slots=max_slots, steps=steps,
+                                         page_size=page_size, num_pages=pages)
+    assert got == [min(n, b) for n, b in zip(LENGTHS, BUDGETS)]
+    assert busiest <= max_slots and most_pages <= pages
+    if num_pages is not None:
+        assert busiest < max_slots  # the pool, not the slots, held rows back
+
+
+def test_samples_share_the_prompts_full_pages_and_copy_its_partial_page():
+    sched = Scheduler([20, 16], 3, [10] * 6, max_new_tokens=10, max_slots=6, steps_per_schedule=4,
+                      page_size=8, num_pages=40)
+    plan = sched.schedule()
+    assert [(p.prompt, p.tokens, len(p.pages)) for p in plan.prefills] == [(0, 20, 3), (1, 16, 2)]
+    first, second = plan.prefills
+    copies = [a.copy for a in plan.admissions]
+    # prompt 0 (20 = 2 full pages + 4 tokens): two rows copy the partial page, the last takes it
+    assert [c[0] for c in copies[:2]] == [first.pages[2]] * 2 and copies[2] is None
+    assert copies[3:] == [None] * 3  # prompt 1 fills its pages exactly: nothing to copy
+    tables = plan.page_table
+    for slot in range(3):
+        assert tuple(tables[slot, :2]) == first.pages[:2]
+        assert sched.cache.refcount(first.pages[0]) == 3
+    assert len({tables[s, 2] for s in range(3)}) == 3  # a partial page of its own per row
+    for slot in range(3, 6):
+        assert tuple(tables[slot, :2]) == second.pages
+    # rows grow into pages of their own, and retiring them frees exactly what nobody else holds
+    assert len({tables[s, 2] for s in range(3, 6)}) == 3
+    sched.retire([10, 3, 3, 3, 3, 3], [False] * 6)  # row 0 reached its budget
+    assert sched.cache.refcount(first.pages[0]) == 2
+
+
+def test_a_pool_too_small_for_one_row_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"page pool \(6 pages of 8 tokens\) is too small for row 0: its "
+                                         r"prompt \(20 tokens\) and budget \(30 new tokens\) need 8 pages"):
+        Scheduler([20], 2, [30, 30], max_new_tokens=30, max_slots=2, steps_per_schedule=4, page_size=8,
+                  num_pages=6)
+    with pytest.raises(ValueError, match=r"row_max_new_tokens must lie in \[1, max_new_tokens=8\]"):
+        Scheduler([4], 2, [3, 9], max_new_tokens=8, max_slots=2, steps_per_schedule=4, page_size=8,
+                  num_pages=6)
+
+
+def test_pool_size_from_a_byte_budget_and_engine_validation():
+    # 2 layers x (K, V) x 2 kv heads x head_dim 4 x page 8 x 4 bytes = 1,024 bytes a page; one is scratch
+    assert pool_pages_for_bytes(10 * 1024 + 1023, num_layers=2, kv_heads=2, head_dim=4, page_size=8,
+                                itemsize=4) == 9
+    with pytest.raises(ValueError, match="holds no page"):
+        pool_pages_for_bytes(1024, num_layers=2, kv_heads=2, head_dim=4, page_size=8, itemsize=4)
+    with pytest.raises(ValueError, match="not both"):
+        EngineConfig(num_pages=4, kv_cache_bytes=4096)
+    with pytest.raises(ValueError, match="paged_attention_impl must be one of gather, pallas_tpu"):
+        EngineConfig(paged_attention_impl="flash")
+    with pytest.raises(ValueError, match="ignore_eos must be a bool"):
+        SamplingParams(max_new_tokens=4, ignore_eos=1)
+
+
+def test_page_cache_refuses_to_overdraw():
+    cache = PagedCache(num_pages=3, page_size=4, max_slots=2, max_pages=3)
+    prompt = cache.hold_prompt(6)  # 2 pages
+    cache.attach(0, prompt, row_tokens=8, take_partial=True)
+    cache.release_prompt(prompt)
+    assert cache.available == 1 and cache.pages_in_use == 2
+    with pytest.raises(ValueError, match="beyond its reservation"):
+        cache.grow(0, 9)
+    with pytest.raises(ValueError, match="needs 2 pages; 1 are available"):
+        cache.hold_prompt(5)

@@ -1,0 +1,146 @@
+"""The continuous-batching engine against the static sampler (`generate`, itself tested against
+transformers in test_sampling.py) and a teacher-forced forward: greedy and sampled tokens equal for one
+seed whatever max_slots / page_size / steps_per_schedule / pool size, log-probs those of the
+distribution sampled from, per-row budgets and ignore_eos honoured."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import jitted_model as jm
+from respo_jax.models import qwen3
+from respo_jax.sampling import EngineConfig, SamplingParams, generate
+from respo_jax.sampling.paged_decode import generate_continuous
+
+PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [100], [7, 7, 8, 9, 10, 11]]
+NEW = 12
+# slots fewer than rows, pages smaller than prompts, segments that end mid-row
+ENGINE = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=5)
+
+
+@pytest.fixture(scope="module")
+def model():
+    # initializer_range 0.3: well-separated logits, so no greedy choice hinges on float rounding
+    cfg = qwen3.Qwen3Config.preset("tiny", initializer_range=0.3, tie_word_embeddings=False)
+    return qwen3.init_model(cfg, 1)
+
+
+def _with_eos(full, eos: int, pad: int) -> dict:
+    """The static sampler's EOS rule applied in NumPy to rows sampled without EOS (a row's draws do not
+    depend on its EOS): cut each row after its first `eos`, pad after it."""
+    tokens, logprobs = np.asarray(full.tokens).copy(), np.asarray(full.logprobs).copy()
+    lengths = np.full(len(tokens), tokens.shape[1])
+    for r, row in enumerate(tokens):
+        hits = np.flatnonzero(row == eos)
+        if hits.size:
+            lengths[r] = hits[0] + 1
+            tokens[r, lengths[r]:], logprobs[r, lengths[r]:] = pad, 0.0
+    return dict(tokens=tokens, lengths=lengths, logprobs=logprobs)
+
+
+def _assert_same(got, want: dict, logprob_tol=1e-5):
+    np.testing.assert_array_equal(np.asarray(got.lengths), want["lengths"])
+    np.testing.assert_array_equal(np.asarray(got.tokens), want["tokens"])
+    np.testing.assert_allclose(np.asarray(got.logprobs), want["logprobs"], atol=logprob_tol)
+
+
+def _reference(model, params):
+    """(params with an EOS id that the static sampler emits at step 4 of row 1, its rows without EOS,
+    the same rows with it)."""
+    full = generate(model, PROMPTS, params)
+    eos = int(np.asarray(full.tokens)[1, 4])
+    want = _with_eos(full, eos, pad=eos)
+    assert want["lengths"].min() < NEW  # EOS retires some rows early
+    return dataclasses.replace(params, eos_token_ids=(eos,)), full, want
+
+
+def test_greedy_equals_the_static_sampler(model):
+    params, _, want = _reference(model, SamplingParams(max_new_tokens=NEW, temperature=0.0, num_samples=2))
+    _assert_same(generate_continuous(model, PROMPTS, params, engine=ENGINE), want)
+
+
+@pytest.fixture(scope="module")
+def sampled(model):
+    params = SamplingParams(max_new_tokens=NEW, temperature=0.8, num_samples=3, seed=2**33 + 7)
+    return _reference(model, params)
+
+
+def test_sampled_tokens_equal_the_static_samplers(model, sampled):
+    params, _, want = sampled
+    _assert_same(generate_continuous(model, PROMPTS, params, engine=ENGINE), want)
+
+
+def test_row_ids_and_prefill_chunks_keep_the_samples(model, sampled):
+    params, _, _ = sampled
+    ids = np.arange(12, dtype=np.uint32)[::-1] * 1000 + 5  # a row's draws follow its id, not its index
+    full = generate(model, PROMPTS, dataclasses.replace(params, eos_token_ids=()), row_ids=ids)
+    assert not np.array_equal(np.asarray(full.tokens), np.asarray(sampled[1].tokens))
+    engine = dataclasses.replace(ENGINE, prefill_chunk_size=4)
+    got = generate_continuous(model, PROMPTS, params, engine=engine, row_ids=ids)
+    _assert_same(got, _with_eos(full, params.eos_token_ids[0], pad=params.eos_token_ids[0]))
+
+
+def test_reported_logprobs_equal_a_teacher_forced_forward(model, sampled):
+    params, _, _ = sampled
+    out = generate_continuous(model, PROMPTS, params, engine=ENGINE)
+    tokens, lengths, logprobs = (np.asarray(a) for a in (out.tokens, out.lengths, out.logprobs))
+    rows = [p for p in PROMPTS for _ in range(params.num_samples)]
+    width = max(len(p) for p in PROMPTS) + NEW
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for r, prompt in enumerate(rows):  # right-padded: causal attention never sees the trailing pads
+        sequence = prompt + tokens[r, : lengths[r]].tolist()
+        ids[r, : len(sequence)] = sequence
+        mask[r, : len(sequence)] = 1
+    targets = np.concatenate([ids[:, 1:], np.zeros((len(rows), 1), np.int32)], axis=1)
+    forced = np.asarray(jm.token_logprobs(model, ids, targets, attention_mask=mask,
+                                          temperature=params.temperature))
+    for r, prompt in enumerate(rows):
+        n = lengths[r]
+        start = len(prompt) - 1  # the logits at the last prompt token score the first response token
+        np.testing.assert_allclose(logprobs[r, :n], forced[r, start:start + n], atol=2e-5)
+
+
+# More slots than ENGINE, a page per 2 tokens, a segment per token, and a pool of 26 pages, far fewer
+# than the 12 rows need together (a row of the 11-token prompt at full budget alone takes 12 pages +
+# the prompt's partial page): admission waits for pages although slots are free. The same samples as
+# the static sampler here and with ENGINE above: they depend on neither max_slots, page_size,
+# steps_per_schedule nor the pool.
+WAITING = EngineConfig(max_slots=6, page_size=2, steps_per_schedule=1, num_pages=26)
+
+
+def test_row_budgets_and_ignore_eos(model, sampled):
+    params, full, _ = sampled
+    params = dataclasses.replace(params, ignore_eos=True)
+    eos = params.eos_token_ids[0]
+    full_tokens = np.asarray(full.tokens)  # sampled without EOS ids
+    assert (full_tokens[:, :-1] == eos).any()  # EOS is sampled, so ignoring it matters
+    _assert_same(generate(model, PROMPTS, params), _with_eos(full, -1, pad=eos))  # the static sampler too
+    budgets = np.random.default_rng(0).integers(1, NEW + 1, len(PROMPTS) * params.num_samples)
+    budgets[0] = 1
+    out = generate_continuous(model, PROMPTS, params, engine=WAITING, row_max_new_tokens=budgets)
+    tokens, logprobs = np.asarray(out.tokens), np.asarray(out.logprobs)
+    np.testing.assert_array_equal(np.asarray(out.lengths), budgets)
+    for r, budget in enumerate(budgets):  # a row's draws do not depend on its own or others' budgets
+        np.testing.assert_array_equal(tokens[r, :budget], full_tokens[r, :budget])
+        np.testing.assert_allclose(logprobs[r, :budget], np.asarray(full.logprobs)[r, :budget], atol=1e-5)
+        assert (tokens[r, budget:] == params.pad_token_id).all() and (logprobs[r, budget:] == 0).all()
+
+
+def test_engine_input_errors(model, sampled):
+    params, _, _ = sampled
+    with pytest.raises(ValueError, match=r"page pool \(3 pages of 4 tokens\) is too small for row 0"):
+        generate_continuous(model, PROMPTS, params, engine=EngineConfig(page_size=4, num_pages=3))
+    with pytest.raises(ValueError, match="paged_attention_impl='pallas_gpu' runs on gpu devices; the engine "
+                                         "runs on cpu devices"):
+        generate_continuous(model, PROMPTS, params, engine=EngineConfig(paged_attention_impl="pallas_gpu"))
+    with pytest.raises(ValueError, match=r"row_max_new_tokens must lie in \[1, max_new_tokens=12\]"):
+        generate_continuous(model, PROMPTS, params, row_max_new_tokens=[NEW + 1] * 12)
+    moe_config = qwen3.Qwen3Config.preset("tiny-moe")
+    moe = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(moe_config, rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match="dense Qwen3 models"):
+        generate_continuous(moe, PROMPTS, params)
