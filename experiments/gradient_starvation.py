@@ -48,7 +48,7 @@ from respo_jax.training import run_dir
 from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.run_lock import RunLock
-from respo_jax.training.sweep import Cell, StarvationConfig
+from respo_jax.training.sweep import Cell, StarvationConfig, select_learning_rate
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "gradient_starvation.py")
 BASE_INFO = "base.json"  # in the base model directory: the config that made it, its checksum, accuracy
@@ -565,7 +565,8 @@ def summary_markdown(summary: dict) -> str:
 
 
 V2_HEADER = ("| Objective | N | lr | Updates | Late mean ± temporal std | Cross-seed std | Greedy held-out "
-             "| Sampled pass@1 ± SE | Approx. KL | Clip frac. | Pos. log W<−1 | Neg. log W<0 | Neg. mass log W<0 |")
+             "| Sampled pass@1 ± SE | Approx. KL | Clip frac. | Pos. log W<−1 | Neg. log W<0 "
+             "| Neg. mass log W<0 |")
 
 
 def _v2_row(g: dict) -> str:
@@ -642,8 +643,8 @@ def grid_figure(summary: dict) -> Figure:
                 ("sampled_pass_at_1", "sampled_pass_at_1_cross_seed_std", "held-out sampled pass@1"))):
             ax = axes[row][col]
             for index, name in enumerate(names):
-                rows = sorted((g for g in main if g["reuse"] == n and g["objective"] == name and g[key] is not None),
-                              key=lambda g: g["learning_rate"])
+                rows = sorted((g for g in main if g["reuse"] == n and g["objective"] == name
+                               and g[key] is not None), key=lambda g: g["learning_rate"])
                 if rows:
                     ax.errorbar([g["learning_rate"] for g in rows], [g[key] for g in rows],
                                 yerr=[g[err] or 0.0 for g in rows], color=f"C{index % 10}", marker="o", ms=3,
@@ -668,11 +669,11 @@ def controls_figure(summary: dict) -> Figure:
     rows = summary["controls"]
     fig = Figure(figsize=(max(6.0, 0.9 * len(rows) + 2), 6.4))
     axes = fig.subplots(2, 1, squeeze=False)[:, 0]
-    labels = [f"{OBJECTIVE_NAMES.get(g['objective'], g['objective'])}\n{g['lr_choice']} {g['learning_rate']:g}"
-              for g in rows]
-    for ax, (key, err, label) in zip(axes, (("late_mean", "late_mean_cross_seed_std", "late-mean training score"),
-                                            ("sampled_pass_at_1", "sampled_pass_at_1_cross_seed_std",
-                                             "held-out sampled pass@1"))):
+    labels = [f"{OBJECTIVE_NAMES.get(g['objective'], g['objective'])}\n{g['lr_choice']} "
+              f"{g['learning_rate']:g}" for g in rows]
+    panels = (("late_mean", "late_mean_cross_seed_std", "late-mean training score"),
+              ("sampled_pass_at_1", "sampled_pass_at_1_cross_seed_std", "held-out sampled pass@1"))
+    for ax, (key, err, label) in zip(axes, panels):
         values = [g[key] if g[key] is not None else np.nan for g in rows]
         ax.bar(np.arange(len(rows)), values, yerr=[g[err] or 0.0 for g in rows], capsize=2,
                color=["C0" if g["lr_choice"] == "common" else "C1" for g in rows])
@@ -745,7 +746,8 @@ def write_outputs(summary: dict, out_dir: str) -> list[str]:
         figures[GRID_FIGURE] = lambda: grid_figure(summary)
         figures[CONTROLS_FIGURE] = lambda: controls_figure(summary)
         if summary["long_regime"]:
-            figures[LONG_FIGURE] = lambda: starvation_figure(_curves_of(summary, lambda c: c["regime"] == "long"))
+            figures[LONG_FIGURE] = lambda: starvation_figure(
+                _curves_of(summary, lambda c: c["regime"] == "long"))
     for name, make in figures.items():
         buffer = io.BytesIO()
         make().savefig(buffer, format="png", dpi=90)
@@ -786,7 +788,8 @@ def _sweep(config: StarvationConfig, report_only: bool) -> dict:
         if not os.path.isfile(os.path.join(base_dir, BASE_INFO)):
             raise ConfigError(f"--report-only: no base model in {base_dir} (nothing was run)")
     bases = {"": prepare_base(config, show=True)}
-    if config.sweep.long_difficulty and os.path.isfile(os.path.join(config.regime_base_dir("long"), BASE_INFO)):
+    long_info = os.path.join(config.regime_base_dir("long"), BASE_INFO)
+    if config.sweep.long_difficulty and os.path.isfile(long_info):
         bases["long"] = prepare_base(config, show=True, regime="long")  # checks a finished one matches
     best, selection = selected_learning_rates(config, bases)
     cells = config.cells(best)

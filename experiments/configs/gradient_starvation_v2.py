@@ -24,7 +24,8 @@ import jax.numpy as jnp
 
 from respo_jax.objectives import kernel_objective, register_objective
 from respo_jax.objectives.kernels import respo_kernel, vespo_kernel
-from respo_jax.training.config import ModelConfig, OptimConfig, RolloutConfig, RunConfig, TaskConfig, WarmupConfig
+from respo_jax.training.config import (ModelConfig, OptimConfig, RolloutConfig, RunConfig, TaskConfig,
+                                       WarmupConfig)
 from respo_jax.training.sweep import StarvationConfig, SweepConfig
 
 
@@ -63,7 +64,8 @@ def get_config() -> StarvationConfig:
         rollout=RolloutConfig(prompts_per_minibatch=4, group_size=8, max_new_tokens=64),
         optim=OptimConfig(learning_rate=1e-4, max_grad_norm=1.0),  # the common lr (the first study's)
         warmup=WarmupConfig(steps=300, batch_size=64, learning_rate=3e-3),
-        run=RunConfig(eval_problems=512, progress=False, eval_samples=8, eval_temperature=1.0, eval_top_p=0.7),
+        run=RunConfig(eval_problems=512, progress=False, eval_samples=8, eval_temperature=1.0,
+                      eval_top_p=0.7),
         sweep=SweepConfig(objectives="grpo,gspo,vespo,respo", reuse="1,32", seeds="0,1,2",
                           policy_updates=256, runs_dir="runs/gradient_starvation_v2",
                           out_dir="experiments/results/gradient_starvation_v2",

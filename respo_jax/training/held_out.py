@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from respo_jax.sampling import SamplingParams, generate
+from respo_jax.sampling import EngineConfig, SamplingParams, generate
 from respo_jax.distributed import to_host
 
 EVAL_SEED = 7919  # the sampled evaluation's PRNG seed, the same for every run
@@ -39,7 +39,8 @@ def pass_at_1(correct) -> tuple[float, float]:
 
 def evaluate_held_out(model, prompts: Sequence[list[int]], records: list[dict],
                       score: Callable[[np.ndarray, np.ndarray, list[dict]], np.ndarray], *,
-                      max_new_tokens: int, eos_token_ids: tuple[int, ...], engine=None, samples: int = 0,
+                      max_new_tokens: int, eos_token_ids: tuple[int, ...], engine: EngineConfig = EngineConfig(),
+                      samples: int = 0,
                       temperature: float = 1.0, top_p: float = 0.7) -> dict:
     """The held-out record of `model` on `prompts` (one per record): {"greedy_accuracy"} and, with
     `samples` > 0, {"sampled_pass_at_1", "sampled_pass_at_1_se", "sampled_samples", "sampled_temperature",

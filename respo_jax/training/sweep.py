@@ -165,8 +165,9 @@ class SweepConfig(_Section):
         self._need("selection_seed", self.selection_seed == -1 or (
             0 <= self.selection_seed < 2**32 and self.selection_seed not in self.seed_list),
             "-1 (none) or an integer in [0, 2**32) not in sweep.seeds")
-        self._need("selection_seed", self.selection_seed >= 0 or not (self.control_list or self.long_difficulty),
-                   "a seed: sweep.controls and sweep.long_difficulty run at each method's selected lr")
+        self._need("selection_seed", self.selection_seed >= 0 or not (
+            self.control_list or self.long_difficulty),
+            "a seed: sweep.controls and sweep.long_difficulty run at each method's selected lr")
         self._need("learning_rates", bool(self.learning_rates) or self.selection_seed < 0,
                    "a grid to select from when sweep.selection_seed is set")
         if self.long_difficulty:
