@@ -49,12 +49,13 @@ from respo_jax.training import run_dir
 from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.run_lock import RunLock
-from respo_jax.training.sweep import Cell, StarvationConfig
+from respo_jax.training.sweep import Cell, StarvationConfig, select_learning_rate
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "gradient_starvation.py")
 BASE_INFO = "base.json"  # in the base model directory: the config that made it, its checksum, accuracy
 CELL_INFO = "sweep_cell.json"  # in a finished cell: the cell and the base model it started from
 SUMMARY_JSON, SUMMARY_MD, FIGURE = "summary.json", "summary.md", "gradient_starvation.png"
+GRID_FIGURE, CONTROLS_FIGURE, LONG_FIGURE = "grid.png", "controls.png", "long_regime.png"  # second study
 # CPU-scale windows (fractions of the run's policy updates): the early peak over the first quarter (the
 # paper's 256 of 1,024) and the late mean over the last quarter (the paper's last 128 of 1,024 is an
 # eighth; a quarter gives N=32 three logged points instead of two).
@@ -92,24 +93,29 @@ def _json_view(obj):
 # Running
 
 
-def base_fingerprint(config: StarvationConfig) -> dict:
+def base_fingerprint(config: StarvationConfig, regime: str = "") -> dict:
     """The settings that define the base model and its held-out score: model, task, warm-up, its seed,
     the held-out problems and the generation cap (not the RL settings, which cells may vary)."""
-    view = _json_view(config.base_experiment().to_dict())
-    return {"model": view["model"], "task": view["task"], "warmup": view["warmup"],
-            "run.seed": view["run"]["seed"], "run.eval_problems": view["run"]["eval_problems"],
-            "rollout.max_new_tokens": view["rollout"]["max_new_tokens"]}
+    view = _json_view(config.base_experiment(regime).to_dict())
+    fingerprint = {"model": view["model"], "task": view["task"], "warmup": view["warmup"],
+                   "run.seed": view["run"]["seed"], "run.eval_problems": view["run"]["eval_problems"],
+                   "rollout.max_new_tokens": view["rollout"]["max_new_tokens"]}
+    if config.run.eval_samples:  # the second study's sampled held-out score (absent: the first study's)
+        fingerprint.update({f"run.{k}": view["run"][k] for k in ("eval_samples", "eval_temperature",
+                                                                   "eval_top_p")})
+    return fingerprint
 
 
-def prepare_base(config: StarvationConfig, show: bool = True) -> dict:
-    """The shared base model: reads sweep.runs_dir/base when it was made by this config, else runs the
-    warm-up, evaluates it on the held-out split and saves it (atomically: written to base.partial/, then
-    renamed). Returns its base.json: {"config", "sha256", "greedy_accuracy", "sft_loss_last", "seconds"}."""
+def prepare_base(config: StarvationConfig, show: bool = True, regime: str = "") -> dict:
+    """The shared base model of `regime`: reads sweep.runs_dir/base (base_long) when it was made by this
+    config, else runs the warm-up, evaluates it on the held-out split and saves it (atomically: written to
+    base.partial/, then renamed). Returns its base.json: {"config", "sha256", "greedy_accuracy",
+    "sft_loss_last", "seconds"} and, with run.eval_samples, "held_out" (`RLTrainer.evaluation`)."""
     from respo_jax.models.qwen3 import save_pretrained
     from respo_jax.training.loop import RLTrainer
 
-    base_dir, experiment = config.base_dir, config.base_experiment()
-    wanted = base_fingerprint(config)
+    base_dir, experiment = config.regime_base_dir(regime), config.base_experiment(regime)
+    wanted = base_fingerprint(config, regime)
     info_path = os.path.join(base_dir, BASE_INFO)
     if os.path.isdir(base_dir):
         if not os.path.isfile(info_path):
@@ -127,7 +133,8 @@ def prepare_base(config: StarvationConfig, show: bool = True) -> dict:
     trainer = RLTrainer(experiment)
     losses = [record["sft_loss"] for record in tqdm(
         trainer.warmup(), total=experiment.warmup.steps, desc="base model warm-up", disable=not show)]
-    accuracy = trainer.evaluate()
+    held_out = trainer.evaluation() or {}
+    accuracy = held_out.get("greedy_accuracy")
     partial = base_dir + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     save_pretrained(trainer.model(), partial)
@@ -140,6 +147,8 @@ def prepare_base(config: StarvationConfig, show: bool = True) -> dict:
         "sft_loss_last": float(np.mean(losses[-10:])) if losses else None,
         "seconds": time.perf_counter() - started,
     }
+    if config.run.eval_samples:
+        info["held_out"] = held_out
     run_dir.atomic_write_json(os.path.join(partial, BASE_INFO), info)
     os.replace(partial, base_dir)
     return info
@@ -168,6 +177,46 @@ def finished(config: StarvationConfig, cell: Cell, base: dict) -> bool:
     return True
 
 
+def cell_window(config: StarvationConfig, cell: Cell) -> dict:
+    """The cell's early/late windows: in its own policy updates, blocked by its regime's largest N."""
+    block = max(config.sweep.long_reuse_list if cell.regime else config.sweep.reuse_list)
+    return windows(config.experiment(cell).run.policy_updates, block)
+
+
+def selection_score(run: Run, window: dict) -> float | None:
+    """What `select_learning_rate` compares: the late mean of the blocked training score."""
+    steps, score = blocked_curve(run, window["block"], "train_accuracy")
+    end = float(steps[-1])
+    start = max(end - window["late_window"], float(steps[0]))
+    return late_mean(steps, score, start, end)[0] if start < end else None
+
+
+def selected_learning_rates(config: StarvationConfig, bases: dict) -> tuple[dict, list[dict]]:
+    """({(objective, N): best lr}, the selection records) from the finished selection-seed cells; an
+    (objective, N) gets its lr only once every lr of the grid has finished on the selection seed."""
+    s = config.sweep
+    best, records = {}, []
+    if s.selection_seed < 0:
+        return best, records
+    for reuse in s.reuse_list:
+        objectives = s.on_policy_list if reuse == 1 < max(s.reuse_list) else s.objective_list
+        if reuse == max(s.reuse_list):
+            objectives = objectives + s.control_list
+        for objective in objectives:
+            scores = {}
+            for lr in s.learning_rate_list:
+                cell = Cell(objective, reuse, s.selection_seed, lr)
+                if finished(config, cell, bases[""]):
+                    info = run_dir.read_json(os.path.join(config.cell_dir(cell), CELL_INFO))
+                    scores[lr] = info.get("selection_score")
+            if len(scores) == len(s.learning_rate_list):
+                best[(objective, reuse)] = select_learning_rate(scores)
+                records.append({"objective": objective, "reuse": reuse, "seed": s.selection_seed,
+                                "late_means": {f"{lr:g}": v for lr, v in scores.items()},
+                                "best_learning_rate": best[(objective, reuse)]})
+    return best, records
+
+
 def run_cell(config: StarvationConfig, cell: Cell, base: dict) -> None:
     """Trains one cell in <cell>.partial/, drops its checkpoints and renames it to <cell>/."""
     from experiments.train import run_experiment
@@ -182,7 +231,8 @@ def run_cell(config: StarvationConfig, cell: Cell, base: dict) -> None:
     run_dir.atomic_write_json(os.path.join(partial, run_dir.CONFIG_FILE), saved)
     run_dir.atomic_write_json(os.path.join(partial, CELL_INFO), {
         "cell": dataclasses.asdict(cell), "base_sha256": base["sha256"],
-        "seconds": time.perf_counter() - started})
+        "seconds": time.perf_counter() - started,
+        "selection_score": selection_score(load_run(partial), cell_window(config, cell))})
     os.replace(partial, final)
 
 
@@ -215,6 +265,39 @@ def _final_heldout(run: Run) -> tuple[float | None, float | None]:
     """(before, after) greedy accuracy on the held-out split: the first and last eval records."""
     evals = [r["greedy_accuracy"] for r in run.records if r.get("phase") == "eval"]
     return (evals[0], evals[-1]) if evals else (None, None)
+
+
+def sampled_heldout(run: Run) -> dict:
+    """Sampled pass@1 ± its standard error (`respo_jax.training.held_out`) before and after training:
+    the first and last eval records' (None where the run did not sample)."""
+    evals = [r for r in run.records if r.get("phase") == "eval"]
+    out = {}
+    for key, record in (("before", evals[0] if evals else {}), ("after", evals[-1] if evals else {})):
+        out[f"sampled_pass_at_1_{key}"] = record.get("sampled_pass_at_1")
+        out[f"sampled_pass_at_1_se_{key}"] = record.get("sampled_pass_at_1_se")
+    return out
+
+
+def trust_region_diagnostics(run: Run) -> dict:
+    """What the trust-region argument needs, per run: the mean over rollout batches of the k1 approx. KL
+    to π_old and of the clip fraction (None for objectives without one), and, pooled over every
+    response, the share of negative responses (Â < 0) with log W < 0 and their share of the negative
+    coefficient mass |Â|·φ (ReSPO's φ⁻ ≥ 1 there; every baseline's < 1)."""
+    rl = run.rl_records
+    clip = [r["clip_fraction"] for r in rl if "clip_fraction" in r]
+    log_w = np.concatenate([np.asarray(r["log_w"], np.float64) for r in run.rollouts])
+    advantage = np.concatenate([np.asarray(r["advantage"], np.float64) for r in run.rollouts])
+    phi = np.concatenate([np.asarray(r["phi"], np.float64) for r in run.rollouts])
+    negative = advantage < 0
+    mass = np.abs(advantage) * phi
+    neg_mass = mass[negative].sum()
+    return {
+        "approx_kl": _mean(r.get("approx_kl") for r in rl),
+        "clip_fraction": float(np.mean(clip)) if clip else None,
+        "negative_log_w_lt0_share": float(np.mean(log_w[negative] < 0)) if negative.any() else None,
+        "negative_log_w_lt0_mass_share": float(mass[negative & (log_w < 0)].sum() / neg_mass)
+        if neg_mass > 0 else None,
+    }
 
 
 def drift_statistics(run: Run) -> dict:
@@ -258,7 +341,9 @@ def cell_summary(cell: Cell, run: Run, window: dict) -> dict:
     peak = early_peak(steps, score, window["early_until"]) if steps[0] <= window["early_until"] else None
     raw_steps, _ = run.curve()
     return {
-        "objective": cell.objective, "reuse": cell.reuse, "seed": cell.seed,
+        "objective": cell.objective, "reuse": cell.reuse, "seed": cell.seed, "name": cell.name,
+        "learning_rate": run.config["optim"]["learning_rate"], "policy_updates": run.policy_updates,
+        "regime": cell.regime, **sampled_heldout(run), "diagnostics": trust_region_diagnostics(run),
         "early_peak": peak, "late_mean": late, "late_std": late_std, "late_window": [start, end],
         "heldout_accuracy_before": before, "heldout_accuracy": after,
         "e3_window_batches": tables["window"]["allocation"],
@@ -302,6 +387,13 @@ def group_summary(cells: list[dict]) -> dict:
         "late_mean_cross_seed_std": _std([c["late_mean"] for c in cells]),
         "heldout_accuracy": _mean(c["heldout_accuracy"] for c in cells),
         "heldout_accuracy_cross_seed_std": _std([c["heldout_accuracy"] for c in cells]),
+        "learning_rate": cells[0]["learning_rate"], "policy_updates": cells[0]["policy_updates"],
+        "regime": cells[0]["regime"],
+        "sampled_pass_at_1": _mean(c["sampled_pass_at_1_after"] for c in cells),
+        # the standard error of the seed mean from each seed's evaluation error (problems resampled)
+        "sampled_pass_at_1_se": _se_of_mean([c["sampled_pass_at_1_se_after"] for c in cells]),
+        "sampled_pass_at_1_cross_seed_std": _std([c["sampled_pass_at_1_after"] for c in cells]),
+        **{key: _mean(c["diagnostics"][key] for c in cells) for key in cells[0]["diagnostics"]},
         "positive_low_w_share": share, "positive_low_w_mass_share": mass,
         # amplification of the seed means, as the paper's Tab. 5 divides the mean mass by the mean share
         "positive_low_w_amplification": mass / share if share else None,
@@ -314,6 +406,12 @@ def group_summary(cells: list[dict]) -> dict:
     }
 
 
+def _se_of_mean(errors: list) -> float | None:
+    """The standard error of a mean of independent estimates with these standard errors."""
+    errors = [e for e in errors if e is not None]
+    return float(np.sqrt(np.sum(np.square(errors))) / len(errors)) if errors else None
+
+
 def _pooled_relative(rows: list[dict]) -> float | None:
     """Mean over seeds of each seed's low-W length ratio, weighted by its low-W count."""
     rows = [r for r in rows if r["count"]]
@@ -322,23 +420,90 @@ def _pooled_relative(rows: list[dict]) -> float | None:
     return float(sum(r["count"] * r["relative"] for r in rows) / sum(r["count"] for r in rows))
 
 
-def summarize(config: StarvationConfig, base: dict, runs: dict[Cell, Run]) -> dict:
-    """summary.json: the settings, the base model, one record per cell and per (objective, N)."""
-    window = windows(config.sweep.policy_updates, max(config.sweep.reuse_list))
-    cells = [cell_summary(c, runs[c], window) for c in runs]
+def summarize(config: StarvationConfig, bases: dict, runs: dict[Cell, Run], best: dict | None = None,
+              selection: list[dict] | None = None) -> dict:
+    """summary.json: the settings, the base model, one record per cell and per (objective, N) (the
+    second study: per (regime, N, objective, lr), over the report seeds, plus the lr selection, each
+    method at its best lr, the controls and the long regime's acceptance)."""
+    s = config.sweep
+    window = windows(s.policy_updates, max(s.reuse_list))
+    cells = [cell_summary(c, runs[c], cell_window(config, c)) for c in runs]
+    order = s.objective_list + s.control_list
+    keys = dict.fromkeys((c["regime"], c["reuse"], c["objective"], c["learning_rate"]) for c in cells
+                         if c["seed"] != s.selection_seed)
+    reuse_order = {"": s.reuse_list, "long": s.long_reuse_list}
     groups = []
-    for n in config.sweep.reuse_list:
-        for objective in config.sweep.objective_list:
-            members = [c for c in cells if c["objective"] == objective and c["reuse"] == n]
-            if members:
-                groups.append(group_summary(members))
-    missing = [c.name for c in config.cells() if c not in runs]
-    return {
+    for regime, n, objective, lr in sorted(keys, key=lambda k: (k[0], reuse_order[k[0]].index(k[1]),
+                                                                order.index(k[2]), -k[3])):
+        groups.append(group_summary([c for c in cells if (c["regime"], c["reuse"], c["objective"],
+                                                          c["learning_rate"]) == (regime, n, objective, lr)
+                                     and c["seed"] != s.selection_seed]))
+    missing = [c.name for c in config.cells(best) if c not in runs]
+    summary = {
         "settings": _json_view(dataclasses.asdict(config)),
         "windows": window,
-        "base_model": {k: base[k] for k in ("sha256", "greedy_accuracy", "sft_loss_last")},
+        "base_model": {k: bases[""][k] for k in ("sha256", "greedy_accuracy", "sft_loss_last")},
         "groups": groups, "cells": cells, "missing_cells": missing,
     }
+    if s.learning_rates:
+        summary.update(second_study(config, bases, groups, best or {}, selection or []))
+    return summary
+
+
+def _group(groups: list[dict], regime: str, reuse: int, objective: str, lr: float) -> dict | None:
+    return next((g for g in groups if (g["regime"], g["reuse"], g["objective"]) == (regime, reuse, objective)
+                 and math.isclose(g["learning_rate"], lr, rel_tol=1e-9)), None)
+
+
+def second_study(config: StarvationConfig, bases: dict, groups: list[dict], best: dict,
+                 selection: list[dict]) -> dict:
+    """The second study's parts of summary.json: the base models' held-out scores, the lr selection,
+    each (objective, N) at its best lr, the controls beside the objectives at N = largest (common and
+    best lr), and the long regime with its acceptance rule."""
+    s = config.sweep
+    largest, common = max(s.reuse_list), config.optim.learning_rate
+    at_best = [dict(g, selected=True) for (objective, n), lr in best.items()
+               if (g := _group(groups, "", n, objective, lr)) is not None]
+    controls = []
+    for objective in s.objective_list + s.control_list:
+        for label, lr in (("common", common), ("best", best.get((objective, largest)))):
+            group = None if lr is None else _group(groups, "", largest, objective, lr)
+            if group is not None:
+                controls.append(dict(group, lr_choice=label))
+    long_groups = [g for g in groups if g["regime"] == "long"]
+    out = {
+        "base_held_out": {regime or "main": base.get("held_out") for regime, base in bases.items()},
+        "selection": {"rule": "per (objective, N), the lr whose run on the selection seed has the highest "
+                              "late-mean training score (ties: the smaller lr), fixed in code "
+                              "(respo_jax.training.sweep.select_learning_rate) before the report seeds ran",
+                      "seed": s.selection_seed, "records": selection},
+        "best": at_best, "controls": controls, "long_regime": long_groups,
+    }
+    if s.long_difficulty:
+        out["long_acceptance"] = long_acceptance(long_groups)
+    return out
+
+
+CLIPPED = ("grpo", "gspo")  # the clipped baselines of the long regime's acceptance rule
+CLIP_LIMIT, TAIL_SHARE = 0.01, 0.15
+
+
+def long_acceptance(groups: list[dict]) -> dict:
+    """Issue 28's rule for the long-response regime, per N: the clipped baselines clip little (mean clip
+    fraction < 1% under each) while >= 15% of positive responses reach log W < -1 (under each of them:
+    the drift is there and the clip does not already remove it)."""
+    out = {"rule": f"each of {', '.join(CLIPPED)}: clip fraction < {CLIP_LIMIT:.0%} and >= {TAIL_SHARE:.0%} "
+                   "of positive responses with log W < -1", "by_reuse": []}
+    for n in sorted({g["reuse"] for g in groups}):
+        rows = [g for g in groups if g["reuse"] == n and g["objective"] in CLIPPED]
+        checks = {g["objective"]: {"clip_fraction": g["clip_fraction"],
+                                   "positive_log_w_lt_minus1_share": g["positive_log_w_lt_minus1_share"]}
+                  for g in rows}
+        met = bool(rows) and all(c["clip_fraction"] is not None and c["clip_fraction"] < CLIP_LIMIT
+                                 and (c["positive_log_w_lt_minus1_share"] or 0.0) >= TAIL_SHARE
+                                 for c in checks.values())
+        out["by_reuse"].append({"reuse": n, "accepted": met, "checks": checks})
+    return out
 
 
 def _ratio(value) -> str:
@@ -400,6 +565,126 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+V2_HEADER = ("| Objective | N | lr | Updates | Late mean ± temporal std | Cross-seed std | Greedy held-out "
+             "| Sampled pass@1 ± SE | Approx. KL | Clip frac. | Pos. log W<−1 | Neg. log W<0 "
+             "| Neg. mass log W<0 |")
+
+
+def _v2_row(g: dict) -> str:
+    late = "–" if g["late_mean"] is None else f"{_pct(g['late_mean'])} ± {_pct(g['late_temporal_std'])}"
+    sampled = "–" if g["sampled_pass_at_1"] is None else \
+        f"{_pct(g['sampled_pass_at_1'])} ± {_pct(g['sampled_pass_at_1_se'])}"
+    kl = "–" if g["approx_kl"] is None else f"{g['approx_kl']:.4f}"
+    name = OBJECTIVE_NAMES.get(g["objective"], g["objective"])
+    return (f"| {name} | {g['reuse']} | {g['learning_rate']:g} | {g['policy_updates']} | {late} "
+            f"| {_pct(g['late_mean_cross_seed_std'])} | {_pct(g['heldout_accuracy'])} | {sampled} | {kl} "
+            f"| {_pct(g['clip_fraction'], 2)} | {_pct(g['positive_log_w_lt_minus1_share'])} "
+            f"| {_pct(g['negative_log_w_lt0_share'])} | {_pct(g['negative_log_w_lt0_mass_share'])} |")
+
+
+def _v2_table(rows: list[dict]) -> list[str]:
+    return [V2_HEADER, "|" + "---|" * V2_HEADER.count(" | ") + "---|", *(_v2_row(g) for g in rows)] \
+        if rows else ["(no finished cell yet)"]
+
+
+def second_study_markdown(summary: dict) -> str:
+    """The second study's tables: the lr grid, the selection, each method at its best lr, the controls
+    and the long regime with its acceptance (values in %, means over the report seeds)."""
+    settings = summary["settings"]["sweep"]
+    main = [g for g in summary["groups"] if g["regime"] == ""]
+    base = (summary.get("base_held_out") or {}).get("main") or {}
+    lines = ["## Grid: every objective at every lr (lr × updates fixed)", "", *_v2_table(main), "",
+             f"Means over the report seeds ({settings['seeds']}). Training score (score+1)/2: late mean over "
+             "the last quarter of each run's updates, in blocks of the largest N. Held-out: greedy accuracy "
+             "and sampled pass@1 (± its standard error over problems, combined over seeds) after the last "
+             f"update; the base model: greedy {_pct(base.get('greedy_accuracy'))}, sampled "
+             f"{_pct(base.get('sampled_pass_at_1'))} ± {_pct(base.get('sampled_pass_at_1_se'))}. Approx. KL: "
+             "k1 to π_old per response, mean over rollout batches; clip fraction: share of tokens clipped "
+             "(clipped objectives only); Pos. log W<−1: share of positive responses; Neg. log W<0: share "
+             "of negative responses (Â < 0) with log W < 0, and their share of the negative coefficient "
+             "mass |Â|·φ.", "", "## Selection of each method's lr", "",
+             f"Rule: {summary['selection']['rule']}; selection seed {summary['selection']['seed']}.", "",
+             "| Objective | N | Late mean per lr (selection seed) | Selected lr |", "|---|---|---|---|"]
+    for r in summary["selection"]["records"]:
+        scores = ", ".join(f"{lr}: {_pct(v)}" for lr, v in r["late_means"].items())
+        lines.append(f"| {OBJECTIVE_NAMES.get(r['objective'], r['objective'])} | {r['reuse']} | {scores} "
+                     f"| {r['best_learning_rate']:g} |")
+    lines += ["", "## Each method at its own best lr", "", *_v2_table(summary["best"]), "",
+              "## Controls at the largest N (common lr, then each one's best lr)", "",
+              *_v2_table(summary["controls"]), "",
+              "Controls (registered with `kernel_objective` by the config file): REINFORCE φ ≡ 1; ReSPO's φ⁺ "
+              "with VESPO's φ⁻; VESPO's φ⁺ with ReSPO's φ⁻."]
+    if "long_acceptance" in summary:
+        accept = summary["long_acceptance"]
+        lines += ["", f"## Long-response regime (task.difficulty={settings['long_difficulty']}, each "
+                  "objective at its best lr of the largest N)", "", *_v2_table(summary["long_regime"]), "",
+                  f"Acceptance: {accept['rule']}."]
+        for row in accept["by_reuse"]:
+            checks = "; ".join(f"{OBJECTIVE_NAMES.get(k, k)} clip {_pct(v['clip_fraction'], 2)}%, "
+                               f"pos. log W<−1 {_pct(v['positive_log_w_lt_minus1_share'])}%"
+                               for k, v in row["checks"].items())
+            lines.append(f"- N = {row['reuse']}: {'accepted' if row['accepted'] else 'NOT accepted'} "
+                         f"({checks or 'no clipped baseline finished'}).")
+    if summary["missing_cells"]:
+        lines += ["", f"Not finished (not in the tables): {', '.join(summary['missing_cells'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def grid_figure(summary: dict) -> Figure:
+    """Late-mean training score (top) and sampled pass@1 (bottom) against lr, one column per N, one
+    line per objective and control (means over seeds, bars: cross-seed std)."""
+    main = [g for g in summary["groups"] if g["regime"] == ""]
+    reuses = sorted({g["reuse"] for g in main}) or [1]
+    names = list(dict.fromkeys(g["objective"] for g in main))
+    fig = Figure(figsize=(4.4 * len(reuses), 6.4))
+    axes = fig.subplots(2, len(reuses), squeeze=False, sharex=True)
+    for col, n in enumerate(reuses):
+        for row, (key, err, label) in enumerate((
+                ("late_mean", "late_mean_cross_seed_std", "late-mean training score"),
+                ("sampled_pass_at_1", "sampled_pass_at_1_cross_seed_std", "held-out sampled pass@1"))):
+            ax = axes[row][col]
+            for index, name in enumerate(names):
+                rows = sorted((g for g in main if g["reuse"] == n and g["objective"] == name
+                               and g[key] is not None), key=lambda g: g["learning_rate"])
+                if rows:
+                    ax.errorbar([g["learning_rate"] for g in rows], [g[key] for g in rows],
+                                yerr=[g[err] or 0.0 for g in rows], color=f"C{index % 10}", marker="o", ms=3,
+                                capsize=2, label=OBJECTIVE_NAMES.get(name, name))
+            ax.set_xscale("log")
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(f"N = {n}")
+            else:
+                ax.set_xlabel("learning rate")
+            if col == 0:
+                ax.set_ylabel(label)
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=max(1, len(labels)), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return fig
+
+
+def controls_figure(summary: dict) -> Figure:
+    """Late-mean training score and sampled pass@1 of every objective and control at the largest N, at
+    the common lr and at its best lr (bars: means over seeds, whiskers: cross-seed std)."""
+    rows = summary["controls"]
+    fig = Figure(figsize=(max(6.0, 0.9 * len(rows) + 2), 6.4))
+    axes = fig.subplots(2, 1, squeeze=False)[:, 0]
+    labels = [f"{OBJECTIVE_NAMES.get(g['objective'], g['objective'])}\n{g['lr_choice']} "
+              f"{g['learning_rate']:g}" for g in rows]
+    panels = (("late_mean", "late_mean_cross_seed_std", "late-mean training score"),
+              ("sampled_pass_at_1", "sampled_pass_at_1_cross_seed_std", "held-out sampled pass@1"))
+    for ax, (key, err, label) in zip(axes, panels):
+        values = [g[key] if g[key] is not None else np.nan for g in rows]
+        ax.bar(np.arange(len(rows)), values, yerr=[g[err] or 0.0 for g in rows], capsize=2,
+               color=["C0" if g["lr_choice"] == "common" else "C1" for g in rows])
+        ax.set_xticks(np.arange(len(rows)), labels, fontsize=7)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
 def starvation_figure(summary: dict) -> Figure:
     """Training score (top) and response length (bottom) vs policy updates, one column per N, one curve
     per objective: the blocked curves' mean over seeds with a min-max band across seeds."""
@@ -438,17 +723,37 @@ def starvation_figure(summary: dict) -> Figure:
     return fig
 
 
+def _curves_of(summary: dict, keep) -> dict:
+    """`summary` restricted to the cells `keep(cell)` accepts (for `starvation_figure`)."""
+    return dict(summary, cells=[c for c in summary["cells"] if keep(c)])
+
+
 def write_outputs(summary: dict, out_dir: str) -> list[str]:
-    """summary.json, summary.md and the figure in out_dir (each written atomically)."""
+    """summary.json, summary.md and the figures in out_dir (each written atomically): the curves, and in
+    the second study the grid, the controls and the long regime."""
     import io
 
     os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, name) for name in (SUMMARY_JSON, SUMMARY_MD, FIGURE)]
+    second = "selection" in summary
+    paths = [os.path.join(out_dir, name) for name in (SUMMARY_JSON, SUMMARY_MD)]
     atomic_write_bytes(paths[0], (json.dumps(summary, indent=1) + "\n").encode())
-    atomic_write_bytes(paths[1], summary_markdown(summary).encode())
-    buffer = io.BytesIO()
-    starvation_figure(summary).savefig(buffer, format="png", dpi=90)
-    atomic_write_bytes(paths[2], buffer.getvalue())
+    atomic_write_bytes(paths[1], (second_study_markdown if second else summary_markdown)(summary).encode())
+    figures = {FIGURE: lambda: starvation_figure(summary)}
+    if second:
+        settings = summary["settings"]
+        common, selection_seed = settings["optim"]["learning_rate"], settings["sweep"]["selection_seed"]
+        figures[FIGURE] = lambda: starvation_figure(_curves_of(summary, lambda c: (
+            c["regime"] == "" and c["seed"] != selection_seed and math.isclose(c["learning_rate"], common))))
+        figures[GRID_FIGURE] = lambda: grid_figure(summary)
+        figures[CONTROLS_FIGURE] = lambda: controls_figure(summary)
+        if summary["long_regime"]:
+            figures[LONG_FIGURE] = lambda: starvation_figure(
+                _curves_of(summary, lambda c: c["regime"] == "long"))
+    for name, make in figures.items():
+        buffer = io.BytesIO()
+        make().savefig(buffer, format="png", dpi=90)
+        paths.append(os.path.join(out_dir, name))
+        atomic_write_bytes(paths[-1], buffer.getvalue())
     for path in paths:  # results to share (the temp files are private)
         os.chmod(path, 0o644)
     return paths
@@ -483,22 +788,36 @@ def _sweep(config: StarvationConfig, report_only: bool) -> dict:
         base_dir = config.base_dir
         if not os.path.isfile(os.path.join(base_dir, BASE_INFO)):
             raise ConfigError(f"--report-only: no base model in {base_dir} (nothing was run)")
-    base = prepare_base(config, show=True)
-    cells = config.cells()
-    todo = [c for c in cells if not finished(config, c, base)]
+    bases = {"": prepare_base(config, show=True)}
+    long_info = os.path.join(config.regime_base_dir("long"), BASE_INFO)
+    if config.sweep.long_difficulty and os.path.isfile(long_info):
+        bases["long"] = prepare_base(config, show=True, regime="long")  # checks a finished one matches
+    best, selection = selected_learning_rates(config, bases)
+    cells = config.cells(best)
+    todo = [c for c in cells if not (c.regime in bases and finished(config, c, bases[c.regime]))]
     if not report_only:
+        # The cell list grows as the selection cells finish (the cells at a selected lr), so the list
+        # is rebuilt after every cell; the order is `StarvationConfig.cells`'.
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="cells", disable=False)
-        for cell in todo:
+        while todo:
+            cell = todo[0]
+            if cell.regime not in bases:
+                bases[cell.regime] = prepare_base(config, show=True, regime=cell.regime)
             bar.set_postfix_str(cell.name)
-            run_cell(config, cell, base)
+            run_cell(config, cell, bases[cell.regime])
+            best, selection = selected_learning_rates(config, bases)
+            cells = config.cells(best)
+            todo = [c for c in cells if not (c.regime in bases and finished(config, c, bases[c.regime]))]
+            bar.total = len(cells)
             bar.update(1)
         bar.close()
-    runs = {c: load_run(config.cell_dir(c)) for c in cells if finished(config, c, base)}
+    runs = {c: load_run(config.cell_dir(c)) for c in cells
+            if c.regime in bases and finished(config, c, bases[c.regime])}
     if not runs:
         raise ConfigError(f"no finished cell in {os.path.join(config.sweep.runs_dir, 'cells')}")
-    summary = summarize(config, base, runs)
+    summary = summarize(config, bases, runs, best, selection)
     paths = write_outputs(summary, config.sweep.out_dir)
-    print(summary_markdown(summary))
+    print((second_study_markdown if "selection" in summary else summary_markdown)(summary))
     print("\n".join(paths))
     return summary
 

@@ -176,9 +176,9 @@ def _run_locked(config: ExperimentConfig) -> dict:
             last_saved = s.iteration
 
         def evaluate() -> None:
-            accuracy = trainer.evaluate()
-            if accuracy is not None:
-                emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, "greedy_accuracy": accuracy})
+            held_out = trainer.evaluation()  # greedy, and sampled pass@1 with run.eval_samples
+            if held_out is not None:
+                emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, **held_out})
 
         if restored is None:
             for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 import sympy
 
@@ -16,6 +17,8 @@ from experiments import gradient_starvation as gs
 from respo_jax.data.synthetic import ArithmeticTask, CharTokenizer, get_task, scratchpad_steps
 from respo_jax.rewards import strict_box_score
 from respo_jax.training.config import ConfigError, apply_overrides
+from respo_jax.training.held_out import pass_at_1
+from respo_jax.training.sweep import select_learning_rate
 
 CONFIG = gs.DEFAULT_CONFIG
 
@@ -171,3 +174,217 @@ def test_a_malformed_data_file_is_one_line_and_exit_status_1(tmp_path, capsys):
     assert status == 1, err
     (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
     assert f"{junk}: not a readable parquet file" in line and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------------
+# The second study (issue 28)
+
+CONFIG_V2 = os.path.join(os.path.dirname(gs.DEFAULT_CONFIG), "gradient_starvation_v2.py")
+
+
+def test_pass_at_1_is_the_mean_over_problems_with_a_calibrated_standard_error():
+    correct = np.array([[1, 1, 0, 1], [0, 0, 0, 0], [1, 0, 0, 0]], bool)
+    estimate, se = pass_at_1(correct)
+    per_problem = np.array([0.75, 0.0, 0.25])
+    assert estimate == pytest.approx(per_problem.mean(), abs=1e-15)
+    assert se == pytest.approx(np.sqrt(np.sum((per_problem - per_problem.mean()) ** 2) / 2 / 3), abs=1e-15)
+    assert pass_at_1([[1, 0]]) == (0.5, 0.0)
+    with pytest.raises(ValueError, match="problems, samples"):
+        pass_at_1(np.zeros(4))
+    # the standard error covers the population pass@1 (problems drawn from a population of difficulties,
+    # 8 samples each) 95% of the time at +-1.96 SE
+    rng = np.random.default_rng(0)
+    difficulty = rng.beta(0.5, 1.5, size=100_000)
+    hits = 0
+    for _ in range(800):
+        p = rng.choice(difficulty, size=128)
+        estimate, se = pass_at_1(rng.random((128, 8)) < p[:, None])
+        hits += abs(estimate - difficulty.mean()) <= 1.96 * se
+    assert 0.92 <= hits / 800 <= 0.975
+
+
+def test_evaluate_held_out_scores_greedy_and_sampled_responses_per_problem():
+    """On a random tiny model: at a vanishing top-p each sample is the greedy response (same scores, per
+    problem); at T = 1, top-p 1 the samples differ from it; pass@1 is the table's `pass_at_1`."""
+    from respo_jax.models import qwen3
+    from respo_jax.training.held_out import evaluate_held_out
+
+    model = qwen3.init_model(qwen3.Qwen3Config.preset("tiny"), seed=0)
+    prompts = [[1, 3 + i % 5, 4 + i] for i in range(12)]  # (a random model's greedy repeats the last token)
+    records = [{"index": i} for i in range(12)]
+    seen = []
+
+    def score(tokens, lengths, recs):  # any property of each response's tokens, +1 / -1
+        assert len(recs) == tokens.shape[0] == lengths.shape[0]
+        scores = np.where(tokens[:, 0] % 2 == 0, 1.0, -1.0)
+        seen.append(scores)
+        return scores
+
+    kwargs = dict(max_new_tokens=6, eos_token_ids=(2,), samples=3)
+    out = evaluate_held_out(model, prompts, records, score, top_p=1e-6, **kwargs)
+    greedy, sampled = seen
+    assert 0.0 < out["greedy_accuracy"] == np.mean(greedy > 0) < 1.0
+    np.testing.assert_array_equal(sampled.reshape(12, 3), np.repeat(greedy[:, None], 3, axis=1))
+    assert (out["sampled_pass_at_1"], out["sampled_pass_at_1_se"]) == pass_at_1(sampled.reshape(12, 3) > 0)
+    seen.clear()
+    out = evaluate_held_out(model, prompts, records, score, top_p=1.0, **kwargs)
+    greedy, sampled = seen
+    assert np.any(sampled.reshape(12, 3) != greedy[:, None])
+    assert (out["sampled_pass_at_1"], out["sampled_pass_at_1_se"]) == pass_at_1(sampled.reshape(12, 3) > 0)
+    assert out["sampled_top_p"] == 1.0 and out["sampled_samples"] == 3
+
+
+def test_scratchpad_long_responses_are_around_a_hundred_tokens():
+    task, tok = get_task("scratchpad_long"), CharTokenizer()
+    records = task.make_records(300, seed=3, split="train")
+    lengths = [len(tok.encode(task.reference_solution(r))) + 1 for r in records]
+    assert min(lengths) >= 70 and max(lengths) <= task.max_response_tokens() + 1
+    assert 100 <= np.mean(lengths) <= 125
+    for record in records[:20]:
+        response = task.reference_solution(record)
+        assert response.split(" ")[-2].split("=")[1] == record["answer"] == str(
+            sympy.sympify(record["problem"].strip()[:-1]))
+    assert len({len(r["problem"]) for r in records}) == 1
+    assert get_task("scratchpad").num_operands == 6  # the first study's task is unchanged
+
+
+def test_the_controls_are_the_stated_kernels():
+    """The config file registers the controls with `kernel_objective`; their phi against float64 formulas."""
+    gs.load_sweep_config(CONFIG_V2)
+    from respo_jax.objectives import OBJECTIVES, get_objective
+
+    log_w = np.linspace(-4.0, 2.0, 25)
+    w = np.exp(log_w)
+    respo_pos, respo_neg = (1 + w) / 2 * np.exp(1 - w), np.sqrt(w) * np.exp(2 * (1 - np.sqrt(w)))
+    vespo_pos, vespo_neg = w**2 * np.exp(3 * (1 - w)), w**3 * np.exp(2 * (1 - w))
+    expected = {"reinforce": (np.ones_like(w), np.ones_like(w)), "respo_vespo": (respo_pos, vespo_neg),
+                "vespo_respo": (vespo_pos, respo_neg)}
+    for name, (pos, neg) in expected.items():
+        objective = get_objective(name)
+        assert OBJECTIVES[name].aggregation == "token-mean"
+        mask = np.ones((2 * w.size, 3), np.float32)
+        old = np.full(mask.shape, -2.0, np.float32)
+        logp = old + np.tile(log_w / 3, 2)[:, None].astype(np.float32)
+        adv = np.repeat(np.float32([1.0, -1.0]), w.size)
+        out = objective.evaluate(logp, old, adv, mask)
+        phi = np.asarray(out.responses["phi"], np.float64)
+        np.testing.assert_allclose(phi, np.concatenate([pos, neg]), rtol=2e-4, atol=1e-6)
+
+
+def test_select_learning_rate_takes_the_best_late_mean_and_the_smaller_lr_on_a_tie():
+    assert select_learning_rate({1e-4: 0.20, 5e-5: 0.25, 2.5e-5: 0.22}) == 5e-5
+    assert select_learning_rate({1e-4: 0.25, 5e-5: 0.25, 2.5e-5: None}) == 5e-5
+    assert select_learning_rate({1e-4: None}) is None
+
+
+def test_second_study_config_orders_and_matches_its_cells():
+    config = gs.load_sweep_config(CONFIG_V2)
+    s = config.sweep
+    cells = config.cells()
+    # lr x updates fixed: 1,024 / 512 / 256
+    assert {c.learning_rate: config.experiment(c).run.policy_updates for c in cells} == {
+        2.5e-5: 1024, 5e-5: 512, 1e-4: 256}
+    assert all(config.experiment(c).optim.learning_rate == c.learning_rate for c in cells)
+    # first the selection seed at N = 32 (objectives and controls), then the report seeds' N = 32 grid
+    head = cells[:21]
+    assert {(c.seed, c.reuse) for c in head} == {(3, 32)} and {c.objective for c in head} == {
+        "grpo", "gspo", "vespo", "respo", "reinforce", "respo_vespo", "vespo_respo"}
+    assert {(c.seed, c.reuse) for c in cells[21:57]} == {(0, 32), (1, 32), (2, 32)}
+    # N = 1: only the objectives that differ there; controls only at N = 32; no long cell before selection
+    assert {c.objective for c in cells if c.reuse == 1} == {"grpo", "gspo"}
+    assert {c.reuse for c in cells if c.objective in s.control_list} == {32}
+    assert not [c for c in cells if c.regime] and len(cells) == len(set(cells)) == 90
+    best = {(o, 32): 5e-5 for o in s.objective_list + s.control_list}
+    more = config.cells(best)
+    long = [c for c in more if c.regime == "long"]
+    assert [c.name for c in long[:2]] == ["long_grpo_n8_seed0_lr5e-05", "long_gspo_n8_seed0_lr5e-05"]
+    exp = config.experiment(long[0])
+    assert (exp.task.difficulty, exp.rollout.max_new_tokens, exp.run.policy_updates) == (
+        "scratchpad_long", 200, 512)
+    assert exp.model.checkpoint_dir == os.path.abspath(config.regime_base_dir("long"))
+    assert exp.model.checkpoint_dir != os.path.abspath(config.base_dir)
+    # the controls at the common lr (1e-4) and at their best (5e-5), three seeds each
+    assert len([c for c in more if c.objective in s.control_list and c.seed != 3]) == 18
+    assert config.run.eval_samples == 8 and config.run.eval_problems == 512
+    # the first study's cells keep their names and settings
+    v1 = gs.load_sweep_config(CONFIG)
+    assert [c.name for c in v1.cells()][:2] == ["grpo_n1_seed0", "gspo_n1_seed0"]
+    for bad, match in (("sweep.learning_rates=1e-4,3e-5", "multiple of every N"),
+                       ("sweep.selection_seed=0", "not in sweep.seeds"),
+                       ("sweep.controls=grpo", "not in sweep.objectives"),
+                       ("sweep.on_policy_objectives=reinforce", "subset of sweep.objectives"),
+                       ("sweep.long_difficulty=nope", "synthetic difficulty"),
+                       ("run.eval_top_p=0", r"run.eval_top_p=0.*\(0, 1\]")):
+        with pytest.raises(ConfigError, match=match):
+            apply_overrides(config, [bad])
+
+
+def tiny_v2(tmp_path, *extra: str) -> list[str]:
+    """The second study's --quick config shrunk to a test: ReSPO x lr in {1e-4, 2e-4} at N = 2, a
+    selection seed and one report seed, the long regime (here the small task again) at the best lr.
+    The sampled evaluation keeps only the most likely token (top-p 1e-6): its pass@1 must be greedy's."""
+    return [
+        "--config", CONFIG_V2, "--quick", "sweep.objectives=respo", "sweep.on_policy_objectives=respo",
+        "sweep.controls=", "sweep.reuse=2", "sweep.seeds=0", "sweep.selection_seed=1",
+        "sweep.learning_rates=1e-4,2e-4", "sweep.policy_updates=2", "sweep.long_difficulty=scratchpad",
+        "sweep.long_reuse=2", "sweep.long_max_new_tokens=32", "warmup.steps=2", "warmup.batch_size=8",
+        "run.eval_problems=4", "run.eval_samples=2", "run.eval_top_p=1e-6",
+        "rollout.prompts_per_minibatch=2", "rollout.group_size=2", "rollout.max_new_tokens=32",
+        'task.overrides={"num_operands": 3}',
+        f"sweep.runs_dir={tmp_path / 'runs'}", f"sweep.out_dir={tmp_path / 'out'}",
+        "sweep.compilation_cache=false", *extra,
+    ]
+
+
+def test_long_regime_acceptance_needs_little_clipping_and_a_heavy_positive_tail():
+    def group(objective, reuse, clip, tail):
+        return {"objective": objective, "reuse": reuse, "clip_fraction": clip,
+                "positive_log_w_lt_minus1_share": tail}
+
+    groups = [group("grpo", 8, 0.004, 0.2), group("gspo", 8, 0.009, 0.16), group("respo", 8, None, 0.5),
+              group("grpo", 32, 0.004, 0.3), group("gspo", 32, 0.02, 0.3)]
+    accepted = {row["reuse"]: row["accepted"] for row in gs.long_acceptance(groups)["by_reuse"]}
+    assert accepted == {8: True, 32: False}  # GSPO clips 2% at N = 32
+    assert not gs.long_acceptance([group("grpo", 8, 0.004, 0.1)])["by_reuse"][0]["accepted"]  # tail too light
+    assert not gs.long_acceptance([group("respo", 8, None, 0.5)])["by_reuse"][0]["accepted"]  # no baseline
+
+
+@pytest.mark.slow
+def test_second_study_runs_selects_and_reports(tmp_path):
+    summary = json.loads(json.dumps(gs.main(tiny_v2(tmp_path))))
+    out = tmp_path / "out"
+    for name in (gs.SUMMARY_JSON, gs.SUMMARY_MD, gs.FIGURE, gs.GRID_FIGURE, gs.CONTROLS_FIGURE,
+                 gs.LONG_FIGURE):
+        assert (out / name).stat().st_size > 0
+    assert summary == json.loads((out / gs.SUMMARY_JSON).read_text()) and summary["missing_cells"] == []
+    cells = {c["name"]: c for c in summary["cells"]}
+    (record,) = summary["selection"]["records"]
+    late = {lr: cells[f"respo_n2_seed1_lr{lr}"]["late_mean"] for lr in ("0.0001", "0.0002")}
+    assert record["late_means"] == pytest.approx(late)  # chosen on what the report shows
+    chosen = select_learning_rate({float(k): v for k, v in late.items()})
+    assert record["best_learning_rate"] == chosen
+    assert sorted(cells) == sorted(["respo_n2_seed1_lr0.0001", "respo_n2_seed1_lr0.0002",
+                                    "respo_n2_seed0_lr0.0001", "respo_n2_seed0_lr0.0002",
+                                    f"long_respo_n2_seed0_lr{chosen:g}"])
+    updates = {c["policy_updates"] for c in summary["cells"]
+               if c["learning_rate"] == 1e-4 and not c["regime"]}
+    assert updates == {4}  # lr x updates fixed: 2 updates at 2e-4, 4 at 1e-4
+    # groups over the report seed only; the selected one is each method's best
+    groups = [(g["regime"], g["learning_rate"]) for g in summary["groups"]]
+    assert groups == [("", 2e-4), ("", 1e-4), ("long", chosen)]
+    assert [g["learning_rate"] for g in summary["best"]] == [chosen] and summary["best"][0]["seeds"] == [0]
+    for cell in summary["cells"]:
+        # the sampled evaluation's machinery against greedy decoding (top-p 1e-6 keeps the argmax only)
+        assert cell["sampled_pass_at_1_after"] == cell["heldout_accuracy"]
+        assert cell["sampled_pass_at_1_before"] == cell["heldout_accuracy_before"]
+        assert cell["sampled_pass_at_1_se_after"] >= 0.0
+        d = cell["diagnostics"]
+        assert d["approx_kl"] is not None and d["clip_fraction"] is None  # ReSPO does not clip
+        assert d["negative_log_w_lt0_share"] is None or 0.0 <= d["negative_log_w_lt0_share"] <= 1.0
+    base = summary["base_held_out"]
+    assert set(base) == {"main", "long"} and all(b["sampled_samples"] == 2 for b in base.values())
+    assert all(b["sampled_pass_at_1"] == b["greedy_accuracy"] for b in base.values())
+    assert [r["reuse"] for r in summary["long_acceptance"]["by_reuse"]] == [2]
+    table = (out / gs.SUMMARY_MD).read_text()
+    assert "## Each method at its own best lr" in table
+    assert "NOT accepted (no clipped baseline finished)" in table

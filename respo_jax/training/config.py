@@ -408,10 +408,18 @@ class RunConfig(_Section):
     # The persistent XLA compilation cache (respo_jax.training.compilation.resolve_cache_dir): "" is
     # $JAX_COMPILATION_CACHE_DIR or ~/.cache/respo_jax/jax_compilation_cache, "none" turns it off.
     compilation_cache_dir: str = ""
+    # Sampled pass@1 beside the greedy accuracy (respo_jax.training.held_out): samples per held-out
+    # problem (0: greedy only), at this temperature and top-p (the paper: 1 and 0.7).
+    eval_samples: int = 0
+    eval_temperature: float = 1.0
+    eval_top_p: float = 0.7
 
     def validate(self) -> None:
         self._check_types()
         self._need("iterations", 1 <= self.iterations <= MAX_STEPS, f"an integer in [1, {MAX_STEPS:_}]")
+        self._need("eval_samples", 0 <= self.eval_samples <= 1024, "an integer in [0, 1024] (0: greedy only)")
+        self._need("eval_temperature", self.eval_temperature > 0.0, "a finite number > 0")
+        self._need("eval_top_p", 0.0 < self.eval_top_p <= 1.0, "a number in (0, 1]")
         self._need("policy_updates", 0 <= self.policy_updates <= MAX_STEPS,
                    f"an integer in [0, {MAX_STEPS:_}] (0: run.iterations decides)")
         self._need("seed", 0 <= self.seed < 2**32, "an integer in [0, 2**32)")

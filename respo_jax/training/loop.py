@@ -65,6 +65,7 @@ from respo_jax.training.batch import (
 )
 from respo_jax.training.compilation import compilation_totals, drop_programs_near_map_limit
 from respo_jax.training.config import ConfigError, ExperimentConfig
+from respo_jax.training.held_out import evaluate_held_out
 from respo_jax.training.limits import check_limits, check_prompt_buckets, device_memory_bytes
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.step import (
@@ -687,15 +688,21 @@ class RLTrainer:
     def evaluate(self) -> float | None:
         """Greedy accuracy (the share of responses whose `task.reward` + penalty is > 0; strict box by
         default) on the held-out records; None when there are none."""
+        result = self.evaluation()
+        return None if result is None else result["greedy_accuracy"]
+
+    def evaluation(self) -> dict | None:
+        """The held-out record (`respo_jax.training.held_out`): greedy accuracy, and sampled pass@1 ± its
+        standard error when run.eval_samples > 0; None when there are no held-out records."""
         if not self.held_out:
             return None
-        prompts = [self._encode(rec) for rec in self.held_out]
-        params = SamplingParams(max_new_tokens=self.config.rollout.max_new_tokens, temperature=0.0,
-                                eos_token_ids=self.tokenizer.eos_ids)
-        out = jax.tree.map(to_host, generate(self.model(), prompts, params, engine=self.engine))
-        scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths), self.held_out,
-                                    count=False)
-        return float(np.mean(scores > 0))
+        run = self.config.run
+        return evaluate_held_out(
+            self.model(), [self._encode(rec) for rec in self.held_out], self.held_out,
+            lambda tokens, lengths, records: self._score_shared(tokens, lengths, records, count=False),
+            max_new_tokens=self.config.rollout.max_new_tokens, eos_token_ids=self.tokenizer.eos_ids,
+            engine=self.engine, samples=run.eval_samples, temperature=run.eval_temperature,
+            top_p=run.eval_top_p)
 
 
 def _drop_programs_near_map_limit() -> None:
