@@ -29,17 +29,12 @@ ALLOWED_IMPORTS = {"respo_jax", "experiments", "os", "io", "pathlib", "numpy", "
 
 
 @pytest.fixture(scope="session")
-def kernel_env(tmp_path_factory):
-    """The notebooks' kernels share one persistent XLA compilation cache in a test session, across
-    pytest-xdist workers (the session's base temp directory is shared): the tiny model's warm-up,
-    sampler and update programs recur across notebooks and runs. JAX reads entries under a file lock
-    and recompiles on any unreadable one, so concurrent kernels are safe."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # popen-gwN -> the session's directory, shared by the workers
-    cache = root / "notebook_jax_cache"
-    cache.mkdir(exist_ok=True)
-    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_COMPILATION_CACHE_MAX_SIZE": str(2**30)}
+def kernel_env():
+    """The notebooks' kernels use the test session's persistent XLA compilation cache (tests/conftest.py,
+    shared across pytest-xdist workers): the tiny model's warm-up, sampler and update programs recur
+    across notebooks and runs. An entry read half written fails to decompress and is compiled instead,
+    so concurrent kernels are safe."""
+    return {"JAX_COMPILATION_CACHE_DIR": os.environ["JAX_COMPILATION_CACHE_DIR"]}
 
 
 def markdown_rows(markdown: str, first_cell: str) -> list[list[str]]:

@@ -71,14 +71,9 @@ TIMING_KEYS = ("rollout_seconds", "iteration_seconds", "compiles", "compile_seco
 
 
 @pytest.fixture(scope="session")
-def jit_cache(tmp_path_factory) -> str:
-    """A persistent XLA cache shared by this session's subprocesses (and its xdist workers)."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # basetemp is per worker; its parent is the session's
-        root = root.parent
-    path = root / "respo_runs_jit_cache"
-    path.mkdir(exist_ok=True)
-    return str(path)
+def jit_cache() -> str:
+    """The test session's persistent XLA cache (tests/conftest.py), shared by its subprocesses and workers."""
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
 REFERENCE_ARGS = ("run.iterations=8", "run.checkpoint_every=3", "run.resume=true")
