@@ -18,6 +18,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 SESSION_CACHE_VAR = "RESPO_JAX_TEST_SESSION_CACHE"  # set by the process that owns the session's cache
 EIGHT_DEVICES = "--xla_force_host_platform_device_count=8"
 
@@ -32,6 +34,12 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 collect_ignore = [] if EIGHT_DEVICES in os.environ.get("XLA_FLAGS", "") else ["multi_device"]
+
+
+@pytest.fixture(scope="session")
+def jit_cache() -> str:
+    """The session's persistent XLA compilation cache, for the environment of the processes a test launches."""
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
 def pytest_unconfigure(config):

@@ -71,6 +71,7 @@ def test_notebook_is_stored_without_outputs_and_imports_from_the_package(name):
     assert "RESPO_NOTEBOOK_SIZE" in code_cells(nb)[0].source or name == "derivations.ipynb"
 
 
+@pytest.mark.slow
 def test_derivations_notebook_proves_every_claim_and_shows_equations_next_to_fig1(tmp_path, kernel_env):
     run = execute_notebook("derivations.ipynb", tmp_path, kernel_env)
     stdout = run.stdout()
@@ -89,6 +90,7 @@ def test_derivations_notebook_proves_every_claim_and_shows_equations_next_to_fig
     print(f"derivations.ipynb executed in {run.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_objectives_notebook_plots_weights_registers_kernels_and_trains_them_side_by_side(
         tmp_path, kernel_env):
     run = execute_notebook("objectives.ipynb", tmp_path, kernel_env)
@@ -145,6 +147,7 @@ def test_objectives_notebook_plots_weights_registers_kernels_and_trains_them_sid
     print(f"objectives.ipynb executed in {run.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_toy_rl_notebook_runs_two_objectives_at_n16_with_curves_and_e3_tables(tmp_path, kernel_env):
     run = execute_notebook("toy_rl.ipynb", tmp_path, kernel_env)
     assert len(run.images()) == 1
@@ -175,6 +178,7 @@ def test_toy_rl_notebook_runs_two_objectives_at_n16_with_curves_and_e3_tables(tm
     print(f"toy_rl.ipynb executed in {run.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_analysis_notebook_rebuilds_tab1_length_bins_and_e3_from_runs_it_makes(tmp_path, kernel_env):
     run = execute_notebook("analysis.ipynb", tmp_path, kernel_env)
     assert len(run.images()) == 2  # curves, length bins
@@ -200,6 +204,7 @@ def test_analysis_notebook_rebuilds_tab1_length_bins_and_e3_from_runs_it_makes(t
     print(f"analysis.ipynb executed in {run.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_analysis_notebook_analyses_user_supplied_run_directories(tmp_path, kernel_env):
     """RESPO_ANALYSIS_RUNS: the notebook trains nothing and reports the given directories; a run without
     evaluation outputs or rollout files is reported without those sections instead of failing."""

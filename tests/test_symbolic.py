@@ -213,6 +213,7 @@ def test_main_exit_status_and_one_line_per_claim(capsys):
     assert main(["--bogus"], claim_fns=()) == 2
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs_every_claim():
     proc = subprocess.run(
         [sys.executable, "-m", "respo_jax.symbolic"],
