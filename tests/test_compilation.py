@@ -107,6 +107,7 @@ def test_a_second_launch_reads_every_program_from_the_cache_and_a_changed_config
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in _rl(changed))
 
 
+@pytest.mark.slow
 def test_a_fine_prompt_bucket_grid_is_refused_at_start_up_naming_a_bucket_that_fits(tmp_path, capsys):
     """DAPO-Math at the synthetic task's 16-token bucket: 50 prompt buckets, whose programs once crashed the
     compiler (vm.max_map_count exhausted, ~1,200 mappings per bucket measured for a small model)."""
@@ -127,6 +128,7 @@ def test_a_fine_prompt_bucket_grid_is_refused_at_start_up_naming_a_bucket_that_f
     assert len({bucket_length(n, fits) for n in lengths}) <= 16 < len({bucket_length(n, fits - 16) for n in lengths})
 
 
+@pytest.mark.slow
 def test_programs_dropped_near_the_mapping_limit_leave_the_run_unchanged(monkeypatch, capsys):
     def run() -> list[dict]:
         trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["rollout.compile_ahead=true"]))
