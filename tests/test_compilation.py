@@ -61,6 +61,22 @@ def test_a_cache_directory_that_cannot_be_made_is_one_line_naming_the_key(tmp_pa
     assert "none" in message  # says how to turn it off
 
 
+def test_a_test_session_compiles_into_a_fresh_cache_shared_with_the_processes_it_launches():
+    """tests/conftest.py: the session's cache is a directory of its own (not the user's cache), which
+    `run.compilation_cache_dir=""` resolves to, and which a process launched by a test caches every
+    program into, compiled with the cheap-compile flags."""
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert os.path.isdir(cache) and resolve_cache_dir("") == cache
+    assert not cache.startswith(os.path.join(os.path.expanduser("~"), ".cache"))
+    code = ("import os, jax; print(jax.config.jax_compilation_cache_dir); "
+            "print(jax.config.jax_persistent_cache_min_compile_time_secs); print(os.environ['XLA_FLAGS'])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    launched_cache, min_seconds, flags = result.stdout.splitlines()
+    assert (launched_cache, float(min_seconds)) == (cache, 0.0)
+    assert {"--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"} <= set(flags.split())
+
+
 def _launch(out_dir: pathlib.Path, cache: pathlib.Path, *overrides: str) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     for name in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
