@@ -48,7 +48,7 @@ collect_ignore = [] if EIGHT_DEVICES in os.environ["XLA_FLAGS"] else ["multi_dev
 
 @pytest.fixture(scope="session")
 def jit_cache() -> str:
-    """The session's persistent XLA compilation cache, for the environment of the processes a test launches."""
+    """The session's persistent XLA compilation cache, for the environment of a process a test launches."""
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 

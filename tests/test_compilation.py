@@ -74,7 +74,8 @@ def test_a_test_session_compiles_into_a_fresh_cache_shared_with_the_processes_it
     assert result.returncode == 0, result.stderr[-2000:]
     launched_cache, min_seconds, flags = result.stdout.splitlines()
     assert (launched_cache, float(min_seconds)) == (cache, 0.0)
-    assert {"--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"} <= set(flags.split())
+    assert {"--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"} <= \
+        set(flags.split())
 
 
 def _launch(out_dir: pathlib.Path, cache: pathlib.Path, *overrides: str) -> list[dict]:
