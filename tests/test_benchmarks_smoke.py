@@ -44,6 +44,7 @@ def micro_report(tmp_path_factory):
     return status, report, out
 
 
+@pytest.mark.slow
 def test_micro_pipeline_writes_headline_keys(micro_report):
     status, report, out = micro_report
     assert status == 0, report["errors"]
@@ -56,6 +57,7 @@ def test_micro_pipeline_writes_headline_keys(micro_report):
     assert "| train_step_speedup |" in markdown and "Decode" in markdown and "Matmul peak" in markdown
 
 
+@pytest.mark.slow
 def test_micro_ratios_are_consistent_with_recorded_times(micro_report):
     _, report, _ = micro_report
     small = report["train_step"]["small"]
@@ -83,6 +85,7 @@ def test_micro_ratios_are_consistent_with_recorded_times(micro_report):
         assert report[f"decode_speedup_b{row['batch']}"] == pytest.approx(row["speedup"])
 
 
+@pytest.mark.slow
 def test_side_processes_run_with_their_declared_settings(micro_report):
     # The respo-jax side runs as the CPU trainer does (host allocator configured in its own process);
     # the PyTorch baseline gets the same malloc settings (and no JAX flag: it runs no JAX).
@@ -95,6 +98,7 @@ def test_side_processes_run_with_their_declared_settings(micro_report):
     assert "jax_cpu_enable_async_dispatch" not in small["torch_eager"]["host_allocator"]
 
 
+@pytest.mark.slow
 def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     # The race on a micro model (vocabulary 151,936, one tiny layer): both sides run in their own
     # processes with the same malloc settings, see the same prompts (the harness checks their token
@@ -124,6 +128,7 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     assert "respo-jax s/iter" in (tmp_path / "rl_iteration_micro.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_both_train_step_sides_compute_the_same_loss(micro_report):
     # Same weights (through our HF checkpoint writer), same batch: the first ReSPO loss of the JAX step
     # and of the transformers + torch step agree, so the ratio compares equal work.

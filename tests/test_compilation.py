@@ -61,6 +61,23 @@ def test_a_cache_directory_that_cannot_be_made_is_one_line_naming_the_key(tmp_pa
     assert "none" in message  # says how to turn it off
 
 
+def test_a_test_session_compiles_into_a_fresh_cache_shared_with_the_processes_it_launches():
+    """tests/conftest.py: the session's cache is a directory of its own (not the user's cache), which
+    `run.compilation_cache_dir=""` resolves to, and which a process launched by a test caches every
+    program into, compiled with the cheap-compile flags."""
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert os.path.isdir(cache) and resolve_cache_dir("") == cache
+    assert not cache.startswith(os.path.join(os.path.expanduser("~"), ".cache"))
+    code = ("import os, jax; print(jax.config.jax_compilation_cache_dir); "
+            "print(jax.config.jax_persistent_cache_min_compile_time_secs); print(os.environ['XLA_FLAGS'])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    launched_cache, min_seconds, flags = result.stdout.splitlines()
+    assert (launched_cache, float(min_seconds)) == (cache, 0.0)
+    assert {"--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"} <= \
+        set(flags.split())
+
+
 def _launch(out_dir: pathlib.Path, cache: pathlib.Path, *overrides: str) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     for name in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
@@ -107,6 +124,7 @@ def test_a_second_launch_reads_every_program_from_the_cache_and_a_changed_config
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in _rl(changed))
 
 
+@pytest.mark.slow
 def test_a_fine_prompt_bucket_grid_is_refused_at_start_up_naming_a_bucket_that_fits(tmp_path, capsys):
     """DAPO-Math at the synthetic task's 16-token bucket: 50 prompt buckets, whose programs once crashed the
     compiler (vm.max_map_count exhausted, ~1,200 mappings per bucket measured for a small model)."""
@@ -127,6 +145,7 @@ def test_a_fine_prompt_bucket_grid_is_refused_at_start_up_naming_a_bucket_that_f
     assert len({bucket_length(n, fits) for n in lengths}) <= 16 < len({bucket_length(n, fits - 16) for n in lengths})
 
 
+@pytest.mark.slow
 def test_programs_dropped_near_the_mapping_limit_leave_the_run_unchanged(monkeypatch, capsys):
     def run() -> list[dict]:
         trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["rollout.compile_ahead=true"]))

@@ -19,7 +19,7 @@ from respo_jax.eval.rollout_files import load_rollout_files
 from respo_jax.training.checkpoint import list_steps, step_dir
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.loop import RLTrainer
-from test_runs import _copy, _raw_state, _records, _train, _without_timings, jit_cache  # noqa: F401
+from test_runs import _copy, _raw_state, _records, _train, _without_timings
 
 N, M, G = 2, 2, 3  # reuse, prompts per mini-batch, group size: 4 groups per rollout batch
 
@@ -109,7 +109,7 @@ FILTER_RUN = ("rollout.filter_groups=true", "rollout.max_generation_batches=3", 
 
 
 @pytest.fixture(scope="session")
-def filtered_run(tmp_path_factory, jit_cache):  # noqa: F811
+def filtered_run(tmp_path_factory, jit_cache):
     """The uninterrupted FILTER_RUN (tests work on copies)."""
     out = tmp_path_factory.mktemp("filtered") / "run"
     result = _train(jit_cache, out, *FILTER_RUN)
@@ -117,6 +117,7 @@ def filtered_run(tmp_path_factory, jit_cache):  # noqa: F811
     return out
 
 
+@pytest.mark.slow
 def test_a_filtered_run_trains_only_on_informative_groups_and_logs_the_counts(filtered_run):
     out = filtered_run
     rl = [r for r in _records(out) if r["phase"] == "rl"]
@@ -141,8 +142,9 @@ def test_a_filtered_run_trains_only_on_informative_groups_and_logs_the_counts(fi
         assert np.all(rollout["minibatch"] < r["updates"]) and np.isfinite(r["loss"]) and r["grad_norm"] > 0
 
 
+@pytest.mark.slow
 def test_a_filtered_run_resumes_bit_identical_after_losing_its_last_checkpoint(filtered_run, tmp_path,
-                                                                              jit_cache):  # noqa: F811
+                                                                              jit_cache):
     """Killed after iteration 4 was logged, before its checkpoint was saved: the resumed run redraws
     iterations 3 and 4 (their generation batches and seeds) exactly."""
     out = filtered_run
@@ -163,6 +165,7 @@ def test_a_filtered_run_resumes_bit_identical_after_losing_its_last_checkpoint(f
         assert (copy / "rollouts" / path.name).read_bytes() == path.read_bytes()
 
 
+@pytest.mark.slow
 def test_a_run_with_rollout_correction_under_top_k_trains_and_logs_the_ratio(filtered_run):
     """Under top-k the sampler's log-prob is that of the renormalized kept set, so π_old / π_sampler is the
     kept probability mass, <= 1 on every token: truncation never binds, and token-level mask mode with

@@ -111,6 +111,7 @@ def test_sweep_config_is_validated_and_matched():
         dataclasses.replace(config, sweep="1,8").validate()
 
 
+@pytest.mark.slow
 def test_sweep_runs_resumes_and_refuses_stale_cells(tmp_path, monkeypatch, capsys):
     summary = gs.main(tiny(tmp_path))
     out = tmp_path / "out"

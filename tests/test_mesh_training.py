@@ -65,6 +65,7 @@ def test_replay_routing_lays_the_sampler_experts_out_like_the_model_input():
         replay_routing(prompt_routing, routing, prompt_len=3, response_len=4)
 
 
+@pytest.mark.slow
 def test_routing_replay_gives_the_sampler_experts_and_shrinks_the_logprob_gap():
     """bfloat16 compute: the cached decode and the trainer's full forward round differently, so some
     tokens' top-k experts differ between sampler and trainer. Replayed, the trainer's forward routes every
@@ -102,6 +103,7 @@ def test_routing_replay_gives_the_sampler_experts_and_shrinks_the_logprob_gap():
 # ------------------------------------------------------------------------------------ the trainer
 
 
+@pytest.mark.slow
 def test_toy_moe_run_replays_routing_adds_the_balancing_loss_and_writes_run_info(tmp_path):
     config = load_config(TOY_MOE)
     assert config.rollout.routing_replay and config.objective.load_balancing_weight > 0

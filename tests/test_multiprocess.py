@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # toy_moe, as small as it gets: 2 warm-up steps, rollout batches of 16 responses used for 1 update each.
@@ -47,6 +48,7 @@ def _metrics(run) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     address = f"localhost:{_free_port()}"

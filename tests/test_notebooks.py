@@ -29,17 +29,12 @@ ALLOWED_IMPORTS = {"respo_jax", "experiments", "os", "io", "pathlib", "numpy", "
 
 
 @pytest.fixture(scope="session")
-def kernel_env(tmp_path_factory):
-    """The notebooks' kernels share one persistent XLA compilation cache in a test session, across
-    pytest-xdist workers (the session's base temp directory is shared): the tiny model's warm-up,
-    sampler and update programs recur across notebooks and runs. JAX reads entries under a file lock
-    and recompiles on any unreadable one, so concurrent kernels are safe."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # popen-gwN -> the session's directory, shared by the workers
-    cache = root / "notebook_jax_cache"
-    cache.mkdir(exist_ok=True)
-    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_COMPILATION_CACHE_MAX_SIZE": str(2**30)}
+def kernel_env():
+    """The notebooks' kernels use the test session's persistent XLA compilation cache (tests/conftest.py,
+    shared across pytest-xdist workers): the tiny model's warm-up, sampler and update programs recur
+    across notebooks and runs. An entry read half written fails to decompress and is compiled instead,
+    so concurrent kernels are safe."""
+    return {"JAX_COMPILATION_CACHE_DIR": os.environ["JAX_COMPILATION_CACHE_DIR"]}
 
 
 def markdown_rows(markdown: str, first_cell: str) -> list[list[str]]:
@@ -76,6 +71,7 @@ def test_notebook_is_stored_without_outputs_and_imports_from_the_package(name):
     assert "RESPO_NOTEBOOK_SIZE" in code_cells(nb)[0].source or name == "derivations.ipynb"
 
 
+@pytest.mark.slow
 def test_derivations_notebook_proves_every_claim_and_shows_equations_next_to_fig1(tmp_path, kernel_env):
     run = execute_notebook("derivations.ipynb", tmp_path, kernel_env)
     stdout = run.stdout()
@@ -94,6 +90,7 @@ def test_derivations_notebook_proves_every_claim_and_shows_equations_next_to_fig
     print(f"derivations.ipynb executed in {run.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_objectives_notebook_plots_weights_registers_kernels_and_trains_them_side_by_side(
         tmp_path, kernel_env):
     run = execute_notebook("objectives.ipynb", tmp_path, kernel_env)
@@ -150,6 +147,7 @@ def test_objectives_notebook_plots_weights_registers_kernels_and_trains_them_sid
     print(f"objectives.ipynb executed in {run.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_toy_rl_notebook_runs_two_objectives_at_n16_with_curves_and_e3_tables(tmp_path, kernel_env):
     run = execute_notebook("toy_rl.ipynb", tmp_path, kernel_env)
     assert len(run.images()) == 1
@@ -180,6 +178,7 @@ def test_toy_rl_notebook_runs_two_objectives_at_n16_with_curves_and_e3_tables(tm
     print(f"toy_rl.ipynb executed in {run.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_analysis_notebook_rebuilds_tab1_length_bins_and_e3_from_runs_it_makes(tmp_path, kernel_env):
     run = execute_notebook("analysis.ipynb", tmp_path, kernel_env)
     assert len(run.images()) == 2  # curves, length bins
@@ -205,6 +204,7 @@ def test_analysis_notebook_rebuilds_tab1_length_bins_and_e3_from_runs_it_makes(t
     print(f"analysis.ipynb executed in {run.seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_analysis_notebook_analyses_user_supplied_run_directories(tmp_path, kernel_env):
     """RESPO_ANALYSIS_RUNS: the notebook trains nothing and reports the given directories; a run without
     evaluation outputs or rollout files is reported without those sections instead of failing."""

@@ -453,6 +453,7 @@ def _equal_length_dapo_subset(path: pathlib.Path, rows: int = 8, max_tokens: int
     return path
 
 
+@pytest.mark.slow
 def test_two_iterations_of_the_1p7b_config_scaled_down_run_on_cpu(tmp_path):
     """The paper's 1.7B settings (bf16 compute on fp32 weights, chat-templated DAPO prompts, rollout-step
     warm-up, ReSPO token-mean) on a tiny Qwen3 with the real tokenizer's vocabulary, M = 1, G = 2, N = 2."""
@@ -510,7 +511,8 @@ def test_trainer_runs_drgrpo_in_verls_balanced_order():
     record = trainer.iteration()
     rollout = trainer.last_rollout
     trainer.batches.set_state(records)
-    prompts = [trainer._encode(r) for r in next(trainer.batches) for _ in range(4)]
+    prompts = [encode_prompt(r["problem"], trainer.tokenizer, trainer.prompt_format)
+               for r in next(trainer.batches) for _ in range(4)]
     sequence_lengths = np.array([len(p) for p in prompts]) + rollout["length"]
     expected = np.zeros(16, np.int32)
     for index, rows in enumerate(balanced_minibatches(sequence_lengths, 2, 2)):

@@ -25,16 +25,22 @@ def test_causal_block_attention_matches_full_attention_on_real_rows():
     pads = np.array([0, 5, 140])  # the last row's padding spans more than one block
     valid = jnp.asarray(np.arange(s)[None, :] >= pads[:, None])
     mask = attention_mask_from_slots(jnp.arange(s), valid)
-    full = dot_product_attention(q, k, v, mask, 0.25)
-    blocked = causal_block_attention(q, k, v, mask, 0.25, block=128)
+    # Each side through one jit (as the model calls them): a compiled program, not one per eager op.
+    def full_fn(q, k, v):
+        return dot_product_attention(q, k, v, mask, 0.25)
+
+    def blocked_fn(q, k, v):
+        return causal_block_attention(q, k, v, mask, 0.25, block=128)
+
+    full, blocked = jax.jit(full_fn)(q, k, v), jax.jit(blocked_fn)(q, k, v)
     for row, pad in enumerate(pads):
         np.testing.assert_allclose(blocked[row, pad:], full[row, pad:], rtol=1e-5, atol=1e-5)
 
     def real_loss(fn):
-        return lambda q, k, v: jnp.sum(jnp.where(valid[:, :, None, None], fn(q, k, v, mask, 0.25), 0.0) ** 2)
+        return lambda q, k, v: jnp.sum(jnp.where(valid[:, :, None, None], fn(q, k, v), 0.0) ** 2)
 
-    g_full = jax.grad(real_loss(dot_product_attention), (0, 1, 2))(q, k, v)
-    g_blocked = jax.grad(real_loss(lambda *a: causal_block_attention(*a, block=128)), (0, 1, 2))(q, k, v)
+    g_full = jax.jit(jax.grad(real_loss(full_fn), (0, 1, 2)))(q, k, v)
+    g_blocked = jax.jit(jax.grad(real_loss(blocked_fn), (0, 1, 2)))(q, k, v)
     for a, c in zip(g_blocked, g_full):
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)
 
@@ -73,14 +79,16 @@ def test_tiled_expert_kernel_matches_ragged_dot(num_experts, top_k):
     logits = jnp.asarray(rng.standard_normal((tokens, num_experts)), jnp.float32)
     logits = logits.at[:, 0].set(-1e9)  # expert 0 receives no row: an empty group
     weights, indices, _ = route(logits, top_k, norm_topk_prob=True)
+    tiled = jax.jit(lambda *a: expert_ffn(*a, impl="tiled", tile=8))  # one program per side, not per op
+    ragged = jax.jit(expert_ffn)
     args = (x, indices, weights, gate, up, down)
-    np.testing.assert_allclose(expert_ffn(*args, impl="tiled", tile=8), expert_ffn(*args), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tiled(*args), ragged(*args), rtol=1e-5, atol=1e-6)
 
     def loss(fn):
         return lambda x, g, u, d: jnp.sum(jnp.sin(fn(x, indices, weights, g, u, d)))
 
-    grads = jax.grad(loss(lambda *a: expert_ffn(*a, impl="tiled", tile=8)), (0, 1, 2, 3))(x, gate, up, down)
-    ref = jax.grad(loss(expert_ffn), (0, 1, 2, 3))(x, gate, up, down)
+    grads = jax.jit(jax.grad(loss(tiled), (0, 1, 2, 3)))(x, gate, up, down)
+    ref = jax.jit(jax.grad(loss(ragged), (0, 1, 2, 3)))(x, gate, up, down)
     for a, c in zip(grads, ref):
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
 

@@ -196,6 +196,7 @@ def test_token_logprobs_equal_log_softmax_of_full_logits(checkpoints):
         model.token_logprobs(ids, targets[:, :-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_response_only_chunked_logprobs_equal_the_dense_computation_in_values_and_gradients(checkpoints, tie):
     """token_logprobs(start=, temperature=) — the LM head and log-softmax over positions start: only,
@@ -357,6 +358,7 @@ def test_runs_under_a_one_device_mesh_with_rules(checkpoints):
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moe", [False, True])
 def test_unstacked_layers_path_matches_layer_scan(moe):
     """forward(..., layers=model.unstacked_layers()) (the sampler's decode path) gives the scanned

@@ -164,6 +164,7 @@ def test_route_replay_reads_current_probabilities():
         route(logits, 2, True, indices=given[:, :1])
 
 
+@pytest.mark.slow
 def test_routing_replay_reproduces_logits_and_keeps_router_gradient(checkpoints):
     _, path = checkpoints["all_sparse"]
     model = qwen3.from_pretrained(path)

@@ -150,7 +150,7 @@ def test_a_slow_reward_from_a_config_file_runs_in_workers_with_a_timeout(tmp_pat
         scores, status = scorer(records, responses)
         np.testing.assert_array_equal(scores, np.float32([1.0, -2.0, -2.0, -1.0, -2.0, 1.0]))
         np.testing.assert_array_equal(status, [SCORED, TIMED_OUT, FAILED, SCORED, FAILED, SCORED])
-        assert scorer._pool.stats.workers_killed == 1
+        assert scorer.stats.workers_killed == 1
         scores, status = scorer(RECORDS, ["2", "5"])  # the replaced worker serves the next batch
         np.testing.assert_array_equal(scores, np.float32([1.0, -1.0]))
     finally:

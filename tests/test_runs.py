@@ -70,17 +70,6 @@ TIMING_KEYS = ("rollout_seconds", "iteration_seconds", "compiles", "compile_seco
 # ----------------------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture(scope="session")
-def jit_cache(tmp_path_factory) -> str:
-    """A persistent XLA cache shared by this session's subprocesses (and its xdist workers)."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # basetemp is per worker; its parent is the session's
-        root = root.parent
-    path = root / "respo_runs_jit_cache"
-    path.mkdir(exist_ok=True)
-    return str(path)
-
-
 REFERENCE_ARGS = ("run.iterations=8", "run.checkpoint_every=3", "run.resume=true")
 
 
@@ -253,6 +242,7 @@ def test_check_finite_steps_names_the_iteration_mini_batch_and_quantity():
             check_finite_steps([dict(good), dict(good, **bad)], 7)
 
 
+@pytest.mark.slow
 def test_a_diverging_run_exits_1_and_keeps_only_finite_checkpoints(tmp_path, jit_cache):
     """lr = 1e38 (warmed up from 0, so iteration 1 is still finite) blows up in iteration 2."""
     out = tmp_path / "run"
@@ -288,6 +278,7 @@ def _assert_same_run(out: pathlib.Path, reference: pathlib.Path) -> None:
         assert got[key].dtype == want[key].dtype and got[key].tobytes() == want[key].tobytes(), key
 
 
+@pytest.mark.slow
 def test_killed_runs_resume_bit_identical_to_an_uninterrupted_run(tmp_path, jit_cache, reference):
     """SIGKILL at random points (mid-iteration, between checkpoints, during saves, after the last
     iteration), each time rerun with run.resume=true: metrics, summary and parameters equal the
@@ -330,6 +321,7 @@ def test_killed_runs_resume_bit_identical_to_an_uninterrupted_run(tmp_path, jit_
     print("kill points (last iteration logged, checkpoints):", kills)
 
 
+@pytest.mark.slow
 def test_a_reused_out_dir_is_refused_and_a_failed_start_changes_nothing(tmp_path, jit_cache, reference,
                                                                          capsys):
     out = _copy(reference, tmp_path / "run")
@@ -515,6 +507,7 @@ def test_unfinished_mismatched_and_non_finite_checkpoints_are_damaged(tmp_path):
         save_checkpoint(directory, 3, *_tiny_state(), {})  # Orbax would skip it silently
 
 
+@pytest.mark.slow
 def test_resume_falls_back_from_a_damaged_checkpoint_and_repairs_the_log(tmp_path, jit_cache, reference):
     """A bit flip in the last checkpoint and a torn metrics line: resume reports the damage in one line,
     sets the step aside, redoes iterations 7-8 from checkpoint 6 and ends as the uninterrupted run."""
@@ -715,6 +708,7 @@ def test_log_problem_finds_a_second_writer_in_the_log():
     assert "warm-up step 1 after 1 warm-up steps and 1 RL" in run_dir.log_problem([warm(1), rl(1), warm(1)])
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_log_with_duplicated_iterations(tmp_path, reference, capsys):
     out = _copy(reference, tmp_path / "run")
     base = [*TINY_RUN, f"run.out_dir={out}", "run.iterations=9", "run.resume=true"]
@@ -751,6 +745,7 @@ sys.exit(cli(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_resume_after_making_room_is_exact(
         tmp_path, jit_cache, reference):
     out = tmp_path / "run"
@@ -771,6 +766,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_resume_after_making_roo
     _assert_same_run(out, reference)
 
 
+@pytest.mark.slow
 def test_two_concurrent_trainings_into_one_out_dir_one_refused_the_other_a_lone_run(
         tmp_path, jit_cache, reference):
     out = tmp_path / "run"

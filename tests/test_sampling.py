@@ -192,6 +192,7 @@ def test_same_seed_same_samples_other_seed_other_samples_chunking_changes_nothin
     assert not np.array_equal(np.asarray(first.tokens), np.asarray(high.tokens))  # all 64 seed bits count
 
 
+@pytest.mark.slow
 def test_a_batch_generated_in_row_chunks_equals_one_batch(moe, moe_sampled):
     # 4 prompts x 2 samples = 8 rows in chunks of at most 3 (3 + 3 + 2 and a filler row): a row's keys
     # depend on its index in the whole batch, so tokens, log-probs and routing are those of one batch.

@@ -1,14 +1,10 @@
-"""respo_jax.sharding and the sharded Qwen3: mesh configs, the rules table, kernel fields, and (in
-subprocesses with 8 simulated CPU devices, tests/mesh_checks.py) parameter shardings, sharded init and
-loading, expert parallelism and sharded forward/backward against the single-device model."""
+"""respo_jax.sharding and the sharded Qwen3 on one device: mesh configs, the rules table, kernel fields.
+The multi-device checks (parameter shardings, sharded init and loading, expert parallelism and sharded
+forward/backward against the single-device model) are tests/multi_device/, run by test_multi_device.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 
 import jax
 import pytest
@@ -17,23 +13,6 @@ from jax.sharding import PartitionSpec as P
 from respo_jax.models import qwen3
 from respo_jax.sharding import MESH_AXES, MeshConfig, ShardingRules, make_mesh
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKS_FILE = os.path.join(REPO, "tests", "mesh_checks.py")
-# Two groups, one subprocess each: the first shares the sharded models its checks build.
-MULTI_DEVICE_CHECKS = {
-    "models": [
-        "param_shardings_init_and_memory_on_8_devices",
-        "forward_and_gradients_match_one_device",
-        "expert_parallel_moe_replays_routing_like_one_device",
-        "cached_decode_matches_one_device",
-        "optimizer_state_follows_parameters",
-    ],
-    "loading_dispatch_sampler": [
-        "sharded_loading_equals_unsharded_and_reads_slices",
-        "expert_parallel_ffn_matches_single_device",
-        "sampler_runs_under_the_model_mesh_and_rules",
-    ],
-}
 FE = ("fsdp", "expert")
 
 
@@ -161,26 +140,3 @@ def test_from_pretrained_picks_the_backend_kernels_unless_told(tmp_path):
     chosen = qwen3.from_pretrained(tmp_path, moe_impl="ragged", attention_impl="dense")
     assert (chosen.config.moe_impl, chosen.config.attention_impl) == ("ragged", "dense")
     assert chosen.config.moe_dispatch == default.config.moe_dispatch
-
-
-# ------------------------------------------------------------------- multi-device (8 CPU devices)
-
-
-def test_the_check_list_matches_the_checks_file():
-    with open(CHECKS_FILE, encoding="utf-8") as f:
-        defined = re.findall(r"@check\ndef (\w+)\(", f.read())
-    assert sorted(defined) == sorted(name for group in MULTI_DEVICE_CHECKS.values() for name in group)
-
-
-@pytest.mark.parametrize("group", sorted(MULTI_DEVICE_CHECKS))
-def test_on_8_simulated_devices(group, tmp_path):
-    names = MULTI_DEVICE_CHECKS[group]
-    out = tmp_path / "results.json"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("XLA_FLAGS", None)
-    result = subprocess.run([sys.executable, CHECKS_FILE, str(out), *names], env=env, capture_output=True,
-                            text=True, timeout=1200, cwd=REPO)
-    assert result.returncode == 0 and out.exists(), result.stdout[-3000:] + result.stderr[-5000:]
-    outcomes = json.loads(out.read_text())
-    failed = {name: outcome for name, outcome in outcomes.items() if outcome != "ok"}
-    assert set(outcomes) == set(names) and not failed, "\n".join(f"{k}:\n{v}" for k, v in failed.items())

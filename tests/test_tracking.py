@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_reward_registry import write_user_reward_config
-from test_runs import ROOT, TIMING_KEYS, TINY_RUN, _env, _records, jit_cache  # noqa: F401 (a fixture)
+from test_runs import ROOT, TIMING_KEYS, TINY_RUN, _env, _records
 
 from experiments.train import cli
 
@@ -108,8 +108,9 @@ def _check_tensorboard(out: pathlib.Path, records: list[dict]) -> None:
             assert _same(value, float(np.float32(want))), (key, value, want)
 
 
+@pytest.mark.slow
 def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(
-        tmp_path, jit_cache):  # noqa: F811 (the fixture imported from test_runs)
+        tmp_path, jit_cache):
     config = write_user_reward_config(tmp_path)
     out = tmp_path / "run"
     env = dict(_env(jit_cache), WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"), WANDB_SILENT="true",

@@ -158,6 +158,7 @@ def _keep_gradient() -> optax.GradientTransformation:
                                         lambda updates, state, params=None: (updates, updates))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, hparams", [
     ("grpo", dict(clip_ratio_c=1.1)),  # token-mean; the dual clip active on many negative tokens
     ("gspo", {}),  # seq-mean-token-mean
@@ -217,6 +218,7 @@ def test_microbatched_logprobs_and_entropy_equal_the_one_shot_pass():
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_bucketed_batches_give_the_same_update():
     """Padding prompts and responses to bucket lengths changes shapes, not results: the same log-probs
     of the real response tokens, the same parameters after the update and the same metrics."""
@@ -340,6 +342,7 @@ def test_resume_continues_the_run_exactly(tmp_path):
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 
 
+@pytest.mark.slow
 def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     """The paper's training data path: DAPO-Math prompts, the Qwen3 tokenizer, strict box + overlong penalty."""
     config = apply_overrides(load_config(DEFAULT_CONFIG), [

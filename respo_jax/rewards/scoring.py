@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from respo_jax.rewards.math_verify_pool import MathVerifyScorer, Outcome
+from respo_jax.rewards.math_verify_pool import MathVerifyScorer, Outcome, ScorerStats
 from respo_jax.rewards.registry import RewardSpec
 
 SCORED, FAILED, TIMED_OUT = 0, 1, 2  # per-response status; TIMED_OUT responses are failed ones too
@@ -90,6 +90,12 @@ class RewardScorer:
         scores = np.array([score for score, _ in results], np.float32).reshape(len(results))
         status = np.array([code for _, code in results], np.int8).reshape(len(results))
         return scores, status
+
+    @property
+    def stats(self) -> ScorerStats | None:
+        """The worker pool's counters (workers started, killed on a timeout, ...); None until a slow reward's
+        first call starts the pool (a fast reward has none)."""
+        return None if self._pool is None else self._pool.stats
 
     def _call(self, record: dict, response: str) -> tuple[float, int]:
         try:

@@ -39,8 +39,8 @@ class _Proof:
         self.statement = statement
         self.steps: list[tuple[str, bool]] = []
 
-    def step(self, description: str, holds) -> bool:
-        ok = _holds(holds)
+    def step(self, description: str, fact) -> bool:
+        ok = holds(fact)
         self.steps.append((description, ok))
         return ok
 
@@ -50,7 +50,7 @@ class _Proof:
         return Claim(self.name, self.statement, proved, detail)
 
 
-def _holds(value) -> bool:
+def holds(value) -> bool:
     """True only for a definite truth (Python True or SymPy's true); None (unknown) is not a proof."""
     return value is True or value is sp.true
 
