@@ -14,6 +14,7 @@ import pytest
 import sympy
 
 from experiments import gradient_starvation as gs
+from experiments.starvation_summary import long_acceptance
 from respo_jax.data.synthetic import ArithmeticTask, CharTokenizer, get_task, scratchpad_steps
 from respo_jax.rewards import strict_box_score
 from respo_jax.training.config import ConfigError, apply_overrides
@@ -344,10 +345,10 @@ def test_long_regime_acceptance_needs_little_clipping_and_a_heavy_positive_tail(
 
     groups = [group("grpo", 8, 0.004, 0.2), group("gspo", 8, 0.009, 0.16), group("respo", 8, None, 0.5),
               group("grpo", 32, 0.004, 0.3), group("gspo", 32, 0.02, 0.3)]
-    accepted = {row["reuse"]: row["accepted"] for row in gs.long_acceptance(groups)["by_reuse"]}
+    accepted = {row["reuse"]: row["accepted"] for row in long_acceptance(groups)["by_reuse"]}
     assert accepted == {8: True, 32: False}  # GSPO clips 2% at N = 32
-    assert not gs.long_acceptance([group("grpo", 8, 0.004, 0.1)])["by_reuse"][0]["accepted"]  # tail too light
-    assert not gs.long_acceptance([group("respo", 8, None, 0.5)])["by_reuse"][0]["accepted"]  # no baseline
+    assert not long_acceptance([group("grpo", 8, 0.004, 0.1)])["by_reuse"][0]["accepted"]  # tail too light
+    assert not long_acceptance([group("respo", 8, None, 0.5)])["by_reuse"][0]["accepted"]  # no baseline
 
 
 @pytest.mark.slow
