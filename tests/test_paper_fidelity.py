@@ -34,14 +34,16 @@ from respo_jax.eval.positive_branch import DEEP_TAIL, LOW_W, bin_labels, log_w_b
 from respo_jax.objectives import get_objective
 from respo_jax.training.batch import PolicyBatch, build_sequences
 from respo_jax.training.config import apply_overrides
-from respo_jax.training.loop import RLTrainer, build_model, load_task
+from respo_jax.training.loop import RLTrainer
 from respo_jax.training.minibatches import (
     balanced_minibatches,
     consecutive_minibatches,
     equal_size_partitions,
     sequence_workload,
 )
+from respo_jax.training.model_setup import build_model
 from respo_jax.training.step import learning_rate_schedule, make_optimizer, make_policy_step
+from respo_jax.training.tasks import load_task
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

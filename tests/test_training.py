@@ -26,7 +26,8 @@ from respo_jax.training.batch import (
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.config import ExperimentConfig, apply_overrides
-from respo_jax.training.loop import RLTrainer, build_model
+from respo_jax.training.loop import RLTrainer
+from respo_jax.training.model_setup import build_model
 from respo_jax.training.step import make_logprob_fn, make_optimizer, make_policy_step
 
 TINY = [

@@ -29,10 +29,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.data.batches import PromptBatches
-from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
-from respo_jax.data.records import load_dapo_math
-from respo_jax.data.synthetic import CharTokenizer
-from respo_jax.data.tokenizer import load_tokenizer
+from respo_jax.data.prompts import encode_prompt
 from respo_jax.distributed import (
     gather_rows,
     process_rows,
@@ -51,7 +48,6 @@ from respo_jax.sharding import (
     ShardingRules,
     bytes_per_device,
     init_optimizer_state,
-    make_mesh,
     optimizer_state_shardings,
     state_shardings,
 )
@@ -67,6 +63,7 @@ from respo_jax.training.compilation import compilation_totals, drop_programs_nea
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.limits import check_limits, check_prompt_buckets, device_memory_bytes
 from respo_jax.training.minibatches import minibatch_rows
+from respo_jax.training.model_setup import build_mesh, build_model
 from respo_jax.training.step import (
     NonFiniteError,
     StepShardings,
@@ -76,6 +73,7 @@ from respo_jax.training.step import (
     make_policy_step,
     make_sft_step,
 )
+from respo_jax.training.tasks import load_task
 
 
 @dataclasses.dataclass
@@ -87,83 +85,6 @@ class TrainState:
     opt_state: object
     iteration: int = 0
     policy_updates: int = 0
-
-
-def load_task(config: ExperimentConfig):
-    """(tokenizer, prompt format, training records, held-out records, synthetic task or None)."""
-    task_cfg, num_eval = config.task, config.run.eval_problems
-    if task_cfg.name == "synthetic":
-        task = task_cfg.synthetic_task()
-        train_split, test_split = ("train", "test") if task.test_fraction else ("all", "all")
-        train = task.make_records(task_cfg.num_records, task_cfg.seed, split=train_split)
-        held_out = task.make_records(num_eval, task_cfg.seed + 7919, split=test_split) if num_eval else []
-        return CharTokenizer(), task.prompt_format, train, held_out, task
-    try:
-        tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"task.tokenizer_dir={task_cfg.tokenizer_dir!r}: {err}") from None
-    if task_cfg.chat_template and not tokenizer.has_chat_template:
-        raise ConfigError(
-            f"task.chat_template=true (the default for dapo_math, as the official data preparation renders every "
-            f"prompt as a chat message) but the tokenizer in {task_cfg.tokenizer_dir!r} has no chat template "
-            "(tokenizer_config.json 'chat_template' or chat_template.jinja); set task.chat_template=false to "
-            "render raw prompts"
-        )
-    prompt_format = PromptFormat(chat=task_cfg.chat_template)
-    records = load_dapo_math(task_cfg.data_dir)
-    records, _ = filter_overlong(records, lambda p: encode_prompt(p, tokenizer, prompt_format), task_cfg.max_prompt_tokens)
-    if len(records) <= num_eval:
-        raise ConfigError(f"run.eval_problems={num_eval}: expected fewer than the task's {len(records)} "
-                          f"prompts of at most task.max_prompt_tokens={task_cfg.max_prompt_tokens} tokens")
-    order = np.random.default_rng(task_cfg.seed).permutation(len(records))
-    records = [records[i] for i in order]
-    return tokenizer, prompt_format, records[num_eval:], records[:num_eval], None
-
-
-def build_mesh(config: ExperimentConfig) -> jax.sharding.Mesh:
-    """The run's (data, fsdp, tensor, expert) mesh (`config.mesh`) over every device of every process;
-    in a single process, explicit sizes multiplying to fewer devices use the first ones (e.g. a
-    one-device run on a host with eight). ConfigError when the sizes do not fit the devices."""
-    devices = jax.devices()
-    sizes = [getattr(config.mesh, axis) for axis in ("data", "fsdp", "tensor", "expert")]
-    if -1 not in sizes and math.prod(sizes) < len(devices) and jax.process_count() == 1:
-        devices = devices[:math.prod(sizes)]
-    config.mesh.axis_sizes(len(devices))  # a ConfigError naming the mesh keys
-    return make_mesh(config.mesh.mesh_config(), devices)
-
-
-def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Mesh | None = None,
-                rules: ShardingRules = ShardingRules()) -> nnx.Module:
-    """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint;
-    both in `model.dtype` compute with `model.param_dtype` parameters, kernels chosen for the backend
-    (`qwen3.default_kernels`). With `mesh`, every parameter is created (or read) directly in its
-    sharding by `rules`, and the model's forward runs under them."""
-    dtype = config.model.dtype
-    param_dtype = config.model.param_dtype or dtype
-    if config.model.checkpoint_dir:
-        try:
-            return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=jnp.dtype(param_dtype),
-                                         compute_dtype=jnp.dtype(dtype), remat=config.model.remat,
-                                         scan_layers=config.model.scan_layers, mesh=mesh, rules=rules)
-        except (OSError, ValueError, KeyError) as err:  # a damaged or foreign checkpoint: the user's to fix
-            raise ConfigError(f"model.checkpoint_dir={config.model.checkpoint_dir!r}: {err}") from None
-    model_cfg = qwen3.Qwen3Config.preset(config.model.preset)
-    overrides = dict(config.model.overrides)
-    overrides.setdefault("vocab_size", vocab_size)
-    overrides.update(remat=config.model.remat, scan_layers=config.model.scan_layers, dtype=dtype,
-                     param_dtype=param_dtype)
-    model_cfg = dataclasses.replace(model_cfg, **overrides)
-    if model_cfg.vocab_size < vocab_size:
-        raise ConfigError(f"model.overrides.vocab_size={model_cfg.vocab_size}: expected at least the "
-                          f"tokenizer's {vocab_size}")
-    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    kernels = qwen3.default_kernels(platform)
-    kernels = {k: v for k, v in kernels.items() if k not in config.model.overrides}  # explicit choices win
-    try:
-        model_cfg = model_cfg.replace(mesh=mesh, rules=rules, **kernels)
-    except ValueError as err:  # e.g. experts that do not split over mesh.expert
-        raise ConfigError(f"mesh: {err}") from None
-    return qwen3.init_model(model_cfg, seed=config.run.seed)
 
 
 class RLTrainer:
