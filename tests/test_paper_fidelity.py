@@ -512,7 +512,7 @@ def test_trainer_runs_drgrpo_in_verls_balanced_order():
     record = trainer.iteration()
     rollout = trainer.last_rollout
     trainer.batches.set_state(records)
-    prompts = [trainer._encode(r) for r in next(trainer.batches) for _ in range(4)]
+    prompts = [trainer.encode(r) for r in next(trainer.batches) for _ in range(4)]
     sequence_lengths = np.array([len(p) for p in prompts]) + rollout["length"]
     expected = np.zeros(16, np.int32)
     for index, rows in enumerate(balanced_minibatches(sequence_lengths, 2, 2)):

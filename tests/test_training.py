@@ -281,12 +281,12 @@ def test_policy_update_raises_logp_of_positive_and_lowers_negative_responses():
     ids, positions, attention, response_mask, prompt_len = build_sequences(prompts, responses, np.full(4, 3), 0)
     batch = PolicyBatch(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention), jnp.asarray(response_mask),
                         jnp.zeros(response_mask.shape), jnp.asarray([1.5, -0.5, -0.5, -0.5]), prompt_len)
-    old = trainer._old_logprobs(trainer.state.params, batch, None)[0]
+    old = trainer.old_logprobs(trainer.state.params, batch, None)[0]
     batch = batch.replace(old_logp=old)
     for _ in range(3):
-        trainer.state.params, trainer.state.opt_state, metrics = trainer._policy_step(
+        trainer.state.params, trainer.state.opt_state, metrics = trainer.policy_step(
             trainer.state.params, trainer.state.opt_state, batch)
-    change = np.asarray((trainer._old_logprobs(trainer.state.params, batch, None)[0] - old).sum(-1))
+    change = np.asarray((trainer.old_logprobs(trainer.state.params, batch, None)[0] - old).sum(-1))
     assert change[0] > 0 and np.all(change[1:] < 0), change
     assert np.isfinite(float(metrics["loss"])) and float(metrics["approx_kl"]) > 0
 
@@ -354,9 +354,9 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     assert trainer.tokenizer.vocab_size > 150_000 and len(trainer.held_out) == 4
     # The draw order of the prompt batches, to know each iteration's prompt bucket.
     shadow = PromptBatches(trainer.train_records, batch_size=1, seed=config.task.seed)
-    buckets = [bucket_length(len(trainer._encode(next(shadow)[0])), 128) for _ in range(40)]
+    buckets = [bucket_length(len(trainer.encode(next(shadow)[0])), 128) for _ in range(40)]
     other = 128 if buckets[0] == 256 else 256
-    assert trainer.prompt_buckets() == [128, 256] and other in buckets
+    assert trainer.shapes.prompt_buckets() == [128, 256] and other in buckets
     record = trainer.iteration()
     # a random policy never writes the right box in 4 tokens; responses at the limit get the full penalty -1
     assert -2.0 <= record["score"] <= -1.0
