@@ -5,9 +5,11 @@ sampler, the task's reward (strict box by default), group-normalized advantages,
 by a forward pass of the rollout-time parameters (at the rollout temperature, with the entropy of the
 full distribution), then `reuse` (N) mini-batch updates of the chosen objective — consecutive, or in
 verl's length-balanced order.
-This module is the thin shell around the pure parts: it owns the loop, progress and the metric records
-(App. E.3 diagnostics pooled over the rollout batch) and keeps the per-response rollout of the last
-iteration (`last_rollout`); writing files is the caller's (`experiments/train.py`).
+This module is the thin shell around the pure parts: it owns the loop (`RLTrainer.iteration`, one named
+call per step), keeps the per-response rollout of the last iteration (`last_rollout`) and delegates
+the row placement over processes (`placement.RowPlacer`), the compiled shapes and heap upkeep
+(`shapes.ShapeTracker`) and the metric records (`iteration_metrics`: App. E.3 diagnostics pooled over
+the rollout batch); writing files is the caller's (`experiments/train.py`).
 
 Two options of verl's: DAPO dynamic sampling (`rollout.filter_groups`: only groups whose responses
 differ in accuracy are trained on, more prompt batches drawn to fill the rollout batch) and rollout
