@@ -473,3 +473,23 @@ def test_iteration_record_keeps_its_key_order_and_pools_over_the_rows_trained_on
                              {k: v[:0] if np.ndim(v) else v for k, v in trained.items()}, None, False)
     assert "updates" not in empty and "learning_rate" not in empty and empty["approx_kl"] == 0.0
     assert "positive_low_w_fraction" not in empty
+
+
+def test_the_named_steps_of_an_iteration_compose_to_the_iteration():
+    """`iteration()` is its named steps (README "The RL loop, step by step"): called one by one they
+    give the same updates, counters and metrics as the whole."""
+    config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["warmup.steps=0", "run.eval_problems=0"])
+    by_steps, whole = RLTrainer(config), RLTrainer(config)
+    rows = by_steps.training_rows(by_steps.sample_groups())  # rollout, reward; advantages
+    assert rows.real_rows == len(rows.prompts) == 2 * 2 * 4 and abs(rows.advantages.sum()) < 1e-5
+    minibatches = by_steps.minibatch_rows(rows)
+    assert [m.tolist() for m in minibatches] == [list(range(8)), list(range(8, 16))]  # consecutive
+    policy_batches, _ = by_steps.with_old_logprobs(rows, minibatches)
+    steps = by_steps.update(policy_batches)
+    record = whole.iteration()
+    assert (by_steps.state.iteration, by_steps.state.policy_updates) == (1, 2) == (whole.state.iteration,
+                                                                                 whole.state.policy_updates)
+    for key in ("loss", "grad_norm"):
+        assert record[key] == float(np.mean([float(s[key]) for s in steps]))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(by_steps.state.params),
+                                                      jax.tree.leaves(whole.state.params)))
