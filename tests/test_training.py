@@ -478,7 +478,9 @@ def test_iteration_record_keeps_its_key_order_and_pools_over_the_rows_trained_on
 def test_the_named_steps_of_an_iteration_compose_to_the_iteration():
     """`iteration()` is its named steps (README "The RL loop, step by step"): called one by one they
     give the same updates, counters and metrics as the whole."""
-    config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["warmup.steps=0", "run.eval_problems=0"])
+    config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + [
+        "warmup.steps=0", "run.eval_problems=0", 'model.overrides={"num_hidden_layers": 1, "hidden_size": 16, '
+        '"intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}'])
     by_steps, whole = RLTrainer(config), RLTrainer(config)
     rows = by_steps.training_rows(by_steps.sample_groups())  # rollout, reward; advantages
     assert rows.real_rows == len(rows.prompts) == 2 * 2 * 4 and abs(rows.advantages.sum()) < 1e-5
