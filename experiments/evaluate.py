@@ -72,7 +72,7 @@ from respo_jax.training.write_errors import writing
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "eval_paper.py")
 # The synthetic task's held-out stream: the same problems as the trainer's greedy evaluation
-# (`respo_jax.training.loop.load_task`: task.seed + 7919), extended to `eval.synthetic_problems`.
+# (`respo_jax.training.tasks.load_task`: task.seed + 7919), extended to `eval.synthetic_problems`.
 SYNTHETIC_HELD_OUT_OFFSET = 7919
 OUTPUT_FILES = (runs.COMPLETIONS_FILE, runs.EVAL_SUMMARY_FILE, runs.EVAL_SUMMARY_MARKDOWN)
 
@@ -175,7 +175,7 @@ def _resolve_run(path: str, settings: EvalSettings) -> Checkpoint:
     from flax import nnx
 
     from respo_jax.training.checkpoint import latest_step, restore_params
-    from respo_jax.training.loop import build_model as build_run_model
+    from respo_jax.training.model_setup import build_model as build_run_model
 
     try:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:

@@ -23,7 +23,8 @@ from respo_jax.training import compilation
 from respo_jax.training.batch import bucket_length
 from respo_jax.training.compilation import configure_compilation_cache, resolve_cache_dir
 from respo_jax.training.config import ConfigError, apply_overrides
-from respo_jax.training.loop import RLTrainer, load_task
+from respo_jax.training.loop import RLTrainer
+from respo_jax.training.tasks import load_task
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -25,7 +25,7 @@ N, M, G = 2, 2, 3  # reuse, prompts per mini-batch, group size: 4 groups per rol
 
 
 class _Stub:
-    """What `RLTrainer._sample_groups` reads of a trainer, with a scripted sampler: generation batch b
+    """What `RLTrainer.sample_groups` reads of a trainer, with a scripted sampler: generation batch b
     gives group g the accuracies `script[b][g]` (a string of G '1'/'0')."""
 
     def __init__(self, script, *overrides):
@@ -53,8 +53,8 @@ class _Stub:
         return prompts, out, scores
 
     raw_accuracy = RLTrainer.raw_accuracy
-    _rollout_seed = RLTrainer._rollout_seed
-    sample = RLTrainer._sample_groups
+    rollout_seed = RLTrainer.rollout_seed
+    sample = RLTrainer.sample_groups
 
 
 def test_uniform_groups_are_dropped_and_more_batches_drawn_until_the_rollout_batch_is_full():
@@ -70,7 +70,7 @@ def test_uniform_groups_are_dropped_and_more_batches_drawn_until_the_rollout_bat
     assert stub.batches.step == 2
     assert stub.problems == [[r["problem"] for r in stub.batches.batch_at(i)] for i in range(2)]
     assert stub.seeds[0] == 5 and len(set(stub.seeds)) == 2  # run.seed * 1_000_003 + iteration
-    assert _Stub([])._rollout_seed(1) == stub.seeds[1]  # a pure function of (seed, iteration, batch)
+    assert _Stub([]).rollout_seed(1) == stub.seeds[1]  # a pure function of (seed, iteration, batch)
 
 
 def test_extra_groups_are_dropped_and_the_limit_stops_with_what_was_kept():

@@ -210,9 +210,9 @@ def test_the_trainer_resolves_a_user_registered_objective(tmp_path):
     batch = PolicyBatch(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention),
                         jnp.asarray(response_mask), jnp.zeros(response_mask.shape), jnp.asarray(advantages),
                         prompt_len)
-    batch = batch.replace(old_logp=trainer._old_logprobs(trainer.state.params, batch, None)[0])
+    batch = batch.replace(old_logp=trainer.old_logprobs(trainer.state.params, batch, None)[0])
     for _ in range(2):  # the second update sees the first one's drift: log W != 0
-        trainer.state.params, trainer.state.opt_state, metrics = trainer._policy_step(
+        trainer.state.params, trainer.state.opt_state, metrics = trainer.policy_step(
             trainer.state.params, trainer.state.opt_state, batch)
     log_w = np.asarray(metrics["responses"]["log_w"], np.float64)
     assert np.all(np.abs(log_w) > 1e-3), log_w

@@ -34,14 +34,16 @@ from respo_jax.eval.positive_branch import DEEP_TAIL, LOW_W, bin_labels, log_w_b
 from respo_jax.objectives import get_objective
 from respo_jax.training.batch import PolicyBatch, build_sequences
 from respo_jax.training.config import apply_overrides
-from respo_jax.training.loop import RLTrainer, build_model, load_task
+from respo_jax.training.loop import RLTrainer
 from respo_jax.training.minibatches import (
     balanced_minibatches,
     consecutive_minibatches,
     equal_size_partitions,
     sequence_workload,
 )
+from respo_jax.training.model_setup import build_model
 from respo_jax.training.step import learning_rate_schedule, make_optimizer, make_policy_step
+from respo_jax.training.tasks import load_task
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -511,8 +513,7 @@ def test_trainer_runs_drgrpo_in_verls_balanced_order():
     record = trainer.iteration()
     rollout = trainer.last_rollout
     trainer.batches.set_state(records)
-    prompts = [encode_prompt(r["problem"], trainer.tokenizer, trainer.prompt_format)
-               for r in next(trainer.batches) for _ in range(4)]
+    prompts = [trainer.encode(r) for r in next(trainer.batches) for _ in range(4)]
     sequence_lengths = np.array([len(p) for p in prompts]) + rollout["length"]
     expected = np.zeros(16, np.int32)
     for index, rows in enumerate(balanced_minibatches(sequence_lengths, 2, 2)):

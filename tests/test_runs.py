@@ -47,8 +47,8 @@ from respo_jax.training.checkpoint import (
     write_manifest,
 )
 from respo_jax.training.config import ConfigError, ConfigKeyError, ExperimentConfig, apply_overrides
+from respo_jax.training.iteration_metrics import check_finite_steps
 from respo_jax.training.limits import check_limits, kv_cache_bytes
-from respo_jax.training.loop import check_finite_steps
 from respo_jax.training.run_lock import RunLock, RunLockedError
 from respo_jax.training.step import NonFiniteError
 from respo_jax.training.write_errors import RunWriteError, writing

@@ -15,8 +15,10 @@ from flax import nnx
 import jitted_model as jm
 from experiments.train import DEFAULT_CONFIG, load_config, main, summarize
 from respo_jax.data.batches import PromptBatches
+from respo_jax.eval.positive_branch import pooled_diagnostics
 from respo_jax.models import qwen3
-from respo_jax.objectives import get_objective
+from respo_jax.objectives import RolloutCorrection, get_objective
+from respo_jax.training import shapes
 from respo_jax.training.batch import (
     PolicyBatch,
     bucket_length,
@@ -26,8 +28,11 @@ from respo_jax.training.batch import (
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.config import ExperimentConfig, apply_overrides
-from respo_jax.training.loop import RLTrainer, build_model
-from respo_jax.training.step import make_logprob_fn, make_optimizer, make_policy_step
+from respo_jax.training.iteration_metrics import collect_rollout, iteration_record, logprob_metrics
+from respo_jax.training.loop import RLTrainer
+from respo_jax.training.model_setup import build_model
+from respo_jax.training.placement import RowPlacer
+from respo_jax.training.step import make_logprob_fn, make_policy_step
 
 TINY = [
     "warmup.steps=3",
@@ -282,12 +287,12 @@ def test_policy_update_raises_logp_of_positive_and_lowers_negative_responses():
     ids, positions, attention, response_mask, prompt_len = build_sequences(prompts, responses, np.full(4, 3), 0)
     batch = PolicyBatch(jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(attention), jnp.asarray(response_mask),
                         jnp.zeros(response_mask.shape), jnp.asarray([1.5, -0.5, -0.5, -0.5]), prompt_len)
-    old = trainer._old_logprobs(trainer.state.params, batch, None)[0]
+    old = trainer.old_logprobs(trainer.state.params, batch, None)[0]
     batch = batch.replace(old_logp=old)
     for _ in range(3):
-        trainer.state.params, trainer.state.opt_state, metrics = trainer._policy_step(
+        trainer.state.params, trainer.state.opt_state, metrics = trainer.policy_step(
             trainer.state.params, trainer.state.opt_state, batch)
-    change = np.asarray((trainer._old_logprobs(trainer.state.params, batch, None)[0] - old).sum(-1))
+    change = np.asarray((trainer.old_logprobs(trainer.state.params, batch, None)[0] - old).sum(-1))
     assert change[0] > 0 and np.all(change[1:] < 0), change
     assert np.isfinite(float(metrics["loss"])) and float(metrics["approx_kl"]) > 0
 
@@ -356,9 +361,9 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     assert trainer.tokenizer.vocab_size > 150_000 and len(trainer.held_out) == 4
     # The draw order of the prompt batches, to know each iteration's prompt bucket.
     shadow = PromptBatches(trainer.train_records, batch_size=1, seed=config.task.seed)
-    buckets = [bucket_length(len(trainer._encode(next(shadow)[0])), 128) for _ in range(40)]
+    buckets = [bucket_length(len(trainer.encode(next(shadow)[0])), 128) for _ in range(40)]
     other = 128 if buckets[0] == 256 else 256
-    assert trainer.prompt_buckets() == [128, 256] and other in buckets
+    assert trainer.shapes.prompt_buckets() == [128, 256] and other in buckets
     record = trainer.iteration()
     # a random policy never writes the right box in 4 tokens; responses at the limit get the full penalty -1
     assert -2.0 <= record["score"] <= -1.0
@@ -371,3 +376,125 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     np.testing.assert_allclose(trainer.score(tokens, np.array([tokens.shape[1]]), [{"answer": "12"}])[0], [1.0 - 1.0])
     with pytest.raises(ValueError, match="warmup.steps=3: expected 0 with task.name='dapo_math'"):
         apply_overrides(config, ["warmup.steps=3"])
+
+
+# ------------------------------------------------------------- the loop's helpers: placer, shapes, metrics
+def test_row_placer_in_one_process_places_fetches_and_shares_every_row():
+    mesh = jax.make_mesh((1,), ("data",))
+    placer = RowPlacer(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+    assert placer.rows(5) == slice(0, 5) and placer.share(5) == slice(0, 5)
+    assert placer.take([[1], [2], [3]], np.array([2, 0])) == [[3], [1]]
+    local = {"ids": np.arange(10, dtype=np.int32).reshape(5, 2), "mask": np.ones((5, 3), np.float32)}
+    placed = placer.place(local, 5)
+    assert placed["ids"].sharding == placer.sharding
+    fetched = placer.fetch(placed)
+    assert all(isinstance(v, np.ndarray) for v in fetched.values())
+    np.testing.assert_array_equal(fetched["ids"], local["ids"])
+    np.testing.assert_array_equal(placer.gather(np.arange(4), placer.share(4), 4), np.arange(4))
+    with pytest.raises(ValueError, match="one process must supply every row of 4"):
+        placer.gather(np.arange(2), slice(0, 2), 4)
+
+
+def test_shape_tracker_compiles_ahead_once_and_trims_the_heap_only_for_new_shapes(monkeypatch):
+    calls = []
+    monkeypatch.setattr(shapes, "host_allocator_settings", lambda: {"applied": True})
+    monkeypatch.setattr(shapes, "release_host_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(shapes, "drop_programs_near_map_limit", lambda: calls.append("drop"))
+    tracker = shapes.ShapeTracker([3, 16, 17, 40, 5], prompt_bucket=16, compile_ahead=True)
+    assert tracker.prompt_buckets() == [16, 32, 48]
+    compiled = []
+    tracker.compile_ahead_once(lambda: tracker.compile_ahead(compiled.append))
+    tracker.compile_ahead_once(lambda: tracker.compile_ahead(compiled.append))  # the second: nothing
+    assert compiled == [16, 32, 48] and calls == ["drop"] * 3 + ["release"]
+    calls.clear()
+    for shape in [(4, 22), (4, 22), (4, 38), (4, 22)]:
+        tracker.batch_shape(shape)
+    assert calls == ["drop", "release"] * 2  # once per new shape
+    off = shapes.ShapeTracker([3], prompt_bucket=16, compile_ahead=False)
+    off.compile_ahead_once(lambda: compiled.append("never"))
+    assert compiled == [16, 32, 48]
+
+
+def test_logprob_metrics_pool_the_mini_batches_as_float64_numpy_does():
+    """Two mini-batches of different widths in a permuted (balanced) row order: the gap and entropy per
+    response token over the whole rollout batch, and the correction metrics of the stacked batch."""
+    rng = np.random.default_rng(0)
+    sampler = rng.normal(size=(6, 5)).astype(np.float32)
+    minibatches = [np.array([4, 0, 2]), np.array([1, 5, 3])]
+    parts = []
+    for rows, width in zip(minibatches, (3, 5)):
+        mask = (rng.random((3, width)) < 0.7).astype(np.float32)
+        old, entropy = rng.normal(size=(3, width)), rng.random((3, width))
+        parts.append((mask, old.astype(np.float32), entropy.astype(np.float32)))
+    correction = RolloutCorrection.from_dict({"level": "token", "mode": "truncate", "threshold": 2.0})
+    got = logprob_metrics(parts, minibatches, sampler, correction)
+    tokens = sum(mask.astype(np.float64).sum() for mask, _, _ in parts)
+    gap = sum(np.abs(sampler[rows, :mask.shape[1]].astype(np.float64) * mask - old).sum()
+              for rows, (mask, old, _) in zip(minibatches, parts))
+    np.testing.assert_allclose(got["sampler_trainer_logp_gap"], gap / tokens, rtol=1e-6)
+    np.testing.assert_allclose(got["entropy"], sum(e.astype(np.float64).sum() for _, _, e in parts) / tokens,
+                               rtol=1e-6)
+    ratio = np.concatenate([np.exp(old - sampler[rows, :mask.shape[1]])[mask > 0]
+                            for rows, (mask, old, _) in zip(minibatches, parts)])
+    np.testing.assert_allclose(got["rollout_is_mean"], ratio.mean(), rtol=1e-5)
+    np.testing.assert_allclose([got["rollout_is_max"], got["rollout_is_min"]], [ratio.max(), ratio.min()],
+                               rtol=1e-5)
+    assert set(logprob_metrics(parts, minibatches, sampler, None)) == {"sampler_trainer_logp_gap", "entropy"}
+    assert logprob_metrics([], [], sampler, correction) == {"sampler_trainer_logp_gap": 0.0, "entropy": 0.0}
+
+
+def test_iteration_record_keeps_its_key_order_and_pools_over_the_rows_trained_on():
+    steps = [{"loss": 1.0, "log_w_mean": -0.5}, {"loss": 3.0, "log_w_mean": -1.5}]
+    responses = [{"log_w": [-2.0, 0.1], "phi": [0.2, 0.9], "approx_kl": [0.5, 9.0]},
+                 {"log_w": [-0.3, -3.0], "phi": [0.7, 0.1], "approx_kl": [1.5, 2.0]}]
+    minibatches = [np.array([0, 2]), np.array([1, 3])]
+    trained = collect_rollout(minibatches, responses, np.array([1.0, -1.0, 1.0, 0.5], np.float32),
+                              np.array([3, 0, 4, 2], np.int32), np.array([1, -1, 1, 1]), 2, 7, 14)
+    assert trained["minibatch"].tolist() == [0, 1, 0, 1] and trained["group"].tolist() == [0, 0, 1, 1]
+    np.testing.assert_array_equal(trained["log_w"], np.float32([-2.0, -0.3, 0.1, -3.0]))
+    assert (trained["iteration"], trained["policy_updates"]) == (7, 14)
+    sampled = {"all_scores": np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]),
+               "all_lengths": np.array([3, 0, 4, 2, 6, 6]), "groups_generated": 3, "groups_kept": 2,
+               "generation_batches": 2}
+    timings = {"rollout_seconds": 0.1, "iteration_seconds": 0.2, "reward_failures": 0}
+    logprob = {"sampler_trainer_logp_gap": 0.25, "entropy": 1.5, "rollout_is_mean": 1.1}
+    record = iteration_record({"phase": "rl", "iteration": 7}, sampled, timings, logprob, steps, trained,
+                              0.01, filter_groups=True)
+    assert list(record) == [
+        "phase", "iteration", "score", "train_accuracy", "response_length", "sampler_trainer_logp_gap",
+        "rollout_seconds", "iteration_seconds", "reward_failures", "groups_generated", "groups_kept",
+        "generation_batches", "updates", "loss", "log_w_mean", "log_w_mean_last_minibatch", "rollout_is_mean",
+        *pooled_diagnostics(trained["log_w"], trained["advantage"], trained["phi"], trained["length"]),
+        "positive_low_w_fraction", "approx_kl", "entropy", "learning_rate"]
+    assert record["score"] == 0.0 and record["train_accuracy"] == 0.5 and record["response_length"] == 3.5
+    assert (record["loss"], record["log_w_mean"], record["log_w_mean_last_minibatch"]) == (2.0, -1.0, -1.5)
+    assert record["updates"] == 2  # the responses of length 0 are out of the approx-KL mean:
+    assert record["approx_kl"] == pytest.approx((0.5 + 9.0 + 2.0) / 3)
+    # positives (advantage > 0): rows 0, 2, 3 with log W -2, 0.1, -3: two of three below -1
+    assert record["positive_low_w_fraction"] == pytest.approx(2 / 3)
+    empty = iteration_record({"phase": "rl"}, sampled, {"rollout_seconds": 0.1}, logprob, [],
+                             {k: v[:0] if np.ndim(v) else v for k, v in trained.items()}, None, False)
+    assert "updates" not in empty and "learning_rate" not in empty and empty["approx_kl"] == 0.0
+    assert "positive_low_w_fraction" not in empty
+
+
+def test_the_named_steps_of_an_iteration_compose_to_the_iteration():
+    """`iteration()` is its named steps (README "The RL loop, step by step"): called one by one they
+    give the same updates, counters and metrics as the whole."""
+    config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + [
+        "warmup.steps=0", "run.eval_problems=0", 'model.overrides={"num_hidden_layers": 1, "hidden_size": 16, '
+        '"intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}'])
+    by_steps, whole = RLTrainer(config), RLTrainer(config)
+    rows = by_steps.training_rows(by_steps.sample_groups())  # rollout, reward; advantages
+    assert rows.real_rows == len(rows.prompts) == 2 * 2 * 4 and abs(rows.advantages.sum()) < 1e-5
+    minibatches = by_steps.minibatch_rows(rows)
+    assert [m.tolist() for m in minibatches] == [list(range(8)), list(range(8, 16))]  # consecutive
+    policy_batches, _ = by_steps.with_old_logprobs(rows, minibatches)
+    steps = by_steps.update(policy_batches)
+    record = whole.iteration()
+    assert (by_steps.state.iteration, by_steps.state.policy_updates) == (1, 2) == (whole.state.iteration,
+                                                                                 whole.state.policy_updates)
+    for key in ("loss", "grad_norm"):
+        assert record[key] == float(np.mean([float(s[key]) for s in steps]))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(by_steps.state.params),
+                                                      jax.tree.leaves(whole.state.params)))

@@ -111,7 +111,7 @@ def prompt_stream(config, count: int) -> list[dict]:
     the prompt text it tokenizes: TRL gets exactly these, unshuffled."""
     from respo_jax.data.batches import PromptBatches
     from respo_jax.data.prompts import render_prompt
-    from respo_jax.training.loop import load_task
+    from respo_jax.training.tasks import load_task
 
     tokenizer, fmt, train, _, _ = load_task(config)
     r = config.rollout

@@ -1,0 +1,64 @@
+"""The run's device mesh and its model, built from the config: the trainer's and the evaluation's.
+
+A fresh Qwen3 from a preset or a local Hugging Face checkpoint, every parameter created (or read)
+directly in its sharding on the run's (data, fsdp, tensor, expert) mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from respo_jax.models import qwen3
+from respo_jax.sharding import ShardingRules, make_mesh
+from respo_jax.training.config import ConfigError, ExperimentConfig
+
+
+def build_mesh(config: ExperimentConfig) -> jax.sharding.Mesh:
+    """The run's (data, fsdp, tensor, expert) mesh (`config.mesh`) over every device of every process;
+    in a single process, explicit sizes multiplying to fewer devices use the first ones (e.g. a
+    one-device run on a host with eight). ConfigError when the sizes do not fit the devices."""
+    devices = jax.devices()
+    sizes = [getattr(config.mesh, axis) for axis in ("data", "fsdp", "tensor", "expert")]
+    if -1 not in sizes and math.prod(sizes) < len(devices) and jax.process_count() == 1:
+        devices = devices[:math.prod(sizes)]
+    config.mesh.axis_sizes(len(devices))  # a ConfigError naming the mesh keys
+    return make_mesh(config.mesh.mesh_config(), devices)
+
+
+def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Mesh | None = None,
+                rules: ShardingRules = ShardingRules()) -> nnx.Module:
+    """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint;
+    both in `model.dtype` compute with `model.param_dtype` parameters, kernels chosen for the backend
+    (`qwen3.default_kernels`). With `mesh`, every parameter is created (or read) directly in its
+    sharding by `rules`, and the model's forward runs under them."""
+    dtype = config.model.dtype
+    param_dtype = config.model.param_dtype or dtype
+    if config.model.checkpoint_dir:
+        try:
+            return qwen3.from_pretrained(config.model.checkpoint_dir, dtype=jnp.dtype(param_dtype),
+                                         compute_dtype=jnp.dtype(dtype), remat=config.model.remat,
+                                         scan_layers=config.model.scan_layers, mesh=mesh, rules=rules)
+        except (OSError, ValueError, KeyError) as err:  # a damaged or foreign checkpoint: the user's to fix
+            raise ConfigError(f"model.checkpoint_dir={config.model.checkpoint_dir!r}: {err}") from None
+    model_cfg = qwen3.Qwen3Config.preset(config.model.preset)
+    overrides = dict(config.model.overrides)
+    overrides.setdefault("vocab_size", vocab_size)
+    overrides.update(remat=config.model.remat, scan_layers=config.model.scan_layers, dtype=dtype,
+                     param_dtype=param_dtype)
+    model_cfg = dataclasses.replace(model_cfg, **overrides)
+    if model_cfg.vocab_size < vocab_size:
+        raise ConfigError(f"model.overrides.vocab_size={model_cfg.vocab_size}: expected at least the "
+                          f"tokenizer's {vocab_size}")
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    kernels = qwen3.default_kernels(platform)
+    kernels = {k: v for k, v in kernels.items() if k not in config.model.overrides}  # explicit choices win
+    try:
+        model_cfg = model_cfg.replace(mesh=mesh, rules=rules, **kernels)
+    except ValueError as err:  # e.g. experts that do not split over mesh.expert
+        raise ConfigError(f"mesh: {err}") from None
+    return qwen3.init_model(model_cfg, seed=config.run.seed)

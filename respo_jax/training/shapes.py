@@ -1,0 +1,77 @@
+"""The shapes a run's programs meet, and the upkeep a new shape calls for.
+
+Each prompt bucket is its own set of sampler, log π_old and update programs, and each new policy-batch
+shape its own program: `rollout.compile_ahead` compiles every prompt bucket of the training prompts at
+the start, so no later iteration stops to compile. On XLA:CPU a process also keeps every compiled
+program's code mapped, and the freed temporaries of earlier shapes stay as heap holes a new shape does
+not fit, so a new shape first drops the compiled programs when the process nears its memory-map limit
+(`respo_jax.training.compilation.drop_programs_near_map_limit`) and returns the heap's free memory to
+the OS (`respo_jax.host_allocator`, when configured).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable
+
+from respo_jax.host_allocator import host_allocator_settings, release_host_memory
+from respo_jax.training.batch import bucket_length
+from respo_jax.training.compilation import drop_programs_near_map_limit
+
+
+class ShapeTracker:
+    """The prompt lengths of the training prompts, whether compile-ahead is still to run, and the
+    policy-batch shapes run so far."""
+
+    def __init__(self, prompt_lengths: Iterable[int], prompt_bucket: int, compile_ahead: bool):
+        self.prompt_lengths = set(prompt_lengths)
+        self.prompt_bucket = prompt_bucket
+        self._compile_ahead_pending = compile_ahead
+        self._batch_shapes: set[tuple] = set()
+
+    def prompt_buckets(self) -> list[int]:
+        """The padded prompt lengths the training prompts can need (every batch's longest prompt falls in
+        the bucket of one of them), ascending."""
+        return sorted({bucket_length(length, self.prompt_bucket) for length in self.prompt_lengths})
+
+    def compile_ahead(self, compile_bucket: Callable[[int], None]) -> int:
+        """Runs `compile_bucket(prompt_len)` for every prompt bucket (dropping the compiled programs from
+        memory when the process nears its map limit), then returns the freed heap to the OS; returns the
+        number of buckets."""
+        self._compile_ahead_pending = False
+        buckets = self.prompt_buckets()
+        for prompt_len in buckets:
+            compile_bucket(prompt_len)
+            drop_programs_if_needed()
+        self.release_host_memory()  # what compiling freed, before the first step allocates
+        return len(buckets)
+
+    def compile_ahead_once(self, compile_ahead: Callable[[], int]) -> None:
+        """Calls `compile_ahead` (the caller's, which calls this tracker's) unless a compile-ahead has run
+        or none was asked for (`rollout.compile_ahead=false`)."""
+        if self._compile_ahead_pending:
+            compile_ahead()
+
+    def batch_shape(self, shape: tuple) -> None:
+        """Notes a policy batch of `shape` about to run; the first time: programs dropped when needed
+        (new programs follow) and the heap's free memory returned to the OS."""
+        if shape in self._batch_shapes:
+            return
+        self._batch_shapes.add(shape)
+        drop_programs_if_needed()
+        self.release_host_memory()
+
+    @staticmethod
+    def release_host_memory() -> None:
+        """The heap's free memory back to the OS (`respo_jax.host_allocator`), when it is configured."""
+        if host_allocator_settings()["applied"]:
+            release_host_memory()
+
+
+def drop_programs_if_needed() -> None:
+    """`respo_jax.training.compilation.drop_programs_near_map_limit`, said on stderr when it drops."""
+    maps = drop_programs_near_map_limit()
+    if maps is not None:
+        print(f"dropped the compiled programs from memory: this process held {maps[0]:,} of its {maps[1]:,} "
+              "memory mappings (vm.max_map_count); programs needed again are reloaded from the compilation "
+              "cache", file=sys.stderr)
