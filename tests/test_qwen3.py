@@ -171,7 +171,8 @@ def test_scan_and_remat_variants_agree_in_logits_and_gradients(checkpoints):
         model = qwen3.from_pretrained(path, scan_layers=scan_layers, remat=remat)
         grads, logits = nnx.jit(nnx.grad(loss, has_aux=True))(model)
         # per transformers tensor name: stacked and per-layer weights are laid out differently
-        results[scan_layers, remat] = (np.asarray(logits), qwen3.hf_state_dict(nnx.merge(nnx.graphdef(model), grads)))
+        grads = qwen3.hf_state_dict(nnx.merge(nnx.graphdef(model), grads))
+        results[scan_layers, remat] = (np.asarray(logits), grads)
     ref_logits, ref_grads = results[False, False]
     assert len(ref_grads) == 3 + 3 * 11 and all(np.abs(g).max() > 0 for g in ref_grads.values())
     for logits, grads in results.values():
@@ -369,7 +370,8 @@ def test_per_layer_weights_match_the_layer_scan(moe):
         cfg = qwen3.Qwen3Config.preset("tiny-moe", num_hidden_layers=3, mlp_only_layers=(1,))
     else:
         cfg = qwen3.Qwen3Config.preset("tiny", num_hidden_layers=3)
-    models = [qwen3.Qwen3ForCausalLM(cfg.replace(scan_layers=scan), rngs=nnx.Rngs(3)) for scan in (True, False)]
+    models = [qwen3.Qwen3ForCausalLM(cfg.replace(scan_layers=scan), rngs=nnx.Rngs(3))
+              for scan in (True, False)]
     stacked, per_layer = (dict(nnx.to_flat_state(nnx.state(m, nnx.Param))) for m in models)
     assert len(per_layer) > len(stacked)
     for path, var in per_layer.items():  # ("stacks", group, "layers", i, ...) holds layer i of the group
@@ -397,7 +399,8 @@ def test_per_layer_weights_match_the_layer_scan(moe):
             replay = jnp.flip(outs[0].routing, axis=-1)  # replayed routing takes the same path
             np.testing.assert_allclose(
                 jm.forward(models[1], step_ids, step_pos, step_mask, routing=replay).logits,
-                jm.forward(models[0], step_ids, step_pos, step_mask, routing=replay).logits, rtol=1e-6, atol=1e-6)
+                jm.forward(models[0], step_ids, step_pos, step_mask, routing=replay).logits,
+                rtol=1e-6, atol=1e-6)
 
 
 def test_model_methods_hold_no_jit_the_caller_jits():

@@ -132,7 +132,8 @@ def test_kernel_choices_are_validated_fields_resolved_once_for_the_platform():
     assert dict(resolved.mesh.shape) == dict(data=1, fsdp=1, tensor=1, expert=1)
     assert list(resolved.mesh.devices.flat) == jax.devices()[:1]
     platform = jax.devices()[0].platform
-    assert {k: getattr(resolved, k) for k in qwen3.default_kernels(platform)} == qwen3.default_kernels(platform)
+    kernels = qwen3.default_kernels(platform)
+    assert {k: getattr(resolved, k) for k in kernels} == kernels
     assert qwen3.resolve_config(resolved) is resolved
     assert qwen3.Qwen3ForCausalLM(resolved, rngs=nnx.Rngs(0)).config is resolved
     mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])

@@ -136,8 +136,9 @@ def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Me
                 rules: ShardingRules = ShardingRules()) -> nnx.Module:
     """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint;
     both in `model.dtype` compute with `model.param_dtype` parameters, kernels chosen for the mesh's
-    platform by `qwen3.resolve_config` unless `model.overrides` names them. With `mesh`, every parameter is created (or read) directly in its
-    sharding by `rules`, and the model's forward runs under them."""
+    platform by `qwen3.resolve_config` unless `model.overrides` names them. With `mesh`, every
+    parameter is created (or read) directly in its sharding by `rules`, and the model's forward runs
+    under them (None: the one-device mesh)."""
     dtype = config.model.dtype
     param_dtype = config.model.param_dtype or dtype
     if config.model.checkpoint_dir:

@@ -299,7 +299,8 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, compute_dtype
     cfg = load_config(path, param_dtype=dtype, dtype=dtype if compute_dtype is None else compute_dtype,
                       remat=remat, scan_layers=scan_layers, mesh=mesh,
                       rules=ShardingRules() if rules is None else rules)
-    cfg = resolve_config(cfg.replace(attention_impl=attention_impl, moe_impl=moe_impl, moe_dispatch=moe_dispatch))
+    cfg = resolve_config(cfg.replace(attention_impl=attention_impl, moe_impl=moe_impl,
+                                     moe_dispatch=moe_dispatch))
     reader = SafetensorsReader(path)
     abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)

@@ -298,6 +298,7 @@ class MoE(nnx.Module):
                                         None if routing is None else routing.reshape(b * s, -1))
         experts = tuple(w[...].astype(dt) for w in (self.gate_proj, self.up_proj, self.down_proj))
         out = expert_parallel_ffn(x, indices.reshape(b, s, top_k), weights.reshape(b, s, top_k), *experts,
-                                  mesh=cfg.mesh, rules=cfg.rules, impl=cfg.moe_impl, dispatch=cfg.moe_dispatch)
+                                  mesh=cfg.mesh, rules=cfg.rules, impl=cfg.moe_impl,
+                                  dispatch=cfg.moe_dispatch)
         terms = load_balancing_terms(probs, indices, token_mask.reshape(-1).astype(jnp.float32))
         return constrain(out, HIDDEN, cfg), indices.reshape(b, s, top_k), terms
