@@ -326,8 +326,12 @@ def test_presets_reproduce_published_parameter_counts(name):
     assert qwen3.Qwen3Config.preset(name.removeprefix("qwen3-")) == cfg
 
 
-def test_every_parameter_carries_logical_axis_names():
-    cfg = qwen3.Qwen3Config.preset("tiny-moe", num_hidden_layers=3, mlp_only_layers=(1,))
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_every_parameter_carries_logical_axis_names(scan_layers):
+    """Stacked weights name their leading ``layers`` axis; per-layer weights (``stacks/g/layers/i``) do
+    not have one."""
+    cfg = qwen3.Qwen3Config.preset("tiny-moe", num_hidden_layers=3, mlp_only_layers=(1,),
+                                   scan_layers=scan_layers)
     model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     allowed = {"layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "experts", "expert_embed",
                "expert_mlp"}
@@ -336,11 +340,12 @@ def test_every_parameter_carries_logical_axis_names():
         assert len(names) == len(var.shape) and set(names) - {None} <= allowed, (path, names)
         assert set(names) - {None} <= set(ShardingRules.logical_axes())
     flat = dict(nnx.to_flat_state(nnx.state(model)))
-    assert flat[("stacks", 0, "layers", "mlp", "gate_proj")].get_metadata()["out_sharding"] == \
-        ("layers", "experts", "expert_embed", "expert_mlp")
+    layer, stacked = ((("stacks", 0, "layers"), ("layers",)) if scan_layers
+                      else (("stacks", 0, "layers", 1), ()))
+    assert flat[(*layer, "mlp", "gate_proj")].get_metadata()["out_sharding"] == \
+        (*stacked, "experts", "expert_embed", "expert_mlp")
     # the router's expert dimension is the only unnamed one: each token needs all its logits
-    assert flat[("stacks", 0, "layers", "mlp", "router")].get_metadata()["out_sharding"] == \
-        ("layers", "embed", None)
+    assert flat[(*layer, "mlp", "router")].get_metadata()["out_sharding"] == (*stacked, "embed", None)
 
 
 def test_runs_under_a_one_device_mesh_with_rules(checkpoints):

@@ -171,7 +171,7 @@ def test_route_replay_reads_current_probabilities():
 
 def test_routing_replay_reproduces_logits_and_keeps_router_gradient(checkpoints):
     _, path = checkpoints["all_sparse"]
-    model = qwen3.from_pretrained(path)
+    model = qwen3.from_pretrained(path, scan_layers=True)  # one stacked router: [layers, embed, experts]
     ids, mask, positions = _jax(*_left_padded_batch(seed=2))
     own = jm.forward(model, ids, positions, mask, return_routing=True)
     replayed = jm.forward(model, ids, positions, mask, routing=own.routing, return_routing=True)
