@@ -142,7 +142,7 @@ def _refuse(settings: EvalSettings, problem: str) -> ConfigError:
     return ConfigError(f"eval.checkpoint={settings.checkpoint!r}: {' '.join(str(problem).split())}")
 
 
-def _resolve_huggingface(path: str, settings: EvalSettings) -> Checkpoint:
+def _resolve_huggingface(path: str, settings: EvalSettings, mesh) -> Checkpoint:
     from respo_jax.models import qwen3
 
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
@@ -167,11 +167,11 @@ def _resolve_huggingface(path: str, settings: EvalSettings) -> Checkpoint:
         prompt_format=PromptFormat(chat=_chat(settings.chat_template, tokenizer.has_chat_template)),
         dtype=dtype, synthetic_task=None, synthetic_seed=0,
         max_positions=model_config.max_position_embeddings,
-        build_model=lambda: qwen3.from_pretrained(path, dtype=_jnp_dtype(dtype)),
+        build_model=lambda: qwen3.from_pretrained(path, dtype=_jnp_dtype(dtype), mesh=mesh),
     )
 
 
-def _resolve_run(path: str, settings: EvalSettings) -> Checkpoint:
+def _resolve_run(path: str, settings: EvalSettings, mesh) -> Checkpoint:
     from flax import nnx
 
     from respo_jax.training.checkpoint import latest_step, restore_params
@@ -202,7 +202,7 @@ def _resolve_run(path: str, settings: EvalSettings) -> Checkpoint:
         except (OSError, ValueError) as err:
             raise _refuse(settings, f"the run's tokenizer (task.tokenizer_dir): {err}") from None
         prompt_format = PromptFormat(chat=_chat(settings.chat_template, task_cfg.chat_template))
-    abstract = nnx.eval_shape(lambda: build_run_model(run_config, tokenizer.vocab_size))
+    abstract = nnx.eval_shape(lambda: build_run_model(run_config, tokenizer.vocab_size, mesh))
 
     def build_model():
         graphdef, abstract_state = nnx.split(abstract)
@@ -217,16 +217,17 @@ def _resolve_run(path: str, settings: EvalSettings) -> Checkpoint:
     )
 
 
-def resolve_checkpoint(settings: EvalSettings) -> Checkpoint:
-    """A Hugging Face directory or a training run directory (see the module docstring); ConfigError
-    naming eval.checkpoint when it is neither or its files do not read."""
+def resolve_checkpoint(settings: EvalSettings, mesh=None) -> Checkpoint:
+    """A Hugging Face directory or a training run directory (see the module docstring), whose model
+    will be built on `mesh` (None: one device); ConfigError naming eval.checkpoint when it is neither
+    or its files do not read."""
     path = os.path.abspath(settings.checkpoint)
     if not os.path.isdir(path):
         raise _refuse(settings, "expected a directory (a Hugging Face checkpoint or a training run)")
     if os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(os.path.join(path, "config.json")):
-        return _resolve_run(path, settings)
+        return _resolve_run(path, settings, mesh)
     if os.path.isfile(os.path.join(path, "config.json")):
-        return _resolve_huggingface(path, settings)
+        return _resolve_huggingface(path, settings, mesh)
     raise _refuse(settings, "expected a Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json) "
                   "or a training run directory (config.json and checkpoints/); this has neither")
 
@@ -502,9 +503,12 @@ def evaluate(config: EvalConfig) -> dict:
 
     Everything is checked before the first write (ConfigError, nothing left behind): the checkpoint and
     its weights, the benchmark files, the prompts' lengths, the out_dir's lock, protocol and completions."""
+    from respo_jax.training.loop import build_mesh
+
     settings = config.eval
     configure_compilation_cache(settings.compilation_cache_dir, key="eval.compilation_cache_dir")
-    checkpoint = resolve_checkpoint(settings)
+    mesh = build_mesh(config)  # the trainer's: `mesh.*` over the devices, a ConfigError if they do not fit
+    checkpoint = resolve_checkpoint(settings, mesh)
     problems = load_problems(settings, checkpoint)
     protocol = protocol_of(settings, checkpoint)
     items = work_items(problems, settings)

@@ -23,8 +23,9 @@ Typical use (what the trainer and the loader do)::
                                                              # the product of the batch axes
 
 The model reads the mesh and the rules from its config (``Qwen3Config.mesh`` / ``.rules``; never from a
-global context): its activation constraints use them, and with a mesh its MoE layers run expert
-parallel (``Qwen3Config.moe_dispatch`` picks the exchange, ``moe_impl`` the grouped matmul).
+global context; a model built without one gets the 1×1×1×1 mesh, ``qwen3.resolve_config``): its
+activation constraints use them, and its MoE layers run expert parallel inside ``shard_map``
+(``Qwen3Config.moe_dispatch`` picks the exchange, ``moe_impl`` the grouped matmul).
 
 Default table (FSDP + tensor + expert parallelism, as MaxText's defaults; justification on the fields):
 activations split their batch over ``(data, fsdp, expert)``; parameters split ``embed`` over

@@ -19,10 +19,10 @@ _TOKEN_LOGPROBS = jax.jit(qwen3.token_logprobs, static_argnames=qwen3.TOKEN_LOGP
 
 
 def forward(model, input_ids, positions=None, attention_mask=None, cache=None, routing=None,
-            return_routing=False, layers=None) -> qwen3.Qwen3Output:
+            return_routing=False) -> qwen3.Qwen3Output:
     """`model.forward(...)` compiled."""
     graphdef, params = nnx.split(model)
-    return _FORWARD(graphdef, params, input_ids, positions, attention_mask, cache, routing, layers,
+    return _FORWARD(graphdef, params, input_ids, positions, attention_mask, cache, routing,
                     return_routing=bool(return_routing))
 
 

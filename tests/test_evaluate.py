@@ -218,6 +218,8 @@ def _one_error_line(capsys) -> str:
     ("eval.overwrite=maybe", r"eval.overwrite='maybe': cannot parse as bool"),
     ("eval.sample=3", r"unknown config key 'eval.sample'; eval has \["),
     ("eval.samples", r"override 'eval.samples' is not of the form section.field=value"),
+    ("mesh.data=0", r"mesh.data=0: expected an integer >= 1, or -1"),
+    ("mesh.data=64", r"mesh: .*64 devices, but"),  # the trainer's mesh building: too few devices
 ])
 def test_each_bad_eval_value_is_one_line_and_exit_2(override, match, tmp_path, capsys):
     checkpoint = [] if override == "eval.progress=false" else [f"eval.checkpoint={tmp_path / 'absent'}"]

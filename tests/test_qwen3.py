@@ -170,13 +170,16 @@ def test_scan_and_remat_variants_agree_in_logits_and_gradients(checkpoints):
     for scan_layers, remat in ((False, False), (True, False), (True, True)):
         model = qwen3.from_pretrained(path, scan_layers=scan_layers, remat=remat)
         grads, logits = nnx.jit(nnx.grad(loss, has_aux=True))(model)
-        results[scan_layers, remat] = (np.asarray(logits), jax.tree.leaves(nnx.to_pure_dict(grads)))
+        # per transformers tensor name: stacked and per-layer weights are laid out differently
+        grads = qwen3.hf_state_dict(nnx.merge(nnx.graphdef(model), grads))
+        results[scan_layers, remat] = (np.asarray(logits), grads)
     ref_logits, ref_grads = results[False, False]
-    assert len(ref_grads) == 14 and all(np.abs(g).max() > 0 for g in ref_grads)
+    assert len(ref_grads) == 3 + 3 * 11 and all(np.abs(g).max() > 0 for g in ref_grads.values())
     for logits, grads in results.values():
         np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
-        for g, r in zip(grads, ref_grads):
-            assert _rel_err(g, r) < 1e-4
+        assert grads.keys() == ref_grads.keys()
+        for name, g in grads.items():
+            assert _rel_err(g, ref_grads[name]) < 1e-4, name
 
 
 def test_token_logprobs_equal_log_softmax_of_full_logits(checkpoints):
@@ -232,7 +235,7 @@ def test_response_only_chunked_logprobs_equal_the_dense_computation_in_values_an
         assert got.shape == (3, 11 - start) and got.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
         pairs = list(zip(grads_got, grads_want))
-        assert len(pairs) == (13 if tie else 14) and all(np.abs(np.asarray(r)).max() > 0 for _, r in pairs)
+        assert len(pairs) == (2 if tie else 3) + 3 * 11 and all(np.abs(np.asarray(r)).max() > 0 for _, r in pairs)
         for g, r in pairs:
             assert _rel_err(g, r) < 1e-4
     for bad, match in ((dict(start=11), "start must lie"), (dict(temperature=0.0), "temperature must be")):
@@ -324,8 +327,12 @@ def test_presets_reproduce_published_parameter_counts(name):
     assert qwen3.Qwen3Config.preset(name.removeprefix("qwen3-")) == cfg
 
 
-def test_every_parameter_carries_logical_axis_names():
-    cfg = qwen3.Qwen3Config.preset("tiny-moe", num_hidden_layers=3, mlp_only_layers=(1,))
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_every_parameter_carries_logical_axis_names(scan_layers):
+    """Stacked weights name their leading ``layers`` axis; per-layer weights (``stacks/g/layers/i``) do
+    not have one."""
+    cfg = qwen3.Qwen3Config.preset("tiny-moe", num_hidden_layers=3, mlp_only_layers=(1,),
+                                   scan_layers=scan_layers)
     model = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     allowed = {"layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "experts", "expert_embed",
                "expert_mlp"}
@@ -334,11 +341,12 @@ def test_every_parameter_carries_logical_axis_names():
         assert len(names) == len(var.shape) and set(names) - {None} <= allowed, (path, names)
         assert set(names) - {None} <= set(ShardingRules.logical_axes())
     flat = dict(nnx.to_flat_state(nnx.state(model)))
-    assert flat[("stacks", 0, "layers", "mlp", "gate_proj")].get_metadata()["out_sharding"] == \
-        ("layers", "experts", "expert_embed", "expert_mlp")
+    layer, stacked = ((("stacks", 0, "layers"), ("layers",)) if scan_layers
+                      else (("stacks", 0, "layers", 0), ()))
+    assert flat[(*layer, "mlp", "gate_proj")].get_metadata()["out_sharding"] == \
+        (*stacked, "experts", "expert_embed", "expert_mlp")
     # the router's expert dimension is the only unnamed one: each token needs all its logits
-    assert flat[("stacks", 0, "layers", "mlp", "router")].get_metadata()["out_sharding"] == \
-        ("layers", "embed", None)
+    assert flat[(*layer, "mlp", "router")].get_metadata()["out_sharding"] == (*stacked, "embed", None)
 
 
 def test_runs_under_a_one_device_mesh_with_rules(checkpoints):
@@ -360,25 +368,34 @@ def test_runs_under_a_one_device_mesh_with_rules(checkpoints):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("moe", [False, True])
-def test_unstacked_layers_path_matches_layer_scan(moe):
-    """forward(..., layers=model.unstacked_layers()) (the sampler's decode path) gives the scanned
-    path's logits, cache, routing and aux loss, over a prefill and two decode steps; the MoE model
+def test_per_layer_weights_match_the_layer_scan(moe):
+    """scan_layers=False (the CPU layer loop, also the sampler's decode path) stores every layer's
+    weights on their own, with the values of the stacked initialisation, and gives the scanned
+    model's logits, cache, routing and aux loss over a prefill and two decode steps; the MoE model
     mixes stacks (MoE, dense, MoE) so per-stack layer indices and routing offsets are exercised."""
     if moe:
         cfg = qwen3.Qwen3Config.preset("tiny-moe", num_hidden_layers=3, mlp_only_layers=(1,))
     else:
         cfg = qwen3.Qwen3Config.preset("tiny", num_hidden_layers=3)
-    model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(3))
-    layers = model.unstacked_layers()
-    assert [len(group) for group in layers] == [stack.count for stack in model.stacks]
+    models = [qwen3.Qwen3ForCausalLM(cfg.replace(scan_layers=scan), rngs=nnx.Rngs(3))
+              for scan in (True, False)]
+    stacked, per_layer = (dict(nnx.to_flat_state(nnx.state(m, nnx.Param))) for m in models)
+    assert all(isinstance(path[3], int) for path in per_layer if path[0] == "stacks")
+    assert not any(isinstance(path[3], int) for path in stacked if path[0] == "stacks")
+    for path, var in per_layer.items():  # ("stacks", group, "layers", i, ...) holds layer i of the group
+        if path[0] == "stacks":
+            want = stacked[path[:3] + path[4:]][...][path[3]]
+        else:
+            want = stacked[path][...]
+        np.testing.assert_array_equal(np.asarray(var[...]), np.asarray(want), err_msg=str(path))
     ids, mask, positions = (jnp.asarray(t.numpy()) for t in _left_padded_batch(seed=4, batch=2, seq=6))
     ids = ids % cfg.vocab_size
     caches = [qwen3.init_cache(cfg, 2, 8), qwen3.init_cache(cfg, 2, 8)]
     steps = [(ids, positions, mask)] + [
         (ids[:, -1:] + t, positions[:, -1:] + 1 + t, np.ones((2, 1), np.int32)) for t in range(2)]
     for step_ids, step_pos, step_mask in steps:
-        outs = [jm.forward(model, step_ids, step_pos, step_mask, cache=caches[i], return_routing=moe,
-                           layers=(None, layers)[i]) for i in range(2)]
+        outs = [jm.forward(models[i], step_ids, step_pos, step_mask, cache=caches[i], return_routing=moe)
+                for i in range(2)]
         caches = [out.cache for out in outs]
         np.testing.assert_allclose(outs[1].logits, outs[0].logits, rtol=1e-6, atol=1e-6)
         for name in ("k", "v", "valid", "index"):
@@ -389,17 +406,16 @@ def test_unstacked_layers_path_matches_layer_scan(moe):
             np.testing.assert_allclose(outs[1].aux_loss, outs[0].aux_loss, rtol=1e-6)
             replay = jnp.flip(outs[0].routing, axis=-1)  # replayed routing takes the same path
             np.testing.assert_allclose(
-                jm.forward(model, step_ids, step_pos, step_mask, routing=replay, layers=layers).logits,
-                jm.forward(model, step_ids, step_pos, step_mask, routing=replay).logits, rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="unstacked_layers"):
-        model.forward(ids, positions, mask, layers=layers[:-1] + (layers[-1][:-1],))
+                jm.forward(models[1], step_ids, step_pos, step_mask, routing=replay).logits,
+                jm.forward(models[0], step_ids, step_pos, step_mask, routing=replay).logits,
+                rtol=1e-6, atol=1e-6)
 
 
 def test_model_methods_hold_no_jit_the_caller_jits():
     """forward / token_logprobs trace straight into the caller's program: the layer scan sits at the
     top level of the caller's jaxpr (a jit hidden in a method would wrap it in a nested call), so the
     caller's jit, with its shardings and donation, is the only one."""
-    cfg = qwen3.Qwen3Config.preset("tiny", num_hidden_layers=2)
+    cfg = qwen3.Qwen3Config.preset("tiny", num_hidden_layers=2, scan_layers=True)  # the scan is the marker
     graphdef, params = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))))
     ids = jnp.zeros((2, 5), jnp.int32)
     for fn in (lambda p: qwen3.forward(graphdef, p, ids).logits,

@@ -3,6 +3,7 @@ Routing Replay, the load-balancing loss, KV-cache decoding and checkpoint round 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -119,7 +120,10 @@ def _ffn_reference(x, indices, weights, gate, up, down):
     return out
 
 
-def test_dropless_expert_ffn_matches_per_token_reference_and_dense_gradients():
+@pytest.mark.parametrize("impl", ["ragged", "tiled"])
+def test_dropless_expert_ffn_matches_per_token_reference_and_dense_gradients(impl):
+    """Both grouped-matmul kernels (tile 4: several tiles per expert, empty experts) against the
+    float64 per-token reference and the gradients of every expert on every token."""
     keys = jax.random.split(jax.random.key(0), 6)
     tokens, embed, mlp, experts, top_k = 13, 8, 5, 6, 2
     x = jax.random.normal(keys[0], (tokens, embed))
@@ -130,7 +134,8 @@ def test_dropless_expert_ffn_matches_per_token_reference_and_dense_gradients():
     indices = jnp.stack([jnp.zeros(tokens, jnp.int32), second], axis=1)
     indices = jnp.where((jnp.arange(tokens) % 2 == 1)[:, None], indices[:, ::-1], indices)
     weights = jax.nn.softmax(jax.random.normal(keys[5], (tokens, top_k)), -1)
-    got = jax.jit(expert_ffn)(x, indices, weights, gate, up, down)
+    ffn = functools.partial(expert_ffn, impl=impl, tile=4)
+    got = jax.jit(ffn)(x, indices, weights, gate, up, down)
     np.testing.assert_allclose(np.asarray(got), _ffn_reference(x, indices, weights, gate, up, down),
                                rtol=1e-5, atol=1e-5)
 
@@ -141,7 +146,7 @@ def test_dropless_expert_ffn_matches_per_token_reference_and_dense_gradients():
         return jnp.einsum("tne,tn->te", y, choice)
 
     loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
-    ours = jax.jit(jax.grad(loss(lambda *a: expert_ffn(a[0], indices, *a[1:])), argnums=(0, 1, 2, 3, 4)))(
+    ours = jax.jit(jax.grad(loss(lambda *a: ffn(a[0], indices, *a[1:])), argnums=(0, 1, 2, 3, 4)))(
         x, weights, gate, up, down)
     ref = jax.jit(jax.grad(loss(dense), argnums=(0, 1, 2, 3, 4)))(x, weights, gate, up, down)
     for g, r in zip(ours, ref):
@@ -167,7 +172,7 @@ def test_route_replay_reads_current_probabilities():
 @pytest.mark.slow
 def test_routing_replay_reproduces_logits_and_keeps_router_gradient(checkpoints):
     _, path = checkpoints["all_sparse"]
-    model = qwen3.from_pretrained(path)
+    model = qwen3.from_pretrained(path, scan_layers=True)  # one stacked router: [layers, embed, experts]
     ids, mask, positions = _jax(*_left_padded_batch(seed=2))
     own = jm.forward(model, ids, positions, mask, return_routing=True)
     replayed = jm.forward(model, ids, positions, mask, routing=own.routing, return_routing=True)

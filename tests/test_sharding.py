@@ -8,6 +8,7 @@ import json
 
 import jax
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from respo_jax.models import qwen3
@@ -95,18 +96,32 @@ def test_rules_name_the_mesh_axes_a_mesh_lacks():
 # ------------------------------------------------------------------------------- kernels and config
 
 
-def test_kernel_choices_are_validated_fields_with_per_backend_defaults():
+def test_kernel_choices_are_validated_fields_resolved_once_for_the_platform():
+    """A preset leaves the kernels and the layer loop to the resolver (None); the entry points
+    (Qwen3ForCausalLM, init_model) give it the 1x1x1x1 mesh and the platform's choices, keep explicit
+    ones, and a resolved config resolves to itself."""
     cfg = qwen3.Qwen3Config.preset("tiny-moe")
-    assert (cfg.attention_impl, cfg.moe_impl, cfg.moe_dispatch) == ("causal_blocks", "tiled", "all_to_all")
+    assert (cfg.attention_impl, cfg.moe_impl, cfg.moe_dispatch, cfg.scan_layers, cfg.mesh) == (None,) * 5
     assert qwen3.default_kernels("cpu") == dict(attention_impl="causal_blocks", moe_impl="tiled",
-                                                moe_dispatch="all_to_all")
+                                                moe_dispatch="all_to_all", scan_layers=False)
     for backend in ("gpu", "tpu"):
         assert qwen3.default_kernels(backend) == dict(attention_impl="causal_blocks", moe_impl="ragged",
-                                                      moe_dispatch="ragged_all_to_all")
-    assert cfg.with_default_kernels("tpu").moe_impl == "ragged"
-    assert cfg.with_default_kernels().moe_impl == qwen3.default_kernels(jax.default_backend())["moe_impl"]
-    for field, value in (("attention_impl", "flash"), ("moe_impl", "dense"), ("moe_dispatch", "allgather")):
-        with pytest.raises(ValueError, match=f"{field} must be one of"):
+                                                      moe_dispatch="ragged_all_to_all", scan_layers=True)
+    resolved = qwen3.init_model(cfg, 0).config
+    assert dict(resolved.mesh.shape) == dict(data=1, fsdp=1, tensor=1, expert=1)
+    assert list(resolved.mesh.devices.flat) == jax.devices()[:1]
+    platform = jax.devices()[0].platform
+    kernels = qwen3.default_kernels(platform)
+    assert {k: getattr(resolved, k) for k in kernels} == kernels
+    assert qwen3.resolve_config(resolved) is resolved
+    assert qwen3.Qwen3ForCausalLM(resolved, rngs=nnx.Rngs(0)).config is resolved
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    chosen = qwen3.resolve_config(cfg.replace(moe_impl="ragged", scan_layers=True), mesh)
+    assert (chosen.mesh, chosen.moe_impl, chosen.scan_layers) == (mesh, "ragged", True)
+    assert chosen.moe_dispatch == qwen3.default_kernels(platform)["moe_dispatch"]
+    for field, value in (("attention_impl", "flash"), ("moe_impl", "dense"), ("moe_dispatch", "allgather"),
+                         ("scan_layers", "yes")):
+        with pytest.raises(ValueError, match=f"{field} must be"):
             cfg.replace(**{field: value})
 
 
@@ -132,11 +147,11 @@ def test_expert_parallelism_needs_tokens_split_over_the_expert_axes():
         qwen3.Qwen3Config.preset("tiny", mesh=explicit)
 
 
-def test_from_pretrained_picks_the_backend_kernels_unless_told(tmp_path):
+def test_from_pretrained_picks_the_platform_kernels_unless_told(tmp_path):
     cfg = qwen3.Qwen3Config.preset("tiny-moe")
     qwen3.save_pretrained(qwen3.init_model(cfg, 0), tmp_path)
     default = qwen3.from_pretrained(tmp_path)
-    assert default.config.moe_impl == qwen3.default_kernels(jax.default_backend())["moe_impl"]
+    assert default.config == qwen3.resolve_config(cfg)  # the mesh, kernels and layer loop init_model gets
     chosen = qwen3.from_pretrained(tmp_path, moe_impl="ragged", attention_impl="dense")
     assert (chosen.config.moe_impl, chosen.config.attention_impl) == ("ragged", "dense")
     assert chosen.config.moe_dispatch == default.config.moe_dispatch

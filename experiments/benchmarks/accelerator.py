@@ -65,7 +65,7 @@ def run(preset: str = "qwen3-1.7b", batch: int = 8, seq: int = 2048, decode_batc
         bandwidth_mb: int = 2048, rounds: int = 3, remat: bool = False, dtype: str = "bfloat16") -> dict:
     """Train-step MFU and decode bandwidth utilization of `preset` on the default JAX device."""
     started = time.perf_counter()
-    cfg = qwen3.Qwen3Config.preset(preset, dtype=dtype, param_dtype=dtype, remat=remat).with_default_kernels()
+    cfg = qwen3.resolve_config(qwen3.Qwen3Config.preset(preset, dtype=dtype, param_dtype=dtype, remat=remat))
     peak = matmul_peak.run(matmul_sizes, rounds=rounds, dtype=dtype, with_numpy=False)
     bandwidth = measured_bandwidth_gbs(bandwidth_mb, rounds=rounds)
     case = train_step.TrainCase(preset, cfg, batch=batch, seq=seq, prompt_len=max(1, seq // 8))

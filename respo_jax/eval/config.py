@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from respo_jax.training.config import _Section, validate_sections
+from respo_jax.training.config import MeshSection, _Section, validate_sections
 
 # Benchmark names of the evaluation (the issue's / paper's names) -> `respo_jax.data.load_benchmark` names.
 PAPER_BENCHMARKS = ("aime25", "aime24", "amc23", "olympiadbench", "minerva_math", "math500")
@@ -117,6 +117,7 @@ class EvalSettings(_Section):
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     eval: EvalSettings = EvalSettings()
+    mesh: MeshSection = MeshSection()  # the devices the model runs on, as the trainer's `mesh.*`
 
     def validate(self) -> "EvalConfig":
         validate_sections(self)

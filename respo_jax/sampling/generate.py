@@ -15,6 +15,8 @@ computed for that token only. Decode is a `lax.while_loop` that stops once every
 EOS or the length limit is reached; nothing syncs with the host per token. With
 `EngineConfig.decode_chunk_size` the loop runs in segments whose cache grows with the responses, so
 attention reads the slots generated so far (rounded up to a segment) instead of the whole limit.
+The loops run the model's own forward over its own parameters (its layer loop is the config's
+`scan_layers`, chosen for the platform where the model was built): no second copy of the weights.
 
 Randomness. Row r (of the prompt-major, sample-expanded batch) at step t uses the key
 `fold_in(fold_in(seed_key, id_r), t)` with `seed_key = fold_in(key(seed % 2**32), seed // 2**32)` and
@@ -90,13 +92,11 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _model_config(model):
-    for name in ("config", "cfg"):
-        if hasattr(model, name):
-            return getattr(model, name)
-    raise ValueError(
-        f"{type(model).__name__} has no `config`; generate needs a qwen3.Qwen3ForCausalLM"
-    )
+def _model_config(model) -> qwen3.Qwen3Config:
+    """The config of a built model: its mesh and kernels are set (`qwen3.resolve_config`)."""
+    if not isinstance(model, qwen3.Qwen3ForCausalLM):
+        raise ValueError(f"generate needs a qwen3.Qwen3ForCausalLM, got {type(model).__name__}")
+    return model.config
 
 
 def _validate_prompts(prompts, vocab_size: int | None) -> list[list[int]]:
@@ -123,21 +123,15 @@ def _validate_prompts(prompts, vocab_size: int | None) -> list[list[int]]:
 
 def _batch_sharding(cfg, ndim: int, axis: int = 0):
     """NamedSharding splitting dimension `axis` of an `ndim`-array like the activations' batch (the
-    model config's `rules` on its `mesh`), the other dimensions whole; None without a mesh."""
-    mesh = getattr(cfg, "mesh", None)
-    if mesh is None:
-        return None
+    model config's `rules` on its `mesh`), the other dimensions whole."""
     names = [None] * ndim
     names[axis] = "batch"
-    return cfg.rules.sharding(mesh, names)
+    return cfg.rules.sharding(cfg.mesh, names)
 
 
 def _batch_shards(cfg) -> int:
-    """Devices the batch is split over (1 without a mesh): rows are padded to a multiple."""
-    mesh = getattr(cfg, "mesh", None)
-    if mesh is None:
-        return 1
-    return math.prod(mesh.shape[a] for a in cfg.rules.mesh_axes("batch"))
+    """Devices the batch is split over: rows are padded to a multiple."""
+    return math.prod(cfg.mesh.shape[a] for a in cfg.rules.mesh_axes("batch"))
 
 
 def left_pad(prompts: list[list[int]], length: int, num_rows: int) -> tuple[np.ndarray, ...]:
@@ -184,38 +178,15 @@ def _sample_step(state: _DecodeState, logits, params: SamplingParams):
     return sample(keys, logits, params.temperature, params.top_k, params.top_p)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _unstack(graphdef, model_state):
-    return nnx.merge(graphdef, model_state).unstacked_layers()
-
-
-def _decode_layers(model, graphdef, model_state):
-    """Per-layer weights for the decode loop (`Qwen3ForCausalLM.unstacked_layers`), or None for a
-    model without them.
-
-    Why: on XLA:CPU a layer scan over stacked weights re-slices every layer's weights at every decode
-    step (about half of a batch-1 step of an 8-layer model). The slices are made here, once per
-    `generate` call, and enter the jitted loops as arguments: slicing inside the same jit, even
-    outside the loop, was measurably slower (XLA may sink loop-invariant slices back into the loop).
-    Cost: a second copy of the decoder weights lives for the duration of the call.
-    """
-    if not hasattr(model, "unstacked_layers"):
-        return None
-    return _unstack(graphdef, model_state)
-
-
-def _feed_last_tokens(model, state: _DecodeState, return_routing: bool, layers=None):
-    """Run the model on the last sampled token of every row; store its routing (token step-1).
-    `layers`: the model's `unstacked_layers()` (None: the model's default layer loop)."""
+def _feed_last_tokens(model, state: _DecodeState, return_routing: bool):
+    """Run the model on the last sampled token of every row; store its routing (token step-1)."""
     positions = state.prompt_lengths + state.step - 1
-    extra = {} if layers is None else {"layers": layers}
     out = model.forward(
         state.last_tokens[:, None],
         positions=positions[:, None],
         attention_mask=jnp.ones_like(state.last_tokens)[:, None],
         cache=state.cache,
         return_routing=return_routing,
-        **extra,
     )
     state = state.replace(cache=out.cache)
     if return_routing:
@@ -229,16 +200,14 @@ def _feed_last_tokens(model, state: _DecodeState, return_routing: bool, layers=N
     return out.logits[:, -1, :], state
 
 
-def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, return_routing: bool,
-                  layers=None):
-    """`lax.while_loop`: feed the last token, sample the next, until step == stop or all rows done.
-    `layers` (per-layer weights, loop-invariant) are computed by the caller outside the loop."""
+def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, return_routing: bool):
+    """`lax.while_loop`: feed the last token, sample the next, until step == stop or all rows done."""
 
     def cond(state):
         return (state.step < stop) & ~jnp.all(state.done)
 
     def body(state):
-        logits, state = _feed_last_tokens(model, state, return_routing, layers)
+        logits, state = _feed_last_tokens(model, state, return_routing)
         tokens, token_logprobs = _sample_step(state, logits, params)
         return _record(state, tokens, token_logprobs, params)
 
@@ -253,12 +222,11 @@ def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, retu
     ),
 )
 def _prefill_and_decode(
-    graphdef, model_state, layers, input_ids, positions, attention_mask, active, seed, row_ids,
+    graphdef, model_state, input_ids, positions, attention_mask, active, seed, row_ids,
     *, params, cache_len, stop, prefill_chunk, cache_dtype, return_routing, capture_last,
 ):
     """Prefill `[batch, P]` prompts, sample the first token and decode until `stop` (jitted once per
-    shape/params). `layers`: per-layer weights for the decode loop (`_decode_layers`) or None; the
-    prefill keeps the model's layer scan. `row_ids`: `[batch]` uint32 ids that seed the rows' keys
+    shape/params). `row_ids`: `[batch]` uint32 ids that seed the rows' keys
     (by default the rows' indices in the whole batch). Returns the loop state and the prompt routing
     (or None)."""
     model = nnx.merge(graphdef, model_state)
@@ -306,9 +274,9 @@ def _prefill_and_decode(
     )
     tokens, token_logprobs = _sample_step(state, last_logits, params)
     state = _record(state, tokens, token_logprobs, params)
-    state = _decode_until(model, state, stop, params, return_routing, layers)
+    state = _decode_until(model, state, stop, params, return_routing)
     if capture_last:
-        _, state = _feed_last_tokens(model, state, return_routing, layers)
+        _, state = _feed_last_tokens(model, state, return_routing)
     return state, prompt_routing
 
 
@@ -335,14 +303,14 @@ def _grow_cache(cache, *, cache_len):
     jax.jit, static_argnames=("graphdef", "params", "return_routing", "capture_last"),
     donate_argnames=("state",),
 )
-def _resume(graphdef, model_state, layers, state, stop, *, params, return_routing, capture_last):
+def _resume(graphdef, model_state, state, stop, *, params, return_routing, capture_last):
     """Decode until step `stop` (one segment of chunked decode; `stop` is traced, so segments of one
     cache length share a compilation), then optionally feed the last tokens to record their routing.
     The state's buffers are donated: the loop updates them in place."""
     model = nnx.merge(graphdef, model_state)
-    state = _decode_until(model, state, stop, params, return_routing, layers)
+    state = _decode_until(model, state, stop, params, return_routing)
     if capture_last:
-        _, state = _feed_last_tokens(model, state, return_routing, layers)
+        _, state = _feed_last_tokens(model, state, return_routing)
     return state
 
 
@@ -377,8 +345,7 @@ def generate(
     """Sample `params.num_samples` continuations of every prompt.
 
     Args:
-      model: a `qwen3.Qwen3ForCausalLM` (any module with `forward(..., cache=, return_routing=)` and
-        a `config` accepted by `qwen3.init_cache`).
+      model: a `qwen3.Qwen3ForCausalLM` (its config carries the mesh and kernels it was built with).
       prompts: token-id lists of any (non-zero) lengths.
       params: sampling distribution and limits (static: a new value compiles once).
       return_routing: also return the routed experts of prompt and generated tokens (MoE only).
@@ -441,9 +408,8 @@ def _generate(model, prompts, params: SamplingParams, return_routing: bool, engi
     ids = _validate_row_ids(row_ids, len(rows))
     chunk_rows = _round_up(_chunk_rows(len(rows), engine.max_batch_rows), _batch_shards(cfg))
     graphdef, model_state = nnx.split(model)
-    layers = _decode_layers(model, graphdef, model_state)
     run = functools.partial(
-        _generate_chunk, graphdef=graphdef, model_state=model_state, layers=layers, params=params, engine=engine,
+        _generate_chunk, graphdef=graphdef, model_state=model_state, params=params, engine=engine,
         prompt_len=prompt_len, cache_slots=cache_slots, return_routing=return_routing, cfg=cfg,
         cache_dtype=getattr(cfg, "dtype", "float32"), compile_only=compile_only,
     )
@@ -480,7 +446,7 @@ def _abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
 
 
-def _generate_chunk(rows, ids, first_row, num_rows, *, graphdef, model_state, layers, params, engine,
+def _generate_chunk(rows, ids, first_row, num_rows, *, graphdef, model_state, params, engine,
                     prompt_len, cache_slots, return_routing, cfg, cache_dtype,
                     compile_only) -> GenerateOutput | None:
     """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch, seeded by their `ids`)
@@ -508,7 +474,7 @@ def _generate_chunk(rows, ids, first_row, num_rows, *, graphdef, model_state, la
     stop = min(chunk, total)
     static_params = dataclasses.replace(params, seed=0)  # the seed is traced: no recompile per seed
     state, prompt_routing = call(
-        _prefill_and_decode, graphdef, model_state, layers, input_ids, positions, attention_mask, active,
+        _prefill_and_decode, graphdef, model_state, input_ids, positions, attention_mask, active,
         np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32), row_ids,
         params=static_params, cache_len=cache_slots(stop), stop=stop,
         prefill_chunk=engine.prefill_chunk_size, cache_dtype=cache_dtype, return_routing=return_routing,
@@ -521,7 +487,7 @@ def _generate_chunk(rows, ids, first_row, num_rows, *, graphdef, model_state, la
         all_done = compile_only or bool(jax.device_get(all_done))
         if all_done and return_routing:  # record the routing of the last tokens
             finished = call(
-                _resume, graphdef, model_state, layers, state, np.int32(stop), params=static_params,
+                _resume, graphdef, model_state, state, np.int32(stop), params=static_params,
                 return_routing=True, capture_last=True,
             )
             state = state if compile_only else finished
@@ -531,7 +497,7 @@ def _generate_chunk(rows, ids, first_row, num_rows, *, graphdef, model_state, la
         if cache_slots(next_stop) > state.cache.max_len:
             state = state.replace(cache=call(_grow_cache, state.cache, cache_len=cache_slots(next_stop)))
         state = call(
-            _resume, graphdef, model_state, layers, state, np.int32(next_stop), params=static_params,
+            _resume, graphdef, model_state, state, np.int32(next_stop), params=static_params,
             return_routing=return_routing, capture_last=return_routing and next_stop == total,
         )
         stop = next_stop

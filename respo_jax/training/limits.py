@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from respo_jax.models.qwen3.kernels import platform
 from respo_jax.training.batch import bucket_length
 from respo_jax.training.config import ConfigError, ExperimentConfig
 
@@ -31,7 +32,7 @@ def device_memory_bytes(devices) -> int | None:
     """The memory of `devices` in all: each accelerator's `bytes_limit`; on CPU the host's RAM (once per
     process). None when it cannot be told."""
     devices = list(devices)
-    if devices and devices[0].platform == "cpu":
+    if devices and platform(devices) == "cpu":
         try:
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (OSError, ValueError):

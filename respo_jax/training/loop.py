@@ -219,7 +219,7 @@ class RLTrainer:
             "devices": int(self.mesh.devices.size),
             "devices_available": jax.device_count(),
             "processes": jax.process_count(),
-            "platform": self.mesh.devices.flat[0].platform,
+            "platform": qwen3.kernels.platform(self.mesh),
             "mesh": {name: int(size) for name, size in self.mesh.shape.items()},
             "param_bytes_total": int(total),
             "param_bytes_max_per_device": int(held),

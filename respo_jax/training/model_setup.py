@@ -33,9 +33,10 @@ def build_mesh(config: ExperimentConfig) -> jax.sharding.Mesh:
 def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Mesh | None = None,
                 rules: ShardingRules = ShardingRules()) -> nnx.Module:
     """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint;
-    both in `model.dtype` compute with `model.param_dtype` parameters, kernels chosen for the backend
-    (`qwen3.default_kernels`). With `mesh`, every parameter is created (or read) directly in its
-    sharding by `rules`, and the model's forward runs under them."""
+    both in `model.dtype` compute with `model.param_dtype` parameters, kernels chosen for the mesh's
+    platform by `qwen3.resolve_config` unless `model.overrides` names them. With `mesh`, every
+    parameter is created (or read) directly in its sharding by `rules`, and the model's forward runs
+    under them (None: the one-device mesh)."""
     dtype = config.model.dtype
     param_dtype = config.model.param_dtype or dtype
     if config.model.checkpoint_dir:
@@ -54,11 +55,8 @@ def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Me
     if model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.overrides.vocab_size={model_cfg.vocab_size}: expected at least the "
                           f"tokenizer's {vocab_size}")
-    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    kernels = qwen3.default_kernels(platform)
-    kernels = {k: v for k, v in kernels.items() if k not in config.model.overrides}  # explicit choices win
-    try:
-        model_cfg = model_cfg.replace(mesh=mesh, rules=rules, **kernels)
+    try:  # kernels the overrides leave None are chosen for the mesh's platform
+        model_cfg = qwen3.resolve_config(model_cfg.replace(rules=rules), mesh)
     except ValueError as err:  # e.g. experts that do not split over mesh.expert
         raise ConfigError(f"mesh: {err}") from None
     return qwen3.init_model(model_cfg, seed=config.run.seed)

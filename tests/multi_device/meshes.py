@@ -29,6 +29,7 @@ def mesh_of(data, fsdp, tensor, expert):
 
 def tiny(moe: bool, **changes) -> qwen3.Qwen3Config:
     # initializer_range 0.2: well-separated router logits, so top-k never hinges on float rounding
+    changes.setdefault("scan_layers", True)  # stacked weights: the layout the spec tables name
     return qwen3.Qwen3Config.preset("tiny-moe" if moe else "tiny", initializer_range=0.2, **changes)
 
 

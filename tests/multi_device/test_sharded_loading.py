@@ -52,12 +52,12 @@ def test_sharded_loading_equals_unsharded_and_reads_slices(monkeypatch, tmp_path
     cfg = tiny(True)
     qwen3.save_pretrained(model_of(True, None), hub)
     _fused_copy(hub, fused, cfg)
-    want = flat_params(qwen3.from_pretrained(hub))
+    want = flat_params(qwen3.from_pretrained(hub, scan_layers=True))
     for path in (hub, fused):
         for shape in ((1, 2, 2, 2), (2, 1, 1, 4)):
             mesh = mesh_of(*shape)
             reads.clear()
-            model = qwen3.from_pretrained(path, mesh=mesh)
+            model = qwen3.from_pretrained(path, mesh=mesh, scan_layers=True)
             assert model.config.mesh is mesh
             got = flat_params(model)
             for name in want:
@@ -142,7 +142,7 @@ def test_sampler_runs_under_the_model_mesh_and_rules():
     from respo_jax.sampling import SamplingParams, generate
 
     # initializer_range 0.3: well-separated logits, so top-k sets are not decided by float rounding
-    cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3)
+    cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3, scan_layers=True)
     mesh = mesh_of(2, 2, 2, 1)
     plain = qwen3.init_model(cfg, seed=0)
     sharded = qwen3.init_model(cfg.replace(mesh=mesh), seed=0)

@@ -5,7 +5,8 @@ Public API::
     from respo_jax.models import qwen3
     cfg = qwen3.Qwen3Config.preset("qwen3-1.7b")          # "0.6b" … "235b-a22b", "tiny", "tiny-moe"
     model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))   # random init (N(0, initializer_range²))
-    model = qwen3.init_model(cfg, seed=0)                   # the same; sharded at creation under cfg.mesh
+    model = qwen3.init_model(cfg, seed=0)                   # the same; sharded at creation on cfg.mesh
+    cfg = qwen3.resolve_config(cfg, mesh)    # what both do first: the mesh (None: 1 device) and kernels
     model = qwen3.from_pretrained(path, dtype=jnp.float32)  # HF dir: config.json + safetensors
     model = qwen3.from_pretrained(path, mesh=mesh, rules=rules)   # each parameter read into its shards
     shardings = qwen3.param_shardings(cfg)                  # NamedSharding per parameter (jit in/out)
@@ -18,8 +19,6 @@ Public API::
     logp = model.token_logprobs(input_ids, targets, positions, attention_mask, routing,
                                 chunk_size=512)                        # [b, s] f32, chunked vocab
     logp, aux = model.token_logprobs(..., return_aux=True)             # + load-balancing loss (MoE)
-    layers = model.unstacked_layers()       # per-layer weights, once; then forward(..., layers=layers)
-                                            # runs the layers unrolled (faster CPU decode, same logits)
 
     # The methods are plain (op by op when called eagerly): the caller jits. Pure functions of
     # (graphdef, params) = nnx.split(model) for that, with their static arguments:
@@ -41,20 +40,22 @@ Conventions:
 - Routing Replay: pass ``routing=`` (from ``return_routing``) to reuse the expert choice; gate
   weights still come from the current router probabilities, so the router is trained.
 - Decoding: jit a step of ``nnx.merge(graphdef, state).forward(tok, pos, mask, cache=c)`` with
-  ``donate_argnums`` on the cache; the cache is updated in place inside the layer scan.
-- Options live in the config: ``dtype`` (compute), ``param_dtype``, ``remat``, ``scan_layers``, the
-  kernels ``attention_impl`` / ``moe_impl`` / ``moe_dispatch`` (per-backend choice in one place:
-  ``default_kernels(backend)`` / ``cfg.with_default_kernels()``; the field defaults run everywhere),
-  and ``mesh`` / ``rules`` (``respo_jax.sharding``).
-- Sharding: every parameter carries logical axis names as NNX ``out_sharding`` metadata and every
-  activation constraint names its axes; ``cfg.rules`` maps them to ``cfg.mesh``'s axes. With
-  ``mesh=None`` the model is single-device JAX; with a mesh the same program carries sharding
-  constraints and the MoE layers run expert-parallel inside ``shard_map``.
+  ``donate_argnums`` on the cache; the cache is updated in place inside the layer loop, which reads
+  the model's own weights (per-layer weights without ``scan_layers``: no copy, no per-step slicing).
+- Options live in the config: ``dtype`` (compute), ``param_dtype``, ``remat``, the layer loop
+  ``scan_layers`` and the kernels ``attention_impl`` / ``moe_impl`` / ``moe_dispatch``: ``None``
+  (the default) is chosen for the mesh's platform in one place (``kernels.py``: ``default_kernels``,
+  ``resolve_config``), at the entry points; ``mesh`` / ``rules`` (``respo_jax.sharding``).
+- Sharding: every model runs under a mesh (one device: 1×1×1×1). Every parameter carries logical
+  axis names as NNX ``out_sharding`` metadata and every activation constraint names its axes;
+  ``cfg.rules`` maps them to ``cfg.mesh``'s axes, and the MoE layers run expert-parallel inside
+  ``shard_map`` (axes of one device exchange nothing).
 """
 
 from respo_jax.models.qwen3.cache import KVCache, init_cache
 from respo_jax.models.qwen3.checkpoint import from_pretrained, hf_state_dict, load_config, save_pretrained
-from respo_jax.models.qwen3.config import PRESETS, Qwen3Config, default_kernels
+from respo_jax.models.qwen3.config import PRESETS, Qwen3Config
+from respo_jax.models.qwen3.kernels import default_kernels, default_mesh, resolve_config
 from respo_jax.models.qwen3.model import (
     FORWARD_STATIC,
     TOKEN_LOGPROBS_STATIC,
@@ -71,5 +72,5 @@ __all__ = [
     "FORWARD_STATIC", "TOKEN_LOGPROBS_STATIC", "forward", "token_logprobs",
     "PRESETS", "KVCache", "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "default_kernels", "from_pretrained",
     "hf_state_dict", "init_cache", "init_model", "load_balancing_loss", "load_config", "param_shardings",
-    "save_pretrained",
+    "save_pretrained", "resolve_config", "default_mesh",
 ]

@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from respo_jax.models.qwen3.config import Qwen3Config, read_json_file
+from respo_jax.models.qwen3.kernels import resolve_config
 from respo_jax.models.qwen3.model import Qwen3ForCausalLM
 from respo_jax.sharding import ShardingRules, variable_axes
 
@@ -240,15 +241,20 @@ TOP_LEVEL_TENSORS: dict[tuple[str, ...], _Tensor] = {
 
 
 def _locate(path: tuple, cfg: Qwen3Config):
-    """Our state path -> (table entry, list of HF prefixes: one per stacked layer, or [""])."""
+    """Our state path -> (table entry, list of HF prefixes: one per stacked layer, or one).
+    Layer paths are ``stacks/<group>/layers/<name…>`` (stacked weights, ``cfg.scan_layers``) or
+    ``stacks/<group>/layers/<i>/<name…>`` (the group's i-th layer stored on its own)."""
     if path and path[0] == "stacks":
         first, count, is_moe = cfg.layer_groups[int(path[1])]
         assert path[2] == "layers", path
         table = MOE_LAYER_TENSORS if is_moe else DENSE_LAYER_TENSORS
-        key = tuple(str(p) for p in path[3:])
+        rest, layers = path[3:], range(first, first + count)
+        if not _stacked(path):
+            rest, layers = path[4:], [first + int(path[3])]
+        key = tuple(str(p) for p in rest)
         if key not in table:
             raise KeyError(f"no checkpoint mapping for parameter {'.'.join(map(str, path))}")
-        return table[key], [f"model.layers.{i}." for i in range(first, first + count)]
+        return table[key], [f"model.layers.{i}." for i in layers]
     key = tuple(str(p) for p in path)
     if key not in TOP_LEVEL_TENSORS:
         raise KeyError(f"no checkpoint mapping for parameter {'.'.join(map(str, path))}")
@@ -256,7 +262,8 @@ def _locate(path: tuple, cfg: Qwen3Config):
 
 
 def _stacked(path: tuple) -> bool:
-    return bool(path) and path[0] == "stacks"
+    """Whether the parameter at ``path`` holds a run of layers on a leading axis."""
+    return bool(path) and path[0] == "stacks" and not isinstance(path[3], int)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -273,27 +280,27 @@ def load_config(path: str | os.PathLike, **overrides) -> Qwen3Config:
 
 
 def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, compute_dtype=None, remat: bool = False,
-                    scan_layers: bool = True, mesh: jax.sharding.Mesh | None = None,
+                    scan_layers: bool | None = None, mesh: jax.sharding.Mesh | None = None,
                     rules: ShardingRules | None = None, attention_impl: str | None = None,
                     moe_impl: str | None = None, moe_dispatch: str | None = None) -> Qwen3ForCausalLM:
     """Load a transformers Qwen3 / Qwen3-MoE checkpoint directory into a ``Qwen3ForCausalLM``.
 
     ``dtype`` is the parameter dtype (and the compute dtype unless ``compute_dtype`` is given). The
     model is built abstractly (no random initialisation) and filled tensor by tensor; a missing or
-    mis-shaped tensor raises naming it, as do tensors the config has no place for. Kernels default to
-    ``default_kernels`` of the backend (the mesh's devices, else JAX's default backend); pass
-    ``attention_impl`` / ``moe_impl`` / ``moe_dispatch`` to choose.
+    mis-shaped tensor raises naming it, as do tensors the config has no place for. The layer loop
+    (``scan_layers``) and the kernels default to ``kernels.default_kernels`` of the mesh's platform;
+    pass ``scan_layers`` / ``attention_impl`` / ``moe_impl`` / ``moe_dispatch`` to choose.
 
-    With ``mesh`` (and ``rules``, default ``ShardingRules()``), every parameter is created directly in
-    its ``NamedSharding`` with ``jax.make_array_from_callback``: each process reads from the files
-    only the blocks its own devices hold, and no parameter is gathered on one device; the model's
-    config carries the mesh and rules, so its forward runs sharded.
+    On ``mesh`` (None: the 1×1×1×1 mesh over one device) with ``rules`` (default ``ShardingRules()``),
+    every parameter is created directly in its ``NamedSharding`` with ``jax.make_array_from_callback``:
+    each process reads from the files only the blocks its own devices hold, and no parameter is
+    gathered on one device; the model's config carries the mesh and rules, so its forward runs sharded.
     """
     cfg = load_config(path, param_dtype=dtype, dtype=dtype if compute_dtype is None else compute_dtype,
                       remat=remat, scan_layers=scan_layers, mesh=mesh,
                       rules=ShardingRules() if rules is None else rules)
-    kernels = dict(attention_impl=attention_impl, moe_impl=moe_impl, moe_dispatch=moe_dispatch)
-    cfg = cfg.with_default_kernels().replace(**{k: v for k, v in kernels.items() if v is not None})
+    cfg = resolve_config(cfg.replace(attention_impl=attention_impl, moe_impl=moe_impl,
+                                     moe_dispatch=moe_dispatch))
     reader = SafetensorsReader(path)
     abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -324,11 +331,8 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, compute_dtype
     for path_, var, entry, prefixes in params:
         name = ".".join(map(str, path_))
         load = _block_reader(entry, prefixes, _stacked(path_), reader, cfg, tuple(var.shape), param_dtype, name)
-        if mesh is None:
-            value = jnp.asarray(load(tuple(slice(None) for _ in var.shape)))
-        else:
-            sharding = cfg.rules.sharding(mesh, variable_axes(var, name), var.shape, what=name)
-            value = jax.make_array_from_callback(tuple(var.shape), sharding, load)
+        sharding = cfg.rules.sharding(cfg.mesh, variable_axes(var, name), var.shape, what=name)
+        value = jax.make_array_from_callback(tuple(var.shape), sharding, load)
         var.set_value(value)
     return nnx.merge(graphdef, state)
 

@@ -26,24 +26,6 @@ MOE_IMPLS = ("ragged", "tiled")
 MOE_DISPATCHES = ("all_to_all", "ragged_all_to_all")
 
 
-def default_kernels(backend: str) -> dict[str, str]:
-    """The kernel choices for a JAX backend (``"cpu"``, ``"gpu"``, ``"tpu"``): the one place they are
-    decided. ``Qwen3Config``'s own defaults are the CPU ones, which run on every backend.
-
-    - attention_impl: ``causal_blocks`` (query blocks that skip fully masked key blocks; about half
-      the score FLOPs and memory of ``dense``, ~2× faster forward + backward on CPU) everywhere.
-    - moe_impl: ``ragged`` (``lax.ragged_dot``, the grouped-matmul kernel) on GPU/TPU; ``tiled`` on CPU,
-      where XLA lowers ``ragged_dot`` to work and memory proportional to rows × experts.
-    - moe_dispatch (expert parallelism): ``ragged_all_to_all`` on GPU/TPU (sends only the routed
-      rows); ``all_to_all`` with dropless padded buffers on CPU, where XLA:CPU (jax 0.10) does not
-      implement ``ragged_all_to_all``.
-    """
-    accelerated = backend in ("gpu", "cuda", "rocm", "tpu")
-    return dict(attention_impl="causal_blocks",
-                moe_impl="ragged" if accelerated else "tiled",
-                moe_dispatch="ragged_all_to_all" if accelerated else "all_to_all")
-
-
 def read_json_file(path: str | os.PathLike) -> Any:
     """A JSON file (config.json, the safetensors index); a syntax error or a bad UTF-8 byte raises
     ValueError naming the file and line."""
@@ -68,15 +50,17 @@ class Qwen3Config:
     statistics, router softmax, attention softmax and log-probs are always float32.
     ``remat`` wraps each decoder layer in ``jax.checkpoint`` (activations are recomputed in the
     backward pass); ``scan_layers`` runs each run of same-kind layers as one ``lax.scan`` so the
-    compile time does not grow with depth (``False`` unrolls a Python loop over the same stacked
-    parameters: faster on CPU, compile time grows with depth).
+    compile time does not grow with depth (``False`` stores every layer's weights on their own and
+    unrolls a Python loop over them: faster on CPU, also for decoding, compile time grows with depth).
 
-    Kernels (``attention_impl``, ``moe_impl``, ``moe_dispatch``; see ``default_kernels`` for what each
-    does and the per-backend choice) are explicit fields: every backend and mesh runs the same
-    program, only the named kernels differ. ``mesh`` (a ``respo_jax.sharding.make_mesh`` mesh, or None
-    for one device) and ``rules`` (the logical-axis table) make the forward sharded: activations are
-    constrained by logical names and MoE layers run expert-parallel (tokens exchanged with the devices
-    owning their experts). Parameters are placed by ``init_model`` / ``from_pretrained``.
+    Kernels (``attention_impl``, ``moe_impl``, ``moe_dispatch``, and the layer loop ``scan_layers``;
+    see ``kernels.default_kernels`` for what each does) are explicit fields; ``None`` (the default)
+    leaves the choice to ``kernels.resolve_config``, which the entry points (``Qwen3ForCausalLM``,
+    ``init_model``, ``from_pretrained``) call once with the mesh: ``mesh`` None there means the
+    1×1×1×1 mesh over one device. A built model's config always has a mesh and plain kernel fields,
+    so every backend and mesh runs the same program, only the named kernels differ. ``rules`` (the
+    logical-axis table) maps the activations' and parameters' logical names onto the mesh; MoE layers
+    run expert-parallel inside ``shard_map`` (tokens exchanged with the devices owning their experts).
     """
 
     vocab_size: int
@@ -106,10 +90,10 @@ class Qwen3Config:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
-    scan_layers: bool = True
-    attention_impl: str = "causal_blocks"
-    moe_impl: str = "tiled"
-    moe_dispatch: str = "all_to_all"
+    scan_layers: bool | None = None
+    attention_impl: str | None = None
+    moe_impl: str | None = None
+    moe_dispatch: str | None = None
     mesh: jax.sharding.Mesh | None = None
     rules: ShardingRules = ShardingRules()
 
@@ -146,8 +130,12 @@ class Qwen3Config:
             raise ValueError(f"mlp_only_layers {bad} outside [0, {self.num_hidden_layers})")
         for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", MOE_IMPLS),
                               ("moe_dispatch", MOE_DISPATCHES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+            if getattr(self, name) not in (*allowed, None):
+                raise ValueError(f"{name} must be one of {allowed} (or None: chosen for the platform), "
+                                 f"got {getattr(self, name)!r}")
+        if self.scan_layers not in (True, False, None):
+            raise ValueError(f"scan_layers must be a bool (or None: chosen for the platform), got "
+                             f"{self.scan_layers!r}")
         if not isinstance(self.rules, ShardingRules):
             raise TypeError(f"rules must be a respo_jax.sharding.ShardingRules, got {type(self.rules).__name__}")
         if self.mesh is not None:
@@ -213,17 +201,6 @@ class Qwen3Config:
 
     def replace(self, **changes: Any) -> "Qwen3Config":
         return dataclasses.replace(self, **changes)
-
-    @property
-    def backend(self) -> str:
-        """The platform the model runs on: its mesh's devices, else JAX's default backend."""
-        if self.mesh is not None:
-            return self.mesh.devices.flat[0].platform
-        return jax.default_backend()
-
-    def with_default_kernels(self, backend: str | None = None) -> "Qwen3Config":
-        """This config with ``default_kernels(backend)`` (default: ``self.backend``)."""
-        return self.replace(**default_kernels(self.backend if backend is None else backend))
 
     # ----------------------------------------------------------------------------------------------
     # Presets

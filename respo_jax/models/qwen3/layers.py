@@ -5,8 +5,8 @@ Every parameter carries its logical axis names (``vocab``, ``embed``, ``heads``,
 ``head_dim``, ``mlp``, ``experts``, ``expert_embed``, ``expert_mlp``; stacked layers add ``layers`` in
 front) as NNX ``out_sharding`` metadata, and activations are constrained by logical names (``batch``,
 ``sequence``, ``activation_embed``, ``heads``, ``mlp``, ``vocab``, …). ``respo_jax.sharding.ShardingRules``
-is the one table from these names to mesh axes; the model reads it, and the mesh, from its config —
-with ``config.mesh=None`` the constraints are no-ops and the program is plain single-device JAX.
+is the one table from these names to mesh axes; the model reads it, and the mesh, from its config
+(always set: one device is the 1×1×1×1 mesh, where the constraints place everything on that device).
 """
 
 from __future__ import annotations
@@ -45,9 +45,7 @@ def make_param(rngs: nnx.Rngs | None, shape: Sequence[int], axes: Sequence[str |
 
 def constrain(x: jax.Array, axes: Sequence[str | None], cfg: Qwen3Config) -> jax.Array:
     """Sharding constraint of ``x`` by logical axis names under ``cfg.rules`` on ``cfg.mesh`` (a
-    constraint for the partitioner); ``x`` itself when the config has no mesh."""
-    if cfg.mesh is None:
-        return x
+    constraint for the partitioner)."""
     return jax.lax.with_sharding_constraint(x, cfg.rules.sharding(cfg.mesh, axes))
 
 

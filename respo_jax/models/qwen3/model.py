@@ -1,17 +1,15 @@
 """The Qwen3 / Qwen3-MoE causal language model in Flax NNX (the policy of paper §4.1).
 
-Layers are stored stacked (one leading ``layers`` axis per run of same-kind layers, see
-``Qwen3Config.layer_groups``) and executed with ``lax.scan`` over ``nnx.split`` state, optionally
-under ``jax.checkpoint``; the KV cache rides in the scan carry and is updated in place with
-``dynamic_update_slice``. The forward can return each MoE layer's expert indices and accept indices
-to replay (Routing Replay, §4.3 / App. E.4).
-
-Decoding path. On XLA:CPU a scan over stacked weights materialises every layer's weight slice at
-every step. ``unstacked_layers`` slices the stacks once into per-layer states; ``forward(...,
-layers=...)`` then runs a Python loop over them (layers unrolled, no slicing inside the step). Pass
-them into the jitted decode loop as an argument: slicing inside the same jit, even outside the loop,
-was measurably slower (experiments/benchmarks/README.md).
-Unrolling compiles one copy of the layer per layer, so training and prefill keep the scan.
+The layer loop is a config field (``scan_layers``, chosen per platform by ``kernels``), and the
+weights are stored for it: with ``scan_layers`` each run of same-kind layers (``Qwen3Config.
+layer_groups``) is one stacked module (a leading ``layers`` axis) executed by ``lax.scan`` over its
+``nnx.split`` state, so the compile time does not grow with depth; without, every layer is a module
+of its own and a Python loop runs them. Why the second: on XLA:CPU a scan (or a slice) of stacked
+weights copies every layer's weights at every step, about half of a batch-1 decode step; per-layer
+weights are read in place, so the sampler decodes with the model's own parameters and no copy.
+Either loop optionally runs under ``jax.checkpoint``; the KV cache rides in the carry and is updated
+in place with ``dynamic_update_slice``. The forward can return each MoE layer's expert indices and
+accept indices to replay (Routing Replay, §4.3 / App. E.4).
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from flax import nnx
 from respo_jax.models.qwen3.attention import Attention, attention_mask_from_slots
 from respo_jax.models.qwen3.cache import CACHE_AXES, KVCache
 from respo_jax.models.qwen3.config import Qwen3Config
+from respo_jax.models.qwen3.kernels import resolve_config
 from respo_jax.models.qwen3.layers import BATCH, HIDDEN, SEQ, RMSNorm, constrain, make_param, rope_cos_sin, rows
 from respo_jax.models.qwen3.lm_head import chunked_token_logprobs
 from respo_jax.models.qwen3.mlp import MLP
@@ -71,8 +70,10 @@ class DecoderLayer(nnx.Module):
 
 
 class LayerStack(nnx.Module):
-    """``count`` consecutive decoder layers of one kind starting at ``first``; every parameter has a
-    leading ``layers`` axis of length ``count``."""
+    """``count`` consecutive decoder layers of one kind starting at ``first``. With
+    ``cfg.scan_layers`` ``layers`` is one DecoderLayer whose every parameter has a leading ``layers``
+    axis of length ``count``; without, a list of ``count`` DecoderLayers with the same values (the
+    stacked initialisation, split per layer, so both layouts start from the same weights)."""
 
     def __init__(self, cfg: Qwen3Config, first: int, count: int, is_moe: bool, *, rngs: nnx.Rngs):
         self.first, self.count, self.is_moe = first, count, is_moe
@@ -82,7 +83,18 @@ class LayerStack(nnx.Module):
         def make(rngs: nnx.Rngs) -> DecoderLayer:
             return DecoderLayer(cfg, is_moe, rngs=rngs)
 
-        self.layers = make(rngs)
+        stacked = make(rngs)
+        if cfg.scan_layers:
+            self.layers = stacked
+            return
+        values = nnx.to_pure_dict(nnx.state(stacked))
+
+        def layer(i: int) -> DecoderLayer:
+            graphdef, state = nnx.split(nnx.eval_shape(lambda: DecoderLayer(cfg, is_moe, rngs=nnx.Rngs(0))))
+            nnx.replace_by_pure_dict(state, jax.tree.map(lambda a: a[i], values))
+            return nnx.merge(graphdef, state)
+
+        self.layers = nnx.List([layer(i) for i in range(count)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,41 +133,32 @@ def _layer_forward(layer: DecoderLayer, x: jax.Array, ctx: _Context, kv, layer_i
     return constrain(x + y, HIDDEN, cfg), kv, indices, terms
 
 
-def _run_stack(stack: LayerStack, cfg: Qwen3Config, x, ctx: _Context, kv, routing, layer_states=None):
-    """Run a LayerStack (scanned or unrolled, optionally rematerialised). ``layer_states``: None, or
-    this stack's per-layer states from ``unstacked_layers`` (then the stack's own stacked weights are
-    not read and the layers are unrolled over them).
+def _run_stack(stack: LayerStack, cfg: Qwen3Config, x, ctx: _Context, kv, routing):
+    """Run a LayerStack (scanned or unrolled, as its weights are stored; optionally rematerialised).
     Returns (x, kv, indices [count, batch, seq, top_k] | None, terms ([count, E], [count, E]) | None)."""
-    graphdef, state = nnx.split(stack.layers)
 
-    def step(carry, xs):
-        x, kv = carry
-        layer_state, layer_idx, layer_routing = xs
-        layer = nnx.merge(graphdef, layer_state)
-        x, kv, indices, terms = _layer_forward(layer, x, ctx, kv, layer_idx, layer_routing)
-        return (x, kv), (indices, terms)
+    def layer_step(graphdef):
+        def step(carry, xs):
+            x, kv = carry
+            layer_state, layer_idx, layer_routing = xs
+            layer = nnx.merge(graphdef, layer_state)
+            x, kv, indices, terms = _layer_forward(layer, x, ctx, kv, layer_idx, layer_routing)
+            return (x, kv), (indices, terms)
 
-    if cfg.remat:
-        step = jax.checkpoint(step, prevent_cse=not cfg.scan_layers)
+        return jax.checkpoint(step, prevent_cse=not cfg.scan_layers) if cfg.remat else step
+
     layer_ids = stack.first + jnp.arange(stack.count, dtype=jnp.int32)
-    if layer_states is not None:
-        outs = []
-        for i, layer_state in enumerate(layer_states):
-            layer_routing = None if routing is None else routing[i]
-            (x, kv), y = step((x, kv), (layer_state, layer_ids[i], layer_routing))
-            outs.append(y)
-        indices, terms = jax.tree.map(lambda *a: jnp.stack(a), *outs)
-        return x, kv, indices, terms
-    xs = (state, layer_ids, routing)
     if cfg.scan_layers:
-        (x, kv), ys = jax.lax.scan(step, (x, kv), xs)
-    else:
-        outs = []
-        for i in range(stack.count):
-            (x, kv), y = step((x, kv), jax.tree.map(lambda a: a[i], xs))
-            outs.append(y)
-        ys = jax.tree.map(lambda *a: jnp.stack(a), *outs)
-    indices, terms = ys
+        graphdef, state = nnx.split(stack.layers)
+        (x, kv), (indices, terms) = jax.lax.scan(layer_step(graphdef), (x, kv), (state, layer_ids, routing))
+        return x, kv, indices, terms
+    outs = []
+    for i, layer in enumerate(stack.layers):
+        graphdef, state = nnx.split(layer)
+        layer_routing = None if routing is None else routing[i]
+        (x, kv), y = layer_step(graphdef)((x, kv), (state, layer_ids[i], layer_routing))
+        outs.append(y)
+    indices, terms = jax.tree.map(lambda *a: jnp.stack(a), *outs)
     return x, kv, indices, terms
 
 
@@ -172,7 +175,7 @@ class Qwen3ForCausalLM(nnx.Module):
     """
 
     def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
-        self.config = cfg
+        cfg = self.config = resolve_config(cfg)  # an entry point: mesh and kernels, if left to it
         pd, std = cfg.param_dtype, cfg.initializer_range
         self.embed_tokens = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd, std)
         self.stacks = nnx.List([LayerStack(cfg, first, count, is_moe, rngs=rngs)
@@ -183,17 +186,6 @@ class Qwen3ForCausalLM(nnx.Module):
 
     # ----------------------------------------------------------------------------------------------
 
-    def unstacked_layers(self) -> tuple[tuple[nnx.State, ...], ...]:
-        """The decoder layers' parameters sliced per layer: one tuple of ``count`` layer states per
-        LayerStack (each leaf without the leading ``layers`` axis). Pass the result as
-        ``forward(..., layers=)``; compute it once per model state (e.g. outside a decode loop), since
-        the point is to pay the slicing once instead of at every step."""
-        out = []
-        for stack in self.stacks:
-            state = nnx.state(stack.layers)
-            out.append(tuple(jax.tree.map(lambda a, i=i: a[i], state) for i in range(stack.count)))
-        return tuple(out)
-
     def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None) -> jax.Array:
         """input_ids: [batch, seq] int -> logits [batch, seq, vocab] float32."""
@@ -201,21 +193,16 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def forward(self, input_ids: jax.Array, positions: jax.Array | None = None,
                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-                routing: jax.Array | None = None, return_routing: bool = False,
-                layers: tuple[tuple[nnx.State, ...], ...] | None = None) -> Qwen3Output:
+                routing: jax.Array | None = None, return_routing: bool = False) -> Qwen3Output:
         """Full forward.
 
         input_ids: [batch, seq] int; positions: [batch, seq] int (default ``cache.index + arange(seq)``,
         pass them explicitly for left-padded rows); attention_mask: [batch, seq] (1 real, 0 pad);
         cache: KVCache to extend; routing: [num_moe_layers, batch, seq, top_k] expert indices to replay;
-        return_routing: also return the expert indices used; layers: ``self.unstacked_layers()`` (of
-        these same parameters) to run the layers unrolled over per-layer weights — same result, faster
-        decoding on CPU (see the module docstring); the stacked layer weights are then not read.
+        return_routing: also return the expert indices used.
         """
         args = _check_inputs(self.config, input_ids, positions, attention_mask, cache, routing)
-        if layers is not None:
-            _check_layers(self, layers)
-        return self._forward_impl(*args, bool(return_routing), layers)
+        return self._forward_impl(*args, bool(return_routing))
 
     def token_logprobs(self, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
                        attention_mask: jax.Array | None = None, routing: jax.Array | None = None,
@@ -255,10 +242,8 @@ class Qwen3ForCausalLM(nnx.Module):
 
     # ----------------------------------------------------------------------------------------------
 
-    def _forward_impl(self, input_ids, positions, attention_mask, cache, routing, return_routing,
-                      layers=None):
-        hidden, cache, indices, aux = self._backbone(input_ids, positions, attention_mask, cache, routing,
-                                                     layers)
+    def _forward_impl(self, input_ids, positions, attention_mask, cache, routing, return_routing):
+        hidden, cache, indices, aux = self._backbone(input_ids, positions, attention_mask, cache, routing)
         logits = constrain(self._project(hidden), (BATCH, SEQ, "vocab"), self.config)
         return Qwen3Output(logits=logits, cache=cache, routing=indices if return_routing else None,
                            aux_loss=aux)
@@ -283,7 +268,7 @@ class Qwen3ForCausalLM(nnx.Module):
         weight, tied = self._output_weight()
         return _project_with(hidden, weight, tied)
 
-    def _backbone(self, input_ids, positions, attention_mask, cache, routing, layers=None):
+    def _backbone(self, input_ids, positions, attention_mask, cache, routing):
         """Embeddings → decoder stacks → final norm on validated inputs. Returns (hidden [batch, seq,
         embed], cache, indices [num_moe_layers, batch, seq, top_k] | None, aux_loss | None)."""
         cfg = self.config
@@ -312,12 +297,11 @@ class Qwen3ForCausalLM(nnx.Module):
         x = constrain(x, HIDDEN, cfg)
         all_indices, counts, prob_sums = [], 0.0, 0.0
         moe_offset = 0
-        for stack_idx, stack in enumerate(self.stacks):
+        for stack in self.stacks:
             stack_routing = None
             if stack.is_moe and routing is not None:
                 stack_routing = routing[moe_offset:moe_offset + stack.count]
-            layer_states = None if layers is None else layers[stack_idx]
-            x, kv, indices, terms = _run_stack(stack, cfg, x, ctx, kv, stack_routing, layer_states)
+            x, kv, indices, terms = _run_stack(stack, cfg, x, ctx, kv, stack_routing)
             if stack.is_moe:
                 moe_offset += stack.count
                 all_indices.append(indices)
@@ -337,23 +321,22 @@ class Qwen3ForCausalLM(nnx.Module):
 
 
 def init_model(cfg: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
-    """A randomly initialised model (N(0, initializer_range²) weights, unit norms), created by one jit.
-    With ``cfg.mesh`` every parameter comes out of that jit already split by ``cfg.rules`` — never
-    materialised whole on one device — with the same values as without a mesh (same seed)."""
+    """A randomly initialised model (N(0, initializer_range²) weights, unit norms), created by one jit
+    on ``cfg.mesh`` (None: one device; kernels resolved by ``kernels.resolve_config``): every parameter
+    comes out of that jit already split by ``cfg.rules``, never materialised whole on one device, with
+    the same values on every mesh (same seed)."""
+    cfg = resolve_config(cfg)
+
     def create():
         return Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(seed))
 
-    if cfg.mesh is not None:
-        return sharded_init(create, cfg.mesh, cfg.rules)
-    graphdef, _ = nnx.split(nnx.eval_shape(create))
-    return nnx.merge(graphdef, jax.jit(lambda: nnx.state(create()))())
+    return sharded_init(create, cfg.mesh, cfg.rules)
 
 
 def param_shardings(cfg: Qwen3Config) -> nnx.State:
-    """NamedSharding of every parameter of a model of ``cfg`` (which must have a mesh), as a prefix of
-    ``nnx.state(model)``: the ``in_shardings`` / ``out_shardings`` of a jit taking the parameters."""
-    if cfg.mesh is None:
-        raise ValueError("param_shardings needs a config with a mesh")
+    """NamedSharding of every parameter of a model of ``cfg`` (on its mesh; None: one device), as a
+    prefix of ``nnx.state(model)``: the ``in_shardings`` / ``out_shardings`` of a jit taking them."""
+    cfg = resolve_config(cfg)
     abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     return state_shardings(nnx.state(abstract), cfg.mesh, cfg.rules)
 
@@ -365,14 +348,13 @@ TOKEN_LOGPROBS_STATIC = ("graphdef", "chunk_size", "start", "temperature", "retu
 
 def forward(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array,
             positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
-            cache: KVCache | None = None, routing: jax.Array | None = None,
-            layers: tuple[tuple[nnx.State, ...], ...] | None = None, *,
+            cache: KVCache | None = None, routing: jax.Array | None = None, *,
             return_routing: bool = False) -> Qwen3Output:
     """``Qwen3ForCausalLM.forward`` as a pure function of ``(graphdef, params)`` = ``nnx.split(model)``
     and the inputs, for a caller to jit (``static_argnames=FORWARD_STATIC``) with its own shardings
     and donation (e.g. ``donate_argnames="cache"`` for a decode step)."""
     return nnx.merge(graphdef, params).forward(input_ids, positions, attention_mask, cache, routing,
-                                               return_routing, layers)
+                                               return_routing)
 
 
 def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array, targets: jax.Array,
@@ -420,17 +402,6 @@ def _check_inputs(cfg: Qwen3Config, input_ids, positions, attention_mask, cache,
                              "([num_moe_layers, batch, seq, top_k])")
     out.append(routing)
     return tuple(out)
-
-
-def _check_layers(model: Qwen3ForCausalLM, layers) -> None:
-    """``layers`` must hold one tuple of per-layer states per stack, of the stack's layer count."""
-    expected = tuple(stack.count for stack in model.stacks)
-    got = (tuple(len(group) for group in layers)
-           if isinstance(layers, (tuple, list)) and all(isinstance(g, (tuple, list)) for g in layers)
-           else type(layers).__name__)
-    if got != expected:
-        raise ValueError(f"layers must be model.unstacked_layers(): per-stack layer counts {expected}, "
-                         f"got {got}")
 
 
 def _check_cache(cache: KVCache, cfg: Qwen3Config, batch: int, seq: int) -> None:

@@ -10,8 +10,9 @@
 3. expert compute: a dropless grouped SwiGLU over rows sorted by expert, ``moe_impl="ragged"``
    (``jax.lax.ragged_dot``) or ``"tiled"`` (expert-aligned tiles, one batched matmul).
 
-Without a mesh the same stages run with no exchange (`expert_ffn`); with one, every device runs them
-on its own tokens and its own experts (`expert_parallel_ffn`).
+Every model runs the MoE layer as `expert_parallel_ffn`: inside ``shard_map`` each device runs the
+stages on its own tokens and its own experts (`expert_ffn`); mesh axes of size 1 exchange nothing, so
+on one device (the 1×1×1×1 mesh) it is the local computation.
 
 Also the Switch-Transformer load-balancing loss exactly as transformers' ``load_balancing_loss_func``
 computes it, split into per-layer sums so the layer scan can accumulate it.
@@ -214,7 +215,8 @@ def expert_parallel_ffn(x: jax.Array, indices: jax.Array, weights: jax.Array, ga
             raise ValueError(f"expert parallelism splits the {('batch', 'sequence')[dim]} dimension "
                              f"({x.shape[dim]}) over mesh axes {axes} ({axis_size(mesh, axes)} devices); "
                              "pad it to a multiple")
-    expert_axes = rules.mesh_axes("experts")
+    # Expert axes of one device exchange nothing: leave them out (the same numbers, no all-to-all).
+    expert_axes = tuple(a for a in rules.mesh_axes("experts") if mesh.shape[a] > 1)
     tensor_axes = rules.mesh_axes("expert_mlp")
     in_spec = rules.spec(("experts", None, "expert_mlp"))
     out_spec = rules.spec(("experts", "expert_mlp", None))
@@ -295,10 +297,8 @@ class MoE(nnx.Module):
         weights, indices, probs = route(logits, top_k, cfg.norm_topk_prob,
                                         None if routing is None else routing.reshape(b * s, -1))
         experts = tuple(w[...].astype(dt) for w in (self.gate_proj, self.up_proj, self.down_proj))
-        if cfg.mesh is None:
-            out = expert_ffn(flat, indices, weights, *experts, impl=cfg.moe_impl).reshape(b, s, e)
-        else:
-            out = expert_parallel_ffn(x, indices.reshape(b, s, top_k), weights.reshape(b, s, top_k), *experts,
-                                      mesh=cfg.mesh, rules=cfg.rules, impl=cfg.moe_impl, dispatch=cfg.moe_dispatch)
+        out = expert_parallel_ffn(x, indices.reshape(b, s, top_k), weights.reshape(b, s, top_k), *experts,
+                                  mesh=cfg.mesh, rules=cfg.rules, impl=cfg.moe_impl,
+                                  dispatch=cfg.moe_dispatch)
         terms = load_balancing_terms(probs, indices, token_mask.reshape(-1).astype(jnp.float32))
         return constrain(out, HIDDEN, cfg), indices.reshape(b, s, top_k), terms

@@ -1,0 +1,77 @@
+"""The one place that asks which backend a model runs on: it gives a model without a mesh the
+1×1×1×1 mesh over one device, and turns the kernel fields left to it (``None``) into the choice for
+the mesh's platform. Entry points (``Qwen3ForCausalLM``, ``init_model``, ``from_pretrained``, the
+trainer, the evaluation) call ``resolve_config`` once; below them every model runs under a mesh and
+reads plain fields, so a CPU test runs the program a TPU pod runs, only smaller.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import jax
+
+from respo_jax.sharding import MeshConfig, make_mesh
+
+if TYPE_CHECKING:  # the config imports nothing from here
+    from respo_jax.models.qwen3.config import Qwen3Config
+
+# The fields this module fills when a config leaves them None.
+KERNEL_FIELDS = ("attention_impl", "moe_impl", "moe_dispatch", "scan_layers")
+
+
+def platform(where: jax.sharding.Mesh | Sequence[jax.Device]) -> str:
+    """The platform of a mesh's (or a list's) devices: ``"cpu"``, ``"gpu"`` (``"cuda"``, ``"rocm"``)
+    or ``"tpu"``."""
+    devices = where.devices.flat if isinstance(where, jax.sharding.Mesh) else where
+    return next(iter(devices)).platform
+
+
+def is_accelerator(name: str) -> bool:
+    return name in ("gpu", "cuda", "rocm", "tpu")
+
+
+def default_kernels(backend: str) -> dict[str, str | bool]:
+    """The kernel choices for a platform (``"cpu"``, ``"gpu"``, ``"tpu"``).
+
+    - attention_impl: ``causal_blocks`` (query blocks that skip fully masked key blocks; about half
+      the score FLOPs and memory of ``dense``) everywhere.
+    - moe_impl: ``ragged`` (``lax.ragged_dot``, the grouped-matmul kernel) on GPU/TPU; ``tiled`` on CPU,
+      where XLA lowers ``ragged_dot`` to work and memory proportional to rows × experts.
+    - moe_dispatch (expert parallelism): ``ragged_all_to_all`` on GPU/TPU (sends only the routed
+      rows); ``all_to_all`` with dropless padded buffers on CPU, where XLA:CPU does not implement
+      ``ragged_all_to_all``.
+    - scan_layers (the layer loop, training and decoding alike): ``False`` on CPU, where the weights
+      are stored per layer and the layers unrolled (a scan over stacked weights copies every layer's
+      weight slice at every step: about half of a batch-1 decode step); ``True`` on GPU/TPU, where
+      the scan keeps the compile time independent of the depth.
+    """
+    accelerated = is_accelerator(backend)
+    return dict(attention_impl="causal_blocks",
+                moe_impl="ragged" if accelerated else "tiled",
+                moe_dispatch="ragged_all_to_all" if accelerated else "all_to_all",
+                scan_layers=accelerated)
+
+
+@functools.cache
+def _one_device_mesh(device: jax.Device) -> jax.sharding.Mesh:
+    return make_mesh(MeshConfig(data=1), [device])
+
+
+def default_mesh() -> jax.sharding.Mesh:
+    """The mesh of a model nobody placed: 1×1×1×1 over JAX's first device."""
+    return _one_device_mesh(jax.devices()[0])
+
+
+def resolve_config(cfg: "Qwen3Config", mesh: jax.sharding.Mesh | None = None) -> "Qwen3Config":
+    """``cfg`` with a mesh (``mesh``, else its own, else ``default_mesh()``) and every kernel field it
+    leaves None set to ``default_kernels`` of that mesh's platform; explicit fields are kept. A
+    resolved config comes back unchanged."""
+    mesh = mesh if mesh is not None else cfg.mesh if cfg.mesh is not None else default_mesh()
+    unset = [name for name in KERNEL_FIELDS if getattr(cfg, name) is None]
+    if mesh is cfg.mesh and not unset:
+        return cfg
+    defaults = default_kernels(platform(mesh))
+    return cfg.replace(mesh=mesh, **{name: defaults[name] for name in unset})
