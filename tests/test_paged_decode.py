@@ -61,6 +61,10 @@ def _reference(model, params):
 def test_greedy_equals_the_static_sampler(model):
     params, _, want = _reference(model, SamplingParams(max_new_tokens=NEW, temperature=0.0, num_samples=2))
     _assert_same(generate_continuous(model, PROMPTS, params, engine=ENGINE), want)
+    # the model's other layer loop (stacked weights, scanned): same values, same samples
+    scanned = qwen3.init_model(model.config.replace(scan_layers=True), 1)
+    assert scanned.config.scan_layers and not model.config.scan_layers
+    _assert_same(generate_continuous(scanned, PROMPTS, params, engine=ENGINE), want)
 
 
 @pytest.fixture(scope="module")

@@ -147,27 +147,34 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
     cos, sin = rope_cos_sin(position[:, None], cfg.head_dim, cfg.rope_theta)
     table = constrain(model.embed_tokens[...], ("vocab", None), cfg)
     x = constrain(jnp.take(table, state.last_token[:, None], axis=0).astype(cfg.dtype), HIDDEN, cfg)
-    k_pages, v_pages = state.k_pages, state.v_pages
-    for stack in model.stacks:
-        graphdef, stacked = nnx.split(stack.layers)
+    def layer_step(carry, layer, layer_idx):
+        x, k_pages, v_pages = carry
+        q, k, v = layer.attn.project(layer.input_layernorm(x), cos, sin)  # [slots, 1, heads, dim]
+        k_pages = k_pages.at[layer_idx, :, page, offset].set(k[:, 0].astype(k_pages.dtype))
+        v_pages = v_pages.at[layer_idx, :, page, offset].set(v[:, 0].astype(v_pages.dtype))
+        k_pages, v_pages = constrain(k_pages, PAGE_AXES, cfg), constrain(v_pages, PAGE_AXES, cfg)
+        attn = paged_attention(q[:, 0], k_pages[layer_idx].astype(q.dtype),
+                               v_pages[layer_idx].astype(q.dtype), state.page_table, position + 1,
+                               scale=layer.attn.scale, impl=impl)
+        x = x + layer.attn.output(attn[:, None])
+        x = constrain(x + layer.mlp(layer.post_attention_layernorm(x)), HIDDEN, cfg)
+        return x, k_pages, v_pages
 
-        def layer_step(carry, xs, graphdef=graphdef):
-            x, k_pages, v_pages = carry
-            layer_state, layer_idx = xs
-            layer = nnx.merge(graphdef, layer_state)
-            q, k, v = layer.attn.project(layer.input_layernorm(x), cos, sin)  # [slots, 1, heads, dim]
-            k_pages = k_pages.at[layer_idx, :, page, offset].set(k[:, 0].astype(k_pages.dtype))
-            v_pages = v_pages.at[layer_idx, :, page, offset].set(v[:, 0].astype(v_pages.dtype))
-            k_pages, v_pages = constrain(k_pages, PAGE_AXES, cfg), constrain(v_pages, PAGE_AXES, cfg)
-            attn = paged_attention(q[:, 0], k_pages[layer_idx].astype(q.dtype),
-                                   v_pages[layer_idx].astype(q.dtype), state.page_table, position + 1,
-                                   scale=layer.attn.scale, impl=impl)
-            x = x + layer.attn.output(attn[:, None])
-            x = constrain(x + layer.mlp(layer.post_attention_layernorm(x)), HIDDEN, cfg)
-            return (x, k_pages, v_pages), None
+    carry = (x, state.k_pages, state.v_pages)
+    for stack in model.stacks:  # the model's own layer loop: scanned stacks or per-layer modules
+        if cfg.scan_layers:
+            graphdef, stacked = nnx.split(stack.layers)
 
-        layer_ids = stack.first + jnp.arange(stack.count, dtype=jnp.int32)
-        (x, k_pages, v_pages), _ = jax.lax.scan(layer_step, (x, k_pages, v_pages), (stacked, layer_ids))
+            def scan_step(carry, xs, graphdef=graphdef):
+                layer_state, layer_idx = xs
+                return layer_step(carry, nnx.merge(graphdef, layer_state), layer_idx), None
+
+            layer_ids = stack.first + jnp.arange(stack.count, dtype=jnp.int32)
+            carry, _ = jax.lax.scan(scan_step, carry, (stacked, layer_ids))
+        else:
+            for i, layer in enumerate(stack.layers):
+                carry = layer_step(carry, layer, stack.first + i)
+    x, k_pages, v_pages = carry
     hidden = model.norm(x)[:, 0]
     weight = (model.embed_tokens if cfg.tie_word_embeddings else model.lm_head)[...].astype(cfg.dtype)
     logits = jnp.einsum("se,ve->sv" if cfg.tie_word_embeddings else "se,ev->sv", hidden, weight,
