@@ -211,12 +211,6 @@ def _decode_segment(graphdef, model_state, state: EngineState, page_table, steps
     return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))[1]
 
 
-def _platform(model) -> str:
-    """The platform of the devices holding the model's parameters (where the engine runs)."""
-    leaf = jax.tree.leaves(nnx.state(model))[0]
-    return next(iter(leaf.devices())).platform
-
-
 def generate_continuous(model, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                         engine: EngineConfig = EngineConfig(),
                         row_max_new_tokens: Sequence[int] | None = None,
@@ -240,7 +234,7 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
     if cfg.is_moe:
         raise ValueError("generate_continuous runs dense Qwen3 models (config.num_experts == 0) for now; "
                          "use generate for MoE models")
-    check_paged_attention_impl(engine.paged_attention_impl, _platform(model))
+    check_paged_attention_impl(engine.paged_attention_impl, qwen3.kernels.platform(cfg.mesh))
     prompts = _validate_prompts(prompts, cfg.vocab_size)
     lengths = [len(p) for p in prompts]
     if max(lengths) + params.max_new_tokens > cfg.max_position_embeddings:
