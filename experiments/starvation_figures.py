@@ -32,13 +32,7 @@ def grid_figure(summary: dict) -> Figure:
                                 yerr=[g[err] or 0.0 for g in rows], color=f"C{index % 10}", marker="o", ms=3,
                                 capsize=2, label=OBJECTIVE_NAMES.get(name, name))
             ax.set_xscale("log")
-            ax.grid(alpha=0.3)
-            if row == 0:
-                ax.set_title(f"N = {n}")
-            else:
-                ax.set_xlabel("learning rate")
-            if col == 0:
-                ax.set_ylabel(label)
+            _label_panel(ax, row, col, n, "learning rate", label)
     handles, labels = axes[0][-1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=max(1, len(labels)), frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
@@ -91,14 +85,20 @@ def starvation_figure(summary: dict) -> Figure:
                 if len(members) > 1:
                     ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=color, alpha=0.18,
                                     lw=0)
-            ax.grid(alpha=0.3)
-            if row == 0:
-                ax.set_title(f"N = {n}")
-            else:
-                ax.set_xlabel("policy updates")
-            if col == 0:
-                ax.set_ylabel(label)
+            _label_panel(ax, row, col, n, "policy updates", label)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
+
+
+def _label_panel(ax, row: int, col: int, n: int, xlabel: str, ylabel: str) -> None:
+    """A panel of an (N columns) x (metric rows) grid: grid lines, N over the top row, the x label under
+    the others, the metric's name left of the first column."""
+    ax.grid(alpha=0.3)
+    if row == 0:
+        ax.set_title(f"N = {n}")
+    else:
+        ax.set_xlabel(xlabel)
+    if col == 0:
+        ax.set_ylabel(ylabel)
