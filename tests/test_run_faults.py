@@ -351,12 +351,14 @@ def test_a_second_sweep_into_one_runs_dir_is_refused_before_it_writes(tmp_path, 
     assert not runs.exists()
 
 
-def test_a_full_disk_while_logging_is_one_line_naming_the_file_and_the_free_space(tmp_path):
+def test_a_full_disk_while_logging_is_one_line_naming_the_file_and_the_free_space(tmp_path, monkeypatch):
     class FullDisk:
         def __init__(self, real):
-            self.real = real
+            self.real, self.full = real, False
 
-        def write(self, data):  # the disk takes half of the line, then is full
+        def write(self, data):  # once full, the disk takes half of the line, then nothing
+            if not self.full:
+                return self.real.write(data)
             if len(data) > 4:
                 return self.real.write(bytes(data[:len(data) // 2]))
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -364,9 +366,16 @@ def test_a_full_disk_while_logging_is_one_line_naming_the_file_and_the_free_spac
         def __getattr__(self, name):
             return getattr(self.real, name)
 
+    files = []
+
+    def opening(*args, **kwargs):  # the log's file, as the operating system hands it out
+        files.append(FullDisk(open(*args, **kwargs)))
+        return files[-1]
+
+    monkeypatch.setattr(run_dir, "open", opening, raising=False)
     with run_dir.MetricsLog(str(tmp_path)) as log:
         log.append({"phase": "rl", "iteration": 1})
-        log._file = FullDisk(log._file)
+        files[-1].full = True
         with pytest.raises(RunWriteError) as info:
             log.append({"phase": "rl", "iteration": 2})
     message = str(info.value)
