@@ -16,6 +16,7 @@ runs them in a subprocess pytest.
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import tempfile
 
@@ -36,7 +37,7 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 # XLA:CPU spends most of a tiny program's compile in LLVM; these two flags cut most of that and leave the
 # program (its HLO) as it is. They reach this process and what it launches (test_multiprocess.py and
-# test_multi_device.py pass the same two flags; test_runs.py's and test_compilation.py's launches run with
+# test_multi_device.py pass the same two flags; tiny_runs.py's and test_compilation.py's launches run with
 # a user's default flags).
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 _flags = os.environ.get("XLA_FLAGS", "").split()
@@ -50,6 +51,17 @@ collect_ignore = [] if EIGHT_DEVICES in os.environ["XLA_FLAGS"] else ["multi_dev
 def jit_cache() -> str:
     """The session's persistent XLA compilation cache, for the environment of a process a test launches."""
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, jit_cache) -> pathlib.Path:
+    """An uninterrupted run of 8 iterations, checkpoints at 3, 6, 8 (tests work on copies)."""
+    from tiny_runs import REFERENCE_ARGS, train  # imports JAX: not before the settings above
+
+    out = tmp_path_factory.mktemp("reference") / "run"
+    result = train(jit_cache, out, *REFERENCE_ARGS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
 
 
 def pytest_unconfigure(config):

@@ -19,7 +19,7 @@ from respo_jax.eval.rollout_files import load_rollout_files
 from respo_jax.training.checkpoint import list_steps, step_dir
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.loop import RLTrainer
-from test_runs import _copy, _raw_state, _records, _train, _without_timings
+from tiny_runs import copy_run, raw_state, read_records, train, without_timings
 
 N, M, G = 2, 2, 3  # reuse, prompts per mini-batch, group size: 4 groups per rollout batch
 
@@ -96,7 +96,7 @@ def test_the_filter_uses_the_accuracy_before_the_overlong_penalty():
     assert unpenalised.sample()["groups_kept"] == 0
 
 
-# A real run: the tiny model of tests/test_runs.py, warmed up far enough that some groups are mixed; at
+# A real run: the tiny model of tests/tiny_runs.py, warmed up far enough that some groups are mixed; at
 # most 3 generation batches, so some rollout batches are full, some short and some empty (seed 0). Rollout
 # correction is on too (the options compose; tests/test_rollout_correction.py reads the same run): top-k
 # 16 makes the sampler's distribution the renormalized kept set, and token-level mask mode with the
@@ -112,7 +112,7 @@ FILTER_RUN = ("rollout.filter_groups=true", "rollout.max_generation_batches=3", 
 def filtered_run(tmp_path_factory, jit_cache):
     """The uninterrupted FILTER_RUN (tests work on copies)."""
     out = tmp_path_factory.mktemp("filtered") / "run"
-    result = _train(jit_cache, out, *FILTER_RUN)
+    result = train(jit_cache, out, *FILTER_RUN)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
@@ -120,8 +120,8 @@ def filtered_run(tmp_path_factory, jit_cache):
 @pytest.mark.slow
 def test_a_filtered_run_trains_only_on_informative_groups_and_logs_the_counts(filtered_run):
     out = filtered_run
-    rl = [r for r in _records(out) if r["phase"] == "rl"]
-    group, per_minibatch, groups = 2, 2, 4  # tests/test_runs.py's TINY_RUN: G=2, M=2, N·M=4
+    rl = [r for r in read_records(out) if r["phase"] == "rl"]
+    group, per_minibatch, groups = 2, 2, 4  # tests/tiny_runs.py's TINY_RUN: G=2, M=2, N·M=4
     kept = [r["groups_kept"] for r in rl]
     assert len(rl) == 4 and max(kept) == groups and 0 in kept and set(kept) - {0, groups}, kept  # all cases
     updates = 0
@@ -148,14 +148,14 @@ def test_a_filtered_run_resumes_bit_identical_after_losing_its_last_checkpoint(f
     """Killed after iteration 4 was logged, before its checkpoint was saved: the resumed run redraws
     iterations 3 and 4 (their generation batches and seeds) exactly."""
     out = filtered_run
-    copy = _copy(out, tmp_path / "resumed")
+    copy = copy_run(out, tmp_path / "resumed")
     shutil.rmtree(step_dir(str(copy / "checkpoints"), 4))
     assert list_steps(copy / "checkpoints") == [2]
-    result = _train(jit_cache, copy, *FILTER_RUN)
+    result = train(jit_cache, copy, *FILTER_RUN)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert _without_timings(_records(copy)) == _without_timings(_records(out))
-    got, got_meta = _raw_state(copy / "checkpoints", 4)
-    want, want_meta = _raw_state(out / "checkpoints", 4)
+    assert without_timings(read_records(copy)) == without_timings(read_records(out))
+    got, got_meta = raw_state(copy / "checkpoints", 4)
+    want, want_meta = raw_state(out / "checkpoints", 4)
     assert got_meta == want_meta and got.keys() == want.keys()
     for key in want:
         assert got[key].tobytes() == want[key].tobytes(), key
@@ -171,7 +171,7 @@ def test_a_run_with_rollout_correction_under_top_k_trains_and_logs_the_ratio(fil
     kept probability mass, <= 1 on every token: truncation never binds, and token-level mask mode with
     the lower bound 0.99 masks the tokens whose kept mass is below it. The run trains and logs the ratio's
     statistics on every iteration it trains (tests/test_rollout_correction.py checks the formulas)."""
-    rl = [r for r in _records(filtered_run) if r["phase"] == "rl" and r["updates"]]
+    rl = [r for r in read_records(filtered_run) if r["phase"] == "rl" and r["updates"]]
     assert len(rl) >= 2
     for record in rl:
         assert np.isfinite(record["loss"]) and record["grad_norm"] > 0

@@ -18,6 +18,7 @@ from safetensors.numpy import load_file, save_file
 import jitted_model as jm
 from respo_jax.models import qwen3
 from respo_jax.sharding import MeshConfig, ShardingRules, make_mesh
+from respo_jax.training.compilation import compilation_totals
 
 VOCAB = 128
 REL_TOL = 1e-4
@@ -133,14 +134,18 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(checkpoints):
 
     cache = qwen3.init_cache(model.config, batch=3, max_len=16)
     real = np.asarray(mask).astype(bool)
+    # host arrays: slicing them compiles nothing, so every program counted below is one of step's
+    ids, positions, mask, full = (np.asarray(a) for a in (ids, positions, mask, full))
     bounds = [(0, 7), (7, 9)] + [(t, t + 1) for t in range(9, 11)]
+    before = compilation_totals()
     for lo, hi in bounds:
         logits, cache = step(state, ids[:, lo:hi], positions[:, lo:hi], mask[:, lo:hi], cache)
         assert int(cache.index) == hi
         assert _rel_err(logits, full[:, lo:hi], real[:, lo:hi]) < 1e-5
+    programs = compilation_totals() - before  # compiled, or read from the session's compilation cache
+    assert programs.compiles + programs.cache_hits == 3  # one per chunk length (7, 2, 1), not per step
     assert np.array_equal(np.asarray(cache.valid[:, :11]), real)
     assert not np.asarray(cache.valid[:, 11:]).any()
-    assert step._cache_size() == 3  # one compilation per distinct chunk length (7, 2, 1), not per step
 
 
 def test_cache_overflow_and_shape_errors(checkpoints):

@@ -1,40 +1,30 @@
 """Runs that never mix, lose or poison results (issue 14): validation before any write, run-directory
-rules, exact resume after SIGKILL, NaN stops, verified checkpoints, atomic writes, checked HF loading;
-and that hold under concurrency and faults (issue 25): one writer per directory, a log two writers
-mixed refused on resume, a full disk or an unwritable directory in one line, limits checked at start-up.
+rules, exact resume after SIGKILL, NaN stops, verified checkpoints, atomic writes.
 
-The end-to-end tests run `python -m experiments.train` in subprocesses with a tiny model (one layer,
-width 16) on the synthetic task; they share a persistent XLA compilation cache so that only the first
-process compiles.
+The end-to-end tests run `python -m experiments.train` in subprocesses with the tiny model of
+tests/tiny_runs.py on the synthetic task; they share a persistent XLA compilation cache so that only
+the first process compiles. Checked HF loading, data files and the faults of issue 25 are in
+tests/test_run_faults.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
-import glob
 import json
 import os
-import pathlib
 import random
-import shutil
 import signal
 import subprocess
-import sys
 import time
 import typing
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from experiments.cli import run_cli
 from experiments.train import DEFAULT_CONFIG, cli, load_config
-from respo_jax.data import DataFileError, load_benchmark
-from respo_jax.models import qwen3
-from respo_jax.training import run_dir, run_lock
+from respo_jax.training import run_dir
 from respo_jax.training.checkpoint import (
     CheckpointError,
     list_steps,
@@ -48,100 +38,22 @@ from respo_jax.training.checkpoint import (
 )
 from respo_jax.training.config import ConfigError, ConfigKeyError, ExperimentConfig, apply_overrides
 from respo_jax.training.iteration_metrics import check_finite_steps
-from respo_jax.training.limits import check_limits, kv_cache_bytes
-from respo_jax.training.run_lock import RunLock, RunLockedError
 from respo_jax.training.step import NonFiniteError
-from respo_jax.training.write_errors import RunWriteError, writing
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY_MODEL = ('model.overrides={"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, '
-              '"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}')
-# A run of seconds that still learns: a 2-step warm-up, 2 prompts x 2 responses x 2 mini-batches, the
-# overlong penalty so that rewards (and advantages) differ within a group, a 4-problem greedy eval.
-TINY_RUN = [
-    TINY_MODEL, "warmup.steps=2", "warmup.batch_size=4", "rollout.prompts_per_minibatch=2",
-    "rollout.group_size=2", "rollout.reuse=2", "rollout.max_new_tokens=6", "task.overlong_buffer_length=4",
-    "task.num_records=64", "run.eval_problems=4", "run.progress=false", "run.host_allocator=false",
-]
-# Depend on the process, not the run: a resumed process compiles its programs again.
-TIMING_KEYS = ("rollout_seconds", "iteration_seconds", "compiles", "compile_seconds", "compile_cache_hits")
-
-
-# ----------------------------------------------------------------------------------------- helpers
-
-
-REFERENCE_ARGS = ("run.iterations=8", "run.checkpoint_every=3", "run.resume=true")
-
-
-@pytest.fixture(scope="session")
-def reference(tmp_path_factory, jit_cache) -> pathlib.Path:
-    """An uninterrupted run of 8 iterations, checkpoints at 3, 6, 8 (tests work on copies)."""
-    out = tmp_path_factory.mktemp("reference") / "run"
-    result = _train(jit_cache, out, *REFERENCE_ARGS)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
-
-
-def _train_cmd(out_dir, *overrides) -> list[str]:
-    return [sys.executable, "-m", "experiments.train", *TINY_RUN, f"run.out_dir={out_dir}", *overrides]
-
-
-def _env(jit_cache: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=jit_cache,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    env.pop("XLA_FLAGS", None)  # one host device, as a user's run
-    return env
-
-
-def _train(jit_cache, out_dir, *overrides, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run(_train_cmd(out_dir, *overrides), cwd=ROOT, env=_env(jit_cache), capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def _records(out_dir) -> list[dict]:
-    path = pathlib.Path(out_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _without_timings(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
-
-
-def _snapshot(folder) -> dict[str, bytes]:
-    """Every file under `folder` with its bytes."""
-    folder = pathlib.Path(folder)
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _raw_state(checkpoints, step):
-    """(state leaves by path, meta) of a checkpoint step read without a template (no trainer needed)."""
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-        restored = checkpointer.restore(step_dir(str(checkpoints), step), args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-    leaves = jax.tree_util.tree_flatten_with_path(restored["state"])[0]
-    return {jax.tree_util.keystr(path): np.asarray(value) for path, value in leaves}, restored["meta"]
-
-
-def _flip_a_bit(folder) -> str:
-    """Flips one bit in the middle of the largest array file of a checkpoint step; returns its path."""
-    files = [p for p in glob.glob(os.path.join(folder, "state", "**", "*"), recursive=True)
-             if os.path.isfile(p) and os.sep + "d" + os.sep in p]
-    path = max(files, key=os.path.getsize)
-    data = bytearray(pathlib.Path(path).read_bytes())
-    data[len(data) // 2] ^= 0x10
-    pathlib.Path(path).write_bytes(bytes(data))
-    return path
-
-
-def _copy(src, dst) -> pathlib.Path:
-    shutil.copytree(src, dst)
-    return pathlib.Path(dst)
-
-
-def _one_line_error(stderr: str) -> str:
-    lines = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr
-    return lines[0]
+from tiny_runs import (
+    REFERENCE_ARGS,
+    ROOT,
+    TINY_RUN,
+    assert_same_run,
+    copy_run,
+    run_env,
+    flip_a_bit,
+    one_line_error,
+    raw_state,
+    read_records,
+    snapshot,
+    train,
+    train_cmd,
+)
 
 
 # ------------------------------------------------------------------- 6. validation before any write
@@ -222,7 +134,7 @@ def test_fields_of_the_wrong_type_from_a_config_file_are_refused():
 def test_cli_prints_one_line_and_exits_2_for_a_user_error(tmp_path, capsys):
     overrides = [f"run.out_dir={tmp_path / 'run'}", "objective.hparams.eps_hgh=0.3", "objective.name=grpo"]
     assert cli(overrides) == 2
-    line = _one_line_error(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err)
     assert "objective.hparams={'eps_hgh': 0.3}" in line and "eps_high" in line
     assert not (tmp_path / "run").exists()  # nothing written
 
@@ -246,36 +158,20 @@ def test_check_finite_steps_names_the_iteration_mini_batch_and_quantity():
 def test_a_diverging_run_exits_1_and_keeps_only_finite_checkpoints(tmp_path, jit_cache):
     """lr = 1e38 (warmed up from 0, so iteration 1 is still finite) blows up in iteration 2."""
     out = tmp_path / "run"
-    result = _train(jit_cache, out, "run.iterations=3", "run.checkpoint_every=1", "optim.learning_rate=1e38",
+    result = train(jit_cache, out, "run.iterations=3", "run.checkpoint_every=1", "optim.learning_rate=1e38",
                     "optim.warmup_steps=3", "warmup.steps=0", "run.eval_problems=0")  # fewer programs
     assert result.returncode == 1, result.stderr[-3000:]
-    line = _one_line_error(result.stderr)
+    line = one_line_error(result.stderr)
     assert "iteration 2, mini-batch 1/2:" in line and ("nan" in line or "NaN" in line), line
     assert list_steps(out / "checkpoints") == [1]
-    state, meta = _raw_state(out / "checkpoints", 1)
+    state, meta = raw_state(out / "checkpoints", 1)
     assert meta["iteration"] == 1 and all(np.isfinite(v).all() for v in state.values())
     assert verify_files(step_dir(str(out / "checkpoints"), 1)) is None
-    assert [r["iteration"] for r in _records(out) if r["phase"] == "rl"] == [1]
+    assert [r["iteration"] for r in read_records(out) if r["phase"] == "rl"] == [1]
     assert not (out / "summary.json").exists()
 
 
 # ------------------------------------------ 1, 2, 4. run directories: refuse, resume exactly, overwrite
-
-
-def _assert_same_run(out: pathlib.Path, reference: pathlib.Path) -> None:
-    """Metrics (but timings), summary and the last checkpoint of `out` equal the reference's bit for bit."""
-    records, expected = _records(out), _records(reference)
-    assert _without_timings(records) == _without_timings(expected)
-    assert [r["iteration"] for r in records if r["phase"] == "rl"] == list(range(1, 9))
-    assert [r["phase"] for r in records].count("eval") == 2 and records[0]["phase"] == "warmup"
-    assert (out / "summary.json").read_text() == (reference / "summary.json").read_text()
-    assert json.loads((out / "summary.json").read_text())["iterations"] == 8
-    assert list_steps(out / "checkpoints")[-1] == 8 and list_steps(reference / "checkpoints")[-1] == 8
-    got, got_meta = _raw_state(out / "checkpoints", 8)
-    want, want_meta = _raw_state(reference / "checkpoints", 8)
-    assert got_meta == want_meta and got.keys() == want.keys()
-    for key in want:
-        assert got[key].dtype == want[key].dtype and got[key].tobytes() == want[key].tobytes(), key
 
 
 @pytest.mark.slow
@@ -284,7 +180,7 @@ def test_killed_runs_resume_bit_identical_to_an_uninterrupted_run(tmp_path, jit_
     iteration), each time rerun with run.resume=true: metrics, summary and parameters equal the
     uninterrupted run's bit for bit, with no repeated record."""
     args = REFERENCE_ARGS
-    records = _records(reference)
+    records = read_records(reference)
     assert sum(r["grad_norm"] > 0 for r in records if r["phase"] == "rl") >= 6  # it does learn something
     out = tmp_path / "killed"
     rng = random.Random(14)
@@ -301,7 +197,7 @@ def test_killed_runs_resume_bit_identical_to_an_uninterrupted_run(tmp_path, jit_
     plan = [(2, rng.uniform(0.0, 0.4)), (2, rng.uniform(0.0, 0.4)), (None, rng.uniform(0.0, 0.6))]
     for target_step, delay in plan:
         target = 8 if target_step is None else min(max_iteration() + target_step, 8)
-        proc = subprocess.Popen(_train_cmd(out, *args), cwd=ROOT, env=_env(jit_cache),
+        proc = subprocess.Popen(train_cmd(out, *args), cwd=ROOT, env=run_env(jit_cache),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 240
@@ -314,25 +210,25 @@ def test_killed_runs_resume_bit_identical_to_an_uninterrupted_run(tmp_path, jit_
                 kills.append((max_iteration(), list_steps(out / "checkpoints")))
             proc.wait()
     assert len(kills) >= 2, kills  # the run did not simply finish each time
-    final = _train(jit_cache, out, *args)
+    final = train(jit_cache, out, *args)
     assert final.returncode == 0, (kills, final.stderr[-3000:])
 
-    _assert_same_run(out, reference)
+    assert_same_run(out, reference)
     print("kill points (last iteration logged, checkpoints):", kills)
 
 
 @pytest.mark.slow
 def test_a_reused_out_dir_is_refused_and_a_failed_start_changes_nothing(tmp_path, jit_cache, reference,
                                                                          capsys):
-    out = _copy(reference, tmp_path / "run")
-    before = _snapshot(out)
+    out = copy_run(reference, tmp_path / "run")
+    before = snapshot(out)
     assert {"config.json", "metrics.jsonl", "summary.json", "training_curves.png"} <= set(before)
 
     # The command a user would type: another objective into the same directory.
-    second = _train(jit_cache, out, "run.iterations=2", "objective.name=grpo")
+    second = train(jit_cache, out, "run.iterations=2", "objective.name=grpo")
     assert second.returncode == 2
-    assert "already holds a run" in _one_line_error(second.stderr) and "run.resume=true" in second.stderr
-    assert _snapshot(out) == before
+    assert "already holds a run" in one_line_error(second.stderr) and "run.resume=true" in second.stderr
+    assert snapshot(out) == before
 
     # Each of these fails before anything is written (in-process: the same code path as above).
     base = [*TINY_RUN, f"run.out_dir={out}"]
@@ -346,16 +242,16 @@ def test_a_reused_out_dir_is_refused_and_a_failed_start_changes_nothing(tmp_path
         (["run.iterations=9", "run.resume=true", "model.preset=nope"], "model.preset='nope'"),
     ]:
         assert cli(base + overrides) == 2, overrides
-        assert expected in _one_line_error(capsys.readouterr().err), overrides
-        assert _snapshot(out) == before, overrides
+        assert expected in one_line_error(capsys.readouterr().err), overrides
+        assert snapshot(out) == before, overrides
 
     # A log that lost records the last checkpoint counts is refused before anything is rewritten.
     lines = (out / "metrics.jsonl").read_bytes().splitlines(keepends=True)
     (out / "metrics.jsonl").write_bytes(b"".join(lines[:4]))
-    shortened = _snapshot(out)
+    shortened = snapshot(out)
     assert cli(base + ["run.iterations=9", "run.resume=true"]) == 2
-    assert "holds 4 complete records; the checkpoint counts 11" in _one_line_error(capsys.readouterr().err)
-    assert _snapshot(out) == shortened
+    assert "holds 4 complete records; the checkpoint counts 11" in one_line_error(capsys.readouterr().err)
+    assert snapshot(out) == shortened
 
 
 def test_overwrite_clears_the_old_run_and_keeps_foreign_files(tmp_path):
@@ -458,7 +354,7 @@ def test_a_bit_flip_is_reported_and_the_latest_intact_checkpoint_restored(tmp_pa
     for step in (1, 2, 3):
         params, opt_state = _tiny_state(step)
         save_checkpoint(directory, step, params, opt_state, {"iteration": step})
-    _flip_a_bit(step_dir(directory, 3))
+    flip_a_bit(step_dir(directory, 3))
     with pytest.raises(CheckpointError, match=r"step 3 .* is damaged: file state/.* does not match"):
         restore_checkpoint(directory, *_tiny_state())
     reports = []
@@ -469,7 +365,7 @@ def test_a_bit_flip_is_reported_and_the_latest_intact_checkpoint_restored(tmp_pa
     assert set_aside(directory, 3).endswith("3.damaged") and list_steps(directory) == [1, 2]
     save_checkpoint(directory, 3, *_tiny_state(), {"iteration": 3})  # the step can be written again
     for step in (1, 2, 3):
-        _flip_a_bit(step_dir(directory, step))
+        flip_a_bit(step_dir(directory, step))
     with pytest.raises(CheckpointError, match=r"no intact checkpoint under .*\(steps \[1, 2, 3\]"):
         restore_latest_intact(directory, *_tiny_state(), report=lambda _: None)
     assert restore_latest_intact(str(tmp_path / "none"), *_tiny_state()) is None
@@ -511,355 +407,21 @@ def test_unfinished_mismatched_and_non_finite_checkpoints_are_damaged(tmp_path):
 def test_resume_falls_back_from_a_damaged_checkpoint_and_repairs_the_log(tmp_path, jit_cache, reference):
     """A bit flip in the last checkpoint and a torn metrics line: resume reports the damage in one line,
     sets the step aside, redoes iterations 7-8 from checkpoint 6 and ends as the uninterrupted run."""
-    out = _copy(reference, tmp_path / "run")
-    _flip_a_bit(step_dir(str(out / "checkpoints"), 8))
+    out = copy_run(reference, tmp_path / "run")
+    flip_a_bit(step_dir(str(out / "checkpoints"), 8))
     with open(out / "metrics.jsonl", "ab") as handle:
         handle.write(b'{"phase": "rl", "iter')
-    resumed = _train(jit_cache, out, *REFERENCE_ARGS)
+    resumed = train(jit_cache, out, *REFERENCE_ARGS)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     warnings = [line for line in resumed.stderr.splitlines() if "damaged" in line]
     assert len(warnings) == 2 and "step 8" in warnings[0] and "8.damaged" in warnings[1], resumed.stderr
-    _assert_same_run(out, reference)
+    assert_same_run(out, reference)
     assert list_steps(out / "checkpoints") == [3, 6, 8] and (out / "checkpoints" / "8.damaged").is_dir()
 
     for step in (3, 6, 8):
-        _flip_a_bit(step_dir(str(out / "checkpoints"), step))
-    damaged = _snapshot(out)
-    again = _train(jit_cache, out, "run.iterations=9", "run.resume=true")
+        flip_a_bit(step_dir(str(out / "checkpoints"), step))
+    damaged = snapshot(out)
+    again = train(jit_cache, out, "run.iterations=9", "run.resume=true")
     assert again.returncode == 1
-    assert "no intact checkpoint" in _one_line_error(again.stderr)
-    assert _snapshot(out) == damaged  # nothing rewritten
-
-
-# ---------------------------------------------------------- 7. Hugging Face checkpoints and data files
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    from flax import nnx
-
-    from respo_jax.models import qwen3
-
-    cfg = qwen3.Qwen3Config.preset("tiny", num_hidden_layers=1, vocab_size=32, tie_word_embeddings=False)
-    path = tmp_path_factory.mktemp("hf")
-    qwen3.save_pretrained(qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)), path)
-    return path
-
-
-def test_tied_config_with_a_different_lm_head_is_refused(hf_dir, tmp_path):
-    from safetensors.numpy import load_file, save_file
-
-    from respo_jax.models import qwen3
-
-    path = _copy(hf_dir, tmp_path / "tied")
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=True)))
-    with pytest.raises(ValueError, match="tie_word_embeddings=true, but lm_head.weight differs"):
-        qwen3.from_pretrained(path)
-    tensors = load_file(path / "model.safetensors")  # the same matrix stored twice is fine
-    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    assert qwen3.from_pretrained(path).config.tie_word_embeddings
-
-
-def test_non_finite_weights_are_refused_naming_the_tensor(hf_dir, tmp_path):
-    from safetensors.numpy import load_file, save_file
-
-    from respo_jax.models import qwen3
-
-    path = _copy(hf_dir, tmp_path / "nan")
-    tensors = load_file(path / "model.safetensors")
-    tensors["model.layers.0.mlp.up_proj.weight"][3, 1] = np.nan
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    name = "model.layers.0.mlp.up_proj.weight"
-    with pytest.raises(ValueError, match=rf"tensor '{name}' in .* 1 NaN/inf .*\[3, 1\]"):
-        qwen3.from_pretrained(path)
-
-
-def test_json_errors_name_the_file_and_line(hf_dir, tmp_path):
-    from respo_jax.models import qwen3
-
-    path = _copy(hf_dir, tmp_path / "json")
-    text = (path / "config.json").read_text().splitlines()
-    text[2] = text[2] + ",,"
-    (path / "config.json").write_text("\n".join(text))
-    with pytest.raises(ValueError, match=r"config.json:3:\d+: invalid JSON"):
-        qwen3.from_pretrained(path)
-    sharded = tmp_path / "sharded"
-    qwen3.save_pretrained(qwen3.from_pretrained(hf_dir), sharded, max_shard_bytes=4096)
-    index = sharded / "model.safetensors.index.json"
-    index.write_text(index.read_text().replace('"weight_map": {', '"weight_map": {{', 1))
-    with pytest.raises(ValueError, match=r"model.safetensors.index.json:\d+:\d+: invalid JSON"):
-        qwen3.from_pretrained(sharded)
-    (path / "config.json").write_bytes(b'{\n "model_type": "qwen3\xff"\n}')
-    with pytest.raises(ValueError, match=r"config.json:2: invalid UTF-8 byte 0xff"):
-        qwen3.from_pretrained(path)
-    config = apply_overrides(load_config(DEFAULT_CONFIG), [f"model.checkpoint_dir={path}"])  # pure: passes
-    with pytest.raises(ConfigError, match=r"^model.checkpoint_dir=.*config.json:2: invalid UTF-8"):
-        config.check_paths()  # the trainer's start-up check of the files a config names
-
-
-def test_a_bad_utf8_byte_in_a_data_file_names_the_file_and_line(tmp_path):
-    path = tmp_path / "test.jsonl"
-    path.write_bytes(b'{"problem": "1+1", "answer": "2", "id": 0}\n'
-                     b'{"problem": "caf\xe9", "answer": "3", "id": 1}\n')
-    with pytest.raises(DataFileError, match=r"test.jsonl:2: invalid UTF-8 byte 0xe9"):
-        load_benchmark("aime24", str(path))
-
-
-
-# ------------------------------------- issue 25: one writer per directory, full and unwritable disks
-
-
-def test_a_second_writer_is_refused_and_the_lock_goes_with_its_holder(tmp_path):
-    out = tmp_path / "new" / "run"
-    lock = RunLock.acquire(str(out), "training")
-    holder = json.loads((out / ".lock").read_text())
-    assert holder["pid"] == os.getpid() and holder["what"] == "training"
-    held = f"being written by another process \\(training, pid {os.getpid()} "
-    with pytest.raises(RunLockedError, match=held):
-        RunLock.acquire(str(out), "evaluation")  # another open file description: flock refuses it
-    assert run_dir.run_entries(str(out)) == ()  # the lock file is not a run entry
-    lock.release(remove_if_created=True)
-    assert not out.exists() and (tmp_path / "new").is_dir()  # only what acquire created goes
-    kept = RunLock.acquire(str(tmp_path), "training")
-    (tmp_path / "notes.txt").write_text("x")
-    kept.release(remove_if_created=True)
-    assert sorted(os.listdir(tmp_path)) == ["new", "notes.txt"]  # no .lock left behind
-
-
-def test_an_unwritable_out_dir_is_refused_at_start_up_in_one_line(tmp_path, capsys, monkeypatch):
-    afile = tmp_path / "afile"
-    afile.write_text("not a directory")
-    below = afile / "run"
-    assert cli([*TINY_RUN, f"run.out_dir={below}"]) == 2
-    line = _one_line_error(capsys.readouterr().err)
-    assert line.startswith(f"error: run.out_dir='{below}': cannot write the run directory"), line
-    assert "Not a directory" in line and "MiB free" in line
-    assert afile.read_text() == "not a directory" and sorted(os.listdir(tmp_path)) == ["afile"]
-
-    # A read-only file system (root ignores chmod, so the lock file's open is made to fail as it would).
-    def read_only(path, *args, **kwargs):
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-
-    monkeypatch.setattr(run_lock, "open", read_only, raising=False)
-    out = tmp_path / "ro"
-    assert cli([*TINY_RUN, f"run.out_dir={out}"]) == 2
-    line = _one_line_error(capsys.readouterr().err)
-    assert f"run.out_dir='{out}'" in line and "Read-only file system" in line and ".lock" in line
-    assert not out.exists()  # the directory acquire had created is gone again
-
-
-@pytest.mark.parametrize("override, expected", [
-    ("rollout.max_new_tokens=10000000", "rollout.max_new_tokens=10000000: the longest prompt ("),
-    (f"run.iterations={10**20}", f"run.iterations={10**20}: expected an integer in [1, 1_000_000_000]"),
-    ("run.policy_updates=4000000000", "run.policy_updates=4000000000: expected an integer in [0, "),
-    ("warmup.steps=10000000000", "warmup.steps=10000000000: expected an integer in [0, 1_000_000_000]"),
-])
-def test_limits_are_checked_at_start_up_with_nothing_written(tmp_path, capsys, override, expected):
-    out = tmp_path / "run"
-    assert cli([*TINY_RUN, f"run.out_dir={out}", override]) == 2
-    line = _one_line_error(capsys.readouterr().err)
-    assert line.startswith(f"error: {expected}"), line
-    assert os.listdir(tmp_path) == []
-
-
-def test_the_kv_cache_is_checked_against_the_devices_memory():
-    tiny = qwen3.Qwen3Config.preset("tiny")
-    config = apply_overrides(load_config(DEFAULT_CONFIG), ["rollout.max_new_tokens=1000"])
-    check_limits(config, tiny, 12, memory_bytes=None)  # memory unknown: only the positions are checked
-    r = config.rollout
-    rows = min(r.sampler_max_rows, r.reuse * r.prompts_per_minibatch * r.group_size)  # 256
-    slots = 1024  # 12 -> a 16-token prompt bucket, + 1000 new tokens, rounded up to the cache's 16
-    per_token = 2 * tiny.num_hidden_layers * tiny.num_key_value_heads * tiny.head_dim * 4  # float32 k and v
-    assert kv_cache_bytes(tiny, rows, slots, "float32") == rows * slots * per_token
-    check_limits(config, tiny, 12, memory_bytes=rows * slots * per_token)
-    with pytest.raises(ConfigError, match=f"^rollout.sampler_max_rows=256: the sampler's KV cache for {rows} "
-                                          f"rows of {slots} tokens .* expected at most {rows - 1} rows"):
-        check_limits(config, tiny, 12, memory_bytes=rows * slots * per_token - 1)
-    # The paper's 1.7B run (M=32, G=8, N=8, 15,360 new tokens, bf16) fits the memory of eight 141 GB
-    # accelerators, not of one: 256 rows x 16,384 slots x 28 layers x 8 kv heads x 128 x 2 x 2 bytes.
-    paper = load_config(os.path.join(ROOT, "experiments", "configs", "qwen3_1p7b_dapo.py"))
-    model = qwen3.Qwen3Config.preset("qwen3-1.7b")
-    assert kv_cache_bytes(model, 256, 16384, "bfloat16") == 256 * 16384 * 28 * 8 * 128 * 2 * 2
-    check_limits(paper, model, 1024, memory_bytes=8 * 141 * 10**9)
-    with pytest.raises(ConfigError, match="rollout.sampler_max_rows=256"):
-        check_limits(paper, model, 1024, memory_bytes=141 * 10**9)
-    with pytest.raises(ConfigError, match=r"\(40960\); expected at most 0$"):
-        check_limits(paper, model, 40960, memory_bytes=None)
-
-
-def test_log_problem_finds_a_second_writer_in_the_log():
-    def warm(i):
-        return {"phase": "warmup", "step": i}
-
-    def rl(i):
-        return {"phase": "rl", "iteration": i}
-
-    evals = {"phase": "eval"}
-    assert run_dir.log_problem([warm(1), warm(2), evals, rl(1), rl(2), evals]) is None
-    assert run_dir.log_problem([rl(1), rl(2)]) is None  # no warm-up
-    # The issue's log: two warm-ups interleaved, then iteration 1 twice.
-    assert run_dir.log_problem([warm(1), warm(1), warm(2), warm(2), evals, rl(1), rl(1)]) == (
-        "record 2 is warm-up step 1 after 1 warm-up steps and 0 RL iterations")
-    assert run_dir.log_problem([warm(1), evals, rl(1), rl(1)]) == (
-        "record 4 is RL iteration 1 after iteration 1")
-    assert run_dir.log_problem([rl(1), rl(3)]) == "record 2 is RL iteration 3 after iteration 1"
-    assert "warm-up step 1 after 1 warm-up steps and 1 RL" in run_dir.log_problem([warm(1), rl(1), warm(1)])
-
-
-@pytest.mark.slow
-def test_resume_refuses_a_log_with_duplicated_iterations(tmp_path, reference, capsys):
-    out = _copy(reference, tmp_path / "run")
-    base = [*TINY_RUN, f"run.out_dir={out}", "run.iterations=9", "run.resume=true"]
-    lines = (out / "metrics.jsonl").read_bytes().splitlines(keepends=True)
-    rl = [i for i, line in enumerate(lines) if json.loads(line)["phase"] == "rl"]
-    (out / "metrics.jsonl").write_bytes(b"".join(lines[:rl[1]] + [lines[rl[0]]] + lines[rl[1]:]))
-    before = _snapshot(out)
-    assert cli(base) == 2  # iteration 1 twice among the records the checkpoint counts
-    line = _one_line_error(capsys.readouterr().err)
-    assert "is not one run's log (record 5 is RL iteration 1 after iteration 1)" in line, line
-    assert "drop or repeat RL records" in line and "run.overwrite=true" in line
-    assert _snapshot(out) == before
-    counted = json.loads((out / "checkpoints" / "8" / "meta" / "metadata").read_text())["metrics_records"]
-    for broken, where in [
-        (lines + [lines[rl[2]]], "record 13 is RL iteration 3 after iteration 8"),  # after those records
-        ([lines[0], lines[0]] + lines[1:], "record 2 is warm-up step 1 after 1 warm-up steps"),
-    ]:
-        (out / "metrics.jsonl").write_bytes(b"".join(broken))
-        with pytest.raises(run_dir.RunDirError, match=f"is not one run's log \\({where}"):
-            run_dir.rewind(str(out), counted, 8)
-
-
-_FULL_DISK = """
-import builtins, errno, os, sys
-real_open = builtins.open
-def full_disk(file, mode="r", *args, **kwargs):  # the disk fills while checkpoint step 6 is written
-    name = os.fspath(file) if isinstance(file, (str, os.PathLike)) else ""
-    if any(c in mode for c in "wax+") and os.sep + "checkpoints" + os.sep + "6" in name:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
-    return real_open(file, mode, *args, **kwargs)
-builtins.open = full_disk
-from experiments.train import cli
-sys.exit(cli(sys.argv[1:]))
-"""
-
-
-@pytest.mark.slow
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_resume_after_making_room_is_exact(
-        tmp_path, jit_cache, reference):
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-c", _FULL_DISK, *_train_cmd(out, *REFERENCE_ARGS)[3:]]
-    result = subprocess.run(cmd, cwd=ROOT, env=_env(jit_cache), capture_output=True, text=True, timeout=240)
-    assert result.returncode == 1, result.stderr[-3000:]
-    line = _one_line_error(result.stderr)
-    assert line.startswith(f"error: cannot write checkpoint step 6 to {out / 'checkpoints' / '6'}"), line
-    assert "No space left on device" in line and "MiB free" in line and "steps [3]) are kept" in line
-    assert "ImportError" not in result.stderr and len(result.stderr.strip().splitlines()) <= 3, result.stderr
-    assert list_steps(out / "checkpoints") == [3] and not (out / ".lock").exists()
-    assert verify_files(step_dir(str(out / "checkpoints"), 3)) is None  # intact, and as the reference's
-    (got, got_meta), (want, want_meta) = (_raw_state(d / "checkpoints", 3) for d in (out, reference))
-    assert got_meta == want_meta and all(got[k].tobytes() == want[k].tobytes() for k in want)
-
-    final = _train(jit_cache, out, *REFERENCE_ARGS)  # space is back
-    assert final.returncode == 0, final.stderr[-3000:]
-    _assert_same_run(out, reference)
-
-
-@pytest.mark.slow
-def test_two_concurrent_trainings_into_one_out_dir_one_refused_the_other_a_lone_run(
-        tmp_path, jit_cache, reference):
-    out = tmp_path / "run"
-    first = subprocess.Popen(_train_cmd(out, *REFERENCE_ARGS), cwd=ROOT, env=_env(jit_cache),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while first.poll() is None and time.monotonic() < deadline:  # until the first holds the lock
-            try:
-                if json.loads((out / ".lock").read_text())["pid"] == first.pid:
-                    break
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.05)
-        assert first.poll() is None, first.stderr.read()
-        second = _train(jit_cache, out, *REFERENCE_ARGS)
-        assert second.returncode == 2, second.stderr[-3000:]
-        line = _one_line_error(second.stderr)
-        assert f"{str(out)!r} is being written by another process (training, pid {first.pid} " in line, line
-        assert "train.py" in line  # the holder's command
-        _, stderr = first.communicate(timeout=240)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-    assert first.returncode == 0, stderr[-3000:]
-    _assert_same_run(out, reference)
-    assert not (out / ".lock").exists()
-
-
-def test_mesh_equivalence_and_the_benchmarks_give_one_line_and_exit_2_for_a_bad_flag(tmp_path, capsys):
-    from experiments import mesh_equivalence
-    from experiments.benchmarks import __main__ as bench_main
-    from experiments.benchmarks import rl_iteration
-
-    out = tmp_path / "mesh"
-    for argv, expected in [(["--frobnicate"], "unrecognized arguments: --frobnicate"),
-                           (["--meshes", "1,2", "--out", str(out)], "--meshes: '1,2' is not data,fsdp"),
-                           (["--devices", "-1", "--out", str(out)], "--devices -1: expected 0")]:
-        assert mesh_equivalence.cli(argv) == 2, argv
-        assert expected in _one_line_error(capsys.readouterr().err), argv
-    assert not out.exists()
-    for main, argv, expected in [
-        (bench_main.main, ["--parts", "nope"], "argument --parts: invalid choice"),
-        (rl_iteration.main, ["--iterations", "x"], "argument --iterations: invalid int"),
-    ]:
-        assert run_cli(main, argv) == 2
-        assert expected in _one_line_error(capsys.readouterr().err)
-    result = subprocess.run([sys.executable, "-m", "experiments.benchmarks", "--bogus"], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 2
-    assert "unrecognized arguments: --bogus" in _one_line_error(result.stderr)
-
-
-def test_a_second_sweep_into_one_runs_dir_is_refused_before_it_writes(tmp_path, capsys):
-    from experiments import gradient_starvation
-
-    runs = tmp_path / "runs"
-    holder = RunLock.acquire(str(runs), "gradient-starvation sweep")
-    try:
-        argv = ["--quick", f"sweep.runs_dir={runs}", f"sweep.out_dir={tmp_path / 'report'}"]
-        assert gradient_starvation.cli(argv) == 2
-        line = _one_line_error(capsys.readouterr().err)
-        assert "is being written by another process (gradient-starvation sweep" in line
-        assert os.listdir(runs) == [".lock"] and not (tmp_path / "report").exists()
-    finally:
-        holder.release(remove_if_created=True)
-    assert not runs.exists()
-
-
-def test_a_full_disk_while_logging_is_one_line_naming_the_file_and_the_free_space(tmp_path):
-    class FullDisk:
-        def __init__(self, real):
-            self.real = real
-
-        def write(self, data):  # the disk takes half of the line, then is full
-            if len(data) > 4:
-                return self.real.write(bytes(data[:len(data) // 2]))
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        def __getattr__(self, name):
-            return getattr(self.real, name)
-
-    with run_dir.MetricsLog(str(tmp_path)) as log:
-        log.append({"phase": "rl", "iteration": 1})
-        log._file = FullDisk(log._file)
-        with pytest.raises(RunWriteError) as info:
-            log.append({"phase": "rl", "iteration": 2})
-    message = str(info.value)
-    assert message.startswith(f"cannot write a metrics record to {tmp_path / 'metrics.jsonl'}: No space left")
-    assert "MiB free of" in message and "\n" not in message
-    assert (tmp_path / "metrics.jsonl").read_bytes().startswith(b'{"phase": "rl", "iteration": 1}\n{"phase"')
-    with pytest.raises(KeyError):  # anything but a write error keeps its type (and traceback)
-        with writing("x", str(tmp_path)):
-            raise KeyError("a bug")
+    assert "no intact checkpoint" in one_line_error(again.stderr)
+    assert snapshot(out) == damaged  # nothing rewritten

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_reward_registry import write_user_reward_config
-from test_runs import ROOT, TIMING_KEYS, TINY_RUN, _env, _records
+from tiny_runs import ROOT, TIMING_KEYS, TINY_RUN, read_records, run_env
 
 from experiments.train import cli
 
@@ -113,8 +113,8 @@ def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(
         tmp_path, jit_cache):
     config = write_user_reward_config(tmp_path)
     out = tmp_path / "run"
-    env = dict(_env(jit_cache), WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"), WANDB_SILENT="true",
-               WANDB_PROJECT="respo-tests")
+    env = dict(run_env(jit_cache), WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"),
+               WANDB_SILENT="true", WANDB_PROJECT="respo-tests")
     os.makedirs(env["WANDB_DIR"])
 
     def train_cmd(*overrides):
@@ -128,7 +128,7 @@ def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(
         assert result.returncode == 0, result.stderr[-3000:]
 
     train("run.iterations=2")
-    first = _records(out)
+    first = read_records(out)
     rl = [r for r in first if r["phase"] == "rl"]
     # The user reward of the --config file trained, and its raising / NaN responses were counted.
     assert len(rl) == 2 and all(r["reward_timeouts"] == 0 for r in rl)
@@ -158,7 +158,7 @@ def test_tracked_run_holds_every_metric_and_resumes_without_duplicated_steps(
     sent_before = json.loads((out / "wandb_run.json").read_text())
     last_sent = tuple(sent_before["last_row"])  # the last row the killed run sent to W&B
     train("run.iterations=4", "run.resume=true")
-    final = _records(out)
+    final = read_records(out)
     assert final[:len(first) - 1] == first[:-1]
     assert [r["iteration"] for r in final if r["phase"] == "rl"] == [1, 2, 3, 4]
     _check_tensorboard(out, final)

@@ -1,0 +1,115 @@
+"""The tiny end-to-end runs the run tests share: `python -m experiments.train` in a subprocess with a
+tiny model (one layer, width 16) on the synthetic task, and the helpers that read what a run wrote
+(metrics, checkpoints, files) or break it (a flipped bit). Launches share the session's persistent
+XLA compilation cache (tests/conftest.py) so that only the first process compiles.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from respo_jax.training.checkpoint import list_steps, step_dir
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY_MODEL = ('model.overrides={"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, '
+              '"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}')
+# A run of seconds that still learns: a 2-step warm-up, 2 prompts x 2 responses x 2 mini-batches, the
+# overlong penalty so that rewards (and advantages) differ within a group, a 4-problem greedy eval.
+TINY_RUN = [
+    TINY_MODEL, "warmup.steps=2", "warmup.batch_size=4", "rollout.prompts_per_minibatch=2",
+    "rollout.group_size=2", "rollout.reuse=2", "rollout.max_new_tokens=6", "task.overlong_buffer_length=4",
+    "task.num_records=64", "run.eval_problems=4", "run.progress=false", "run.host_allocator=false",
+]
+# Depend on the process, not the run: a resumed process compiles its programs again.
+TIMING_KEYS = ("rollout_seconds", "iteration_seconds", "compiles", "compile_seconds", "compile_cache_hits")
+
+# The session's `reference` run (tests/conftest.py).
+REFERENCE_ARGS = ("run.iterations=8", "run.checkpoint_every=3", "run.resume=true")
+
+
+def train_cmd(out_dir, *overrides) -> list[str]:
+    return [sys.executable, "-m", "experiments.train", *TINY_RUN, f"run.out_dir={out_dir}", *overrides]
+
+
+def run_env(jit_cache: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=jit_cache,
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env.pop("XLA_FLAGS", None)  # one host device, as a user's run
+    return env
+
+
+def train(jit_cache, out_dir, *overrides, timeout=240) -> subprocess.CompletedProcess:
+    return subprocess.run(train_cmd(out_dir, *overrides), cwd=ROOT, env=run_env(jit_cache),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_records(out_dir) -> list[dict]:
+    path = pathlib.Path(out_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def without_timings(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def snapshot(folder) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes."""
+    folder = pathlib.Path(folder)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def raw_state(checkpoints, step):
+    """(state leaves by path, meta) of a checkpoint step read without a template (no trainer needed)."""
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+        restored = checkpointer.restore(step_dir(str(checkpoints), step), args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    leaves = jax.tree_util.tree_flatten_with_path(restored["state"])[0]
+    return {jax.tree_util.keystr(path): np.asarray(value) for path, value in leaves}, restored["meta"]
+
+
+def flip_a_bit(folder) -> str:
+    """Flips one bit in the middle of the largest array file of a checkpoint step; returns its path."""
+    files = [p for p in glob.glob(os.path.join(folder, "state", "**", "*"), recursive=True)
+             if os.path.isfile(p) and os.sep + "d" + os.sep in p]
+    path = max(files, key=os.path.getsize)
+    data = bytearray(pathlib.Path(path).read_bytes())
+    data[len(data) // 2] ^= 0x10
+    pathlib.Path(path).write_bytes(bytes(data))
+    return path
+
+
+def copy_run(src, dst) -> pathlib.Path:
+    shutil.copytree(src, dst)
+    return pathlib.Path(dst)
+
+
+def one_line_error(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def assert_same_run(out: pathlib.Path, reference: pathlib.Path) -> None:
+    """Metrics (but timings), summary and the last checkpoint of `out` equal the reference's bit for bit."""
+    records, expected = read_records(out), read_records(reference)
+    assert without_timings(records) == without_timings(expected)
+    assert [r["iteration"] for r in records if r["phase"] == "rl"] == list(range(1, 9))
+    assert [r["phase"] for r in records].count("eval") == 2 and records[0]["phase"] == "warmup"
+    assert (out / "summary.json").read_text() == (reference / "summary.json").read_text()
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 8
+    assert list_steps(out / "checkpoints")[-1] == 8 and list_steps(reference / "checkpoints")[-1] == 8
+    got, got_meta = raw_state(out / "checkpoints", 8)
+    want, want_meta = raw_state(reference / "checkpoints", 8)
+    assert got_meta == want_meta and got.keys() == want.keys()
+    for key in want:
+        assert got[key].dtype == want[key].dtype and got[key].tobytes() == want[key].tobytes(), key
