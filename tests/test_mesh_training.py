@@ -67,14 +67,17 @@ def test_replay_routing_lays_the_sampler_experts_out_like_the_model_input():
 
 @pytest.mark.slow
 def test_routing_replay_gives_the_sampler_experts_and_shrinks_the_logprob_gap():
-    """bfloat16 compute: the cached decode and the trainer's full forward round differently, so some
-    tokens' top-k experts differ between sampler and trainer. Replayed, the trainer's forward routes every
-    real token exactly as the sampler did, and its log-probs move closer to the sampler's."""
-    cfg = qwen3.Qwen3Config.preset("tiny-moe", dtype="bfloat16", initializer_range=0.05)
+    """A sampler that computes in bfloat16 (as a vLLM rollout does) and a trainer in float32, on the same
+    parameters: some tokens' top-k experts differ between them (the model runs one program, so the same
+    precision on both sides would route alike). Replayed, the trainer's forward routes every real token
+    exactly as the sampler did, and its log-probs move closer to the sampler's."""
+    cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.05)
     model = qwen3.init_model(cfg, seed=0)
+    sampler = qwen3.init_model(cfg.replace(dtype="bfloat16"), seed=0)  # float32 parameters, bf16 compute
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 200, n).tolist() for n in (5, 9, 3, 7)]
-    out = generate(model, prompts, SamplingParams(max_new_tokens=12, temperature=1.0, seed=3, num_samples=2),
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3, num_samples=2)
+    out = generate(sampler, prompts, params,
                    return_routing=True)
     rows = [p for p in prompts for _ in range(2)]
     ids, positions, attention, response_mask, prompt_len = build_sequences(

@@ -256,7 +256,7 @@ def test_decoding_stops_when_every_row_is_done(dense, monkeypatch):
     forward = qwen3.Qwen3ForCausalLM.forward
 
     def counting_forward(self, input_ids, *args, **kwargs):
-        if input_ids.shape[1] == 1:  # a decode step (the prefill feeds the whole prompt)
+        if input_ids.shape[1] == 1:  # one token per row: the prompt's last token, then each decode step
             jax.debug.callback(lambda: steps.append(1))
         return forward(self, input_ids, *args, **kwargs)
 
@@ -266,8 +266,9 @@ def test_decoding_stops_when_every_row_is_done(dense, monkeypatch):
     params = SamplingParams(max_new_tokens=200, temperature=0.0, eos_token_ids=(eos,))
     out = generate(model, [PROMPTS[0], PROMPTS[0]], params)
     jax.effects_barrier()
-    # the first token comes from the prefill, each later one from a decode step
-    assert int(np.asarray(out.lengths).max()) == 3 and len(steps) == 2
+    # one single-token forward per generated token: the prompt's last token gives the first, each
+    # decode step the next; none after the last row's EOS
+    assert int(np.asarray(out.lengths).max()) == 3 and len(steps) == 3
 
 
 def test_routing_equals_teacher_forced_routing(moe, moe_sampled):
