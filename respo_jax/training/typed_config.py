@@ -83,7 +83,7 @@ def _parse_value(raw: str, annotation: Any, key: str) -> Any:
             if not isinstance(value, dict):
                 raise ValueError(raw)
             return value
-    except ValueError as err:
+    except ValueError:
         raise ConfigError(f"{key}={raw!r}: cannot parse as {getattr(target, '__name__', target)}") from None
     raise TypeError(f"override {key}: unsupported field type {annotation!r}")
 
