@@ -68,11 +68,81 @@ def test_default_config_is_valid_and_overridable():
         ("rollout.reuse", ValueError, "section.field=value"),
         ("optim.learning_rate.x=1", KeyError, "not a dict field"),
         ('model.overrides={"scan_layers": false}', ValueError, "model.scan_layers fields instead"),
+        ("rollout.scheduler=paged", ValueError, r"rollout.scheduler='paged': expected 'continuous' or 'static'"),
+        ("rollout.max_slots=0", ValueError, "rollout.max_slots=0: expected an integer >= 1"),
+        ("rollout.steps_per_schedule=0", ValueError, "rollout.steps_per_schedule=0: expected an integer >= 1"),
+        ("rollout.page_size=-4", ValueError, "rollout.page_size=-4: expected an integer >= 1"),
+        ("rollout.num_pages=-1", ValueError, r"rollout.num_pages=-1: expected an integer >= 0 \(0: unset\)"),
+        ("rollout.kv_cache_bytes=1.5", ValueError, "cannot parse as int"),
+        ("rollout.paged_attention_impl=flash", ValueError,
+         "rollout.paged_attention_impl='flash': expected one of 'gather', 'pallas_tpu', 'pallas_gpu'"),
     ],
 )
 def test_bad_overrides_fail_with_a_clear_error(override, error, match):
     with pytest.raises(error, match=match):
         apply_overrides(load_config(DEFAULT_CONFIG), [override])
+
+
+def test_rollout_engine_fields_map_into_the_samplers_engine_config():
+    from respo_jax.sampling import EngineConfig
+    from respo_jax.training.run_dir import config_differences
+
+    config = load_config(DEFAULT_CONFIG)
+    r = config.rollout
+    # The default run's rollout batch (N x M prompts x G) fits the default slots at once: one admission.
+    assert r.engine_config() == EngineConfig(
+        scheduler="continuous", prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows,
+        max_slots=256, steps_per_schedule=32, page_size=16, num_pages=None, kv_cache_bytes=None)
+    assert r.max_slots >= r.reuse * r.prompts_per_minibatch * r.group_size == 256
+    knobs = ["rollout.scheduler=static", "rollout.max_slots=8", "rollout.steps_per_schedule=3",
+             "rollout.page_size=4", "rollout.kv_cache_bytes=65536", "rollout.paged_attention_impl=pallas_tpu"]
+    changed = apply_overrides(config, knobs)
+    assert changed.rollout.engine_config() == EngineConfig(
+        scheduler="static", prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows, max_slots=8,
+        steps_per_schedule=3, page_size=4, kv_cache_bytes=65536, paged_attention_impl="pallas_tpu")
+    pages = apply_overrides(config, ["rollout.num_pages=40"]).rollout.engine_config()
+    assert (pages.num_pages, pages.kv_cache_bytes) == (40, None)
+    with pytest.raises(ValueError, match=r"rollout.kv_cache_bytes=4096: expected 0 with rollout.num_pages=4 "
+                                         r"\(both size the page pool: set one\)"):
+        apply_overrides(config, ["rollout.num_pages=4", "rollout.kv_cache_bytes=4096"])
+    # The engine changes speed and memory, not the samples: a run may resume with other engine settings,
+    # not with another response budget.
+    saved = json.loads(json.dumps(config.to_dict()))
+    assert config_differences(saved, changed) == []
+    other = apply_overrides(config, knobs + ["rollout.max_new_tokens=7"])
+    assert config_differences(saved, other) == ["rollout.max_new_tokens: saved 6, now 7"]
+
+
+def test_paper_configs_sample_with_the_continuous_engine_in_a_byte_budget():
+    from respo_jax.training.limits import kv_cache_bytes
+
+    configs = pathlib.Path(DEFAULT_CONFIG).parent
+    for name, slots, kv_bytes_per_token in (("qwen3_1p7b_dapo", 64, 28 * 8 * 128 * 2 * 2),
+                                            ("qwen3_30b_a3b_dapo", 128, 48 * 4 * 128 * 2 * 2)):
+        engine = load_config(str(configs / f"{name}.py")).rollout.engine_config()
+        assert (engine.scheduler, engine.max_slots, engine.page_size) == ("continuous", slots, 64)
+        tokens = engine.kv_cache_bytes // kv_bytes_per_token  # the pool's tokens: ~300k and ~350k
+        assert 2_000 < tokens / slots < 5_000  # a few thousand tokens per slot (Tab. 4's median: ~850)
+    # The static engine's dense cache for the 1.7B run: 256 rows x (prompt + 15,360), more than 10x.
+    r = load_config(str(configs / "qwen3_1p7b_dapo.py")).rollout
+    static = kv_cache_bytes(qwen3.Qwen3Config.preset("qwen3-1.7b"), r.sampler_max_rows, 1024 + r.max_new_tokens,
+                            "bfloat16")
+    assert r.engine_config().kv_cache_bytes < static / 10
+
+
+def test_the_trainer_samples_with_its_configured_engine():
+    from respo_jax.training.config import ConfigError
+
+    config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["rollout.scheduler=static", "rollout.max_slots=4",
+                                                                  "rollout.page_size=8"])
+    trainer = RLTrainer(config)
+    assert trainer.engine == config.rollout.engine_config()
+    assert (trainer.engine.scheduler, trainer.engine.max_slots, trainer.engine.page_size) == ("static", 4, 8)
+    # An accelerator kernel on the CPU mesh is refused at start-up, before the model is built.
+    gpu = apply_overrides(config, ["rollout.scheduler=continuous", "rollout.paged_attention_impl=pallas_gpu"])
+    with pytest.raises(ConfigError, match=r"^rollout.paged_attention_impl='pallas_gpu': .*runs on gpu devices; "
+                                          r"the engine runs on cpu devices"):
+        RLTrainer(gpu)
 
 
 @pytest.mark.parametrize("scan_layers, remat", [(False, False), (True, True)])

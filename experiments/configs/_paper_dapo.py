@@ -17,13 +17,27 @@ from respo_jax.training.config import (
 )
 
 
+# The rollout engine (continuous batching over a paged KV cache, as the paper's vLLM rollouts). Pages of
+# 64 tokens: a row wastes at most 63 slots of its last page (< 2% of a mean response of ~3.3k tokens at
+# the 1.7B run's cap, Tab. 4) and a 16k-token row's page table has ~260 entries. The pool is a byte
+# budget, since the responses' lengths, not rows x the cap, decide what is held: with the Tab. 4 length
+# distribution a busy slot holds ~E[L^2] / (2 E[L]) ~ 5.5k tokens on average at the 15,360 cap (a slot
+# is more often held by a long row), ~2.9k at 8,192. Each model file sets max_slots and the budget
+# from its bfloat16 K/V bytes per token; when long rows take the pool, admission waits (never drops a
+# row). The static engine would hold rollout.sampler_max_rows (256) rows x (prompt + cap): ~450 GiB
+# of K/V at 1.7B. Raise max_slots and kv_cache_bytes together on devices with more memory.
+PAGE_SIZE = 64
+
+
 def paper_dapo_config(
-    max_new_tokens: int, out_dir: str, overlong_buffer_length: int = 0, overlong_penalty_factor: float = 1.0
+    max_new_tokens: int, out_dir: str, *, max_slots: int, kv_cache_bytes: int,
+    overlong_buffer_length: int = 0, overlong_penalty_factor: float = 1.0,
 ) -> ExperimentConfig:
     """M = 32 prompts x G = 8 responses per mini-batch, N = 8 mini-batches per rollout batch (16 / 32 by
     override: rollout.reuse=16), 1,024 policy updates whatever N; AdamW lr 1e-6, weight decay 0.1, grad
     clip 1.0, warm-up over the first 5% of rollout batches (first batch at lr 0), no KL term; bfloat16
-    compute on float32 parameters. Paths are the user's: model.checkpoint_dir, task.data_dir,
+    compute on float32 parameters; the continuous rollout engine with `max_slots` decode slots and a
+    `kv_cache_bytes` page pool. Paths are the user's: model.checkpoint_dir, task.data_dir,
     task.tokenizer_dir (a run without them stops at start-up naming them)."""
     return ExperimentConfig(
         model=ModelConfig(preset="", dtype="bfloat16", param_dtype="float32", remat=True),
@@ -36,7 +50,8 @@ def paper_dapo_config(
         ),
         rollout=RolloutConfig(
             prompts_per_minibatch=32, group_size=8, reuse=8, max_new_tokens=max_new_tokens,
-            temperature=1.0, top_p=1.0, top_k=0,
+            temperature=1.0, top_p=1.0, top_k=0, scheduler="continuous", max_slots=max_slots,
+            page_size=PAGE_SIZE, kv_cache_bytes=kv_cache_bytes,
         ),
         objective=ObjectiveConfig(name="respo"),
         optim=OptimConfig(

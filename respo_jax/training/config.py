@@ -183,8 +183,19 @@ class RolloutConfig(_Section):
       micro-batches of whole responses of at most this many prompt + response tokens, whose gradients
       are accumulated exactly; memory then no longer grows with M·G. The default fits the CPU
       configuration of experiments/benchmarks/rl_iteration.py on a 24 GB host.
-    - `sampler_max_rows`: the sampler generates the N·M·G rollout rows in chunks of at most this
-      many rows (KV cache, prefill activations and [rows, vocab] logits per decode step).
+    - `scheduler`: the rollout engine (`respo_jax.sampling.EngineConfig.scheduler`): "continuous"
+      (the default: `max_slots` decode slots refilled as rows finish, K/V in a paged pool, one
+      prefill per prompt) or "static" (rows decoded in chunks until the chunk's longest ends). The
+      held-out evaluation uses the same engine. For one seed both draw the same samples (up to
+      float round-off ties).
+    - `sampler_max_rows` (static engine): the sampler generates the N·M·G rollout rows in chunks of
+      at most this many rows (KV cache, prefill activations and [rows, vocab] logits per decode step).
+    - Continuous engine: `max_slots` rows decoded together (the default holds the default run's
+      N·M·G = 256 rows at once), `steps_per_schedule` decode steps between two scheduling decisions,
+      `page_size` tokens per KV page, the pool as `num_pages` pages or a `kv_cache_bytes` budget
+      (at most one; 0 for both: every slot can hold a row of the longest prompt and max_new_tokens,
+      so admission never waits), and `paged_attention_impl`: "gather" (every platform) or the
+      accelerator kernel "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform).
     - `compile_ahead`: at the start of the first iteration, compile the sampler, log π_old and update
       programs for every prompt bucket the training prompts can need (at the longest response
       bucket), so no later iteration stops to compile when a batch meets a new bucket
@@ -212,7 +223,14 @@ class RolloutConfig(_Section):
     prompt_bucket: int = 128
     response_bucket: int = 64
     max_tokens_per_microbatch: int = 16384
+    scheduler: str = "continuous"
     sampler_max_rows: int = 256
+    max_slots: int = 256
+    steps_per_schedule: int = 32
+    page_size: int = 16
+    num_pages: int = 0  # 0: unset (kv_cache_bytes, or enough for every slot)
+    kv_cache_bytes: int = 0  # 0: unset
+    paged_attention_impl: str = "gather"
     compile_ahead: bool = True
     # Routing Replay (R3, MoE only): the sampler records the experts it routed every token to, and the
     # recomputation of log π_old and every policy forward reuse them (gate weights still come from the
@@ -234,6 +252,7 @@ class RolloutConfig(_Section):
                      "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets",
                      "max_generation_batches"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
+        check_engine_fields(self)
         self._need("minibatch_order", self.minibatch_order in ("consecutive", "balanced"),
                    "'consecutive' or 'balanced'")
         responses = self.prompts_per_minibatch * self.group_size
@@ -251,8 +270,44 @@ class RolloutConfig(_Section):
         try:  # the sampler's own checks, so a rollout never fails after warm-up
             SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                            top_k=self.top_k, num_samples=self.group_size)
+            self.engine_config()
         except ValueError as err:
             raise ConfigError(f"rollout: {_one_line(err)}") from None
+
+    def engine_config(self):
+        """The sampler's `EngineConfig` of the rollouts and of the held-out evaluation."""
+        return engine_config(self, prompt_bucket=self.prompt_bucket, max_batch_rows=self.sampler_max_rows)
+
+
+# The rollout engine's fields that `rollout.*` and the evaluation's `eval.*` share (their meaning:
+# `respo_jax.sampling.EngineConfig`); the pool sizes take 0 for "unset".
+ENGINE_FIELDS = ("scheduler", "max_slots", "steps_per_schedule", "page_size", "num_pages", "kv_cache_bytes",
+                 "paged_attention_impl")
+
+
+def check_engine_fields(section: _Section) -> None:
+    """The `ENGINE_FIELDS` of a section in range (ConfigError naming `section.field`)."""
+    from respo_jax.sampling.params import PAGED_ATTENTION_IMPLS, SCHEDULERS
+
+    section._need("scheduler", section.scheduler in SCHEDULERS, " or ".join(map(repr, SCHEDULERS)))
+    for name in ("max_slots", "steps_per_schedule", "page_size"):
+        section._need(name, getattr(section, name) >= 1, "an integer >= 1")
+    for name in ("num_pages", "kv_cache_bytes"):
+        section._need(name, getattr(section, name) >= 0, "an integer >= 0 (0: unset)")
+    section._need("kv_cache_bytes", not (section.num_pages and section.kv_cache_bytes),
+                  f"0 with {section.section}.num_pages={section.num_pages} (both size the page pool: "
+                  "set one)")
+    section._need("paged_attention_impl", section.paged_attention_impl in PAGED_ATTENTION_IMPLS,
+                  f"one of {', '.join(map(repr, PAGED_ATTENTION_IMPLS))}")
+
+
+def engine_config(section: _Section, **fields):
+    """The `EngineConfig` of a section's `ENGINE_FIELDS` (0 = unset -> None) and `fields`."""
+    from respo_jax.sampling import EngineConfig
+
+    engine = {name: getattr(section, name) for name in ENGINE_FIELDS}
+    engine.update(num_pages=section.num_pages or None, kv_cache_bytes=section.kv_cache_bytes or None)
+    return EngineConfig(**engine, **fields)
 
 
 @dataclasses.dataclass(frozen=True)

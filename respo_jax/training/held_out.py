@@ -45,7 +45,8 @@ def evaluate_held_out(model, prompts: Sequence[list[int]], records: list[dict],
     """The held-out record of `model` on `prompts` (one per record): {"greedy_accuracy"} and, with
     `samples` > 0, {"sampled_pass_at_1", "sampled_pass_at_1_se", "sampled_samples", "sampled_temperature",
     "sampled_top_p"}. `score(tokens [rows, width], lengths [rows], records) -> scores [rows]` scores
-    responses (correct: score > 0); the sampled rows are prompt-major, `samples` per prompt."""
+    responses (correct: score > 0); the sampled rows are prompt-major, `samples` per prompt. `engine`:
+    the sampler's engine (the trainer passes its rollouts' one, from the `rollout.*` engine fields)."""
     greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, eos_token_ids=eos_token_ids)
     out = jax.tree.map(to_host, generate(model, list(prompts), greedy, engine=engine))
     result = {"greedy_accuracy": float(np.mean(score(np.asarray(out.tokens), np.asarray(out.lengths),

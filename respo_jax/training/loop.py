@@ -35,6 +35,7 @@ from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
 from respo_jax.rewards import SCORED, TIMED_OUT, RewardScorer, get_reward, overlong_penalty
 from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
+from respo_jax.sampling.paged_attention import check_paged_attention_impl
 from respo_jax.sharding import (
     ShardingRules,
     bytes_per_device,
@@ -138,7 +139,7 @@ class RLTrainer:
             # Dr.GRPO's constant is the generation budget, not the padded width of a batch.
             self.objective = dataclasses.replace(self.objective, loss_scale_factor=float(r.max_new_tokens))
         self.correction = config.objective.correction()  # rollout correction, None when off
-        self.engine = EngineConfig(prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows)
+        self.engine: EngineConfig = r.engine_config()  # the rollouts' and the held-out evaluation's
         # per-response arrays of the last iteration (rollout file); None when it trained on no response
         self.last_rollout: dict | None = None
         self.reward, self.reward_counts = RewardScorer(get_reward(config.task.reward)), {}
@@ -172,8 +173,14 @@ class RLTrainer:
 
     def _check_limits(self) -> None:
         """Response length against the model's positions and the sampler's KV cache against the devices'
-        memory (`respo_jax.training.limits`), from the model's config alone (a checkpoint's config.json)."""
-        model = self.config.model
+        memory (`respo_jax.training.limits`), from the model's config alone (a checkpoint's config.json);
+        the continuous engine's attention kernel against the mesh's platform."""
+        model, r = self.config.model, self.config.rollout
+        if r.scheduler == "continuous":
+            try:
+                check_paged_attention_impl(r.paged_attention_impl, qwen3.kernels.platform(self.mesh))
+            except ValueError as err:
+                raise ConfigError(f"rollout.paged_attention_impl={r.paged_attention_impl!r}: {err}") from None
         if model.checkpoint_dir:
             try:
                 model_cfg = qwen3.load_config(model.checkpoint_dir)

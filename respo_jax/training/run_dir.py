@@ -49,8 +49,11 @@ RESUME_HINT = "the checkpoints written so far are kept; make room and rerun with
 # resume receives the whole log), where the directory lives, host-side allocator settings, and how much
 # memory a step may use (rows per micro-batch of the update and of log π_old, rows per sampler chunk:
 # the same computation split differently, so a resumed run that changes them equals the uninterrupted
-# one to float round-off instead of bit for bit), when and where programs compile, and the device mesh (the same
-# computation placed differently: a run preempted on one slice may continue on another). Everything
+# one to float round-off instead of bit for bit), the rollout engine and its memory (rollout.scheduler,
+# slots, schedule length, pages, attention kernel: for one seed the same samples up to float round-off
+# ties, so a run may resume with the memory its new devices allow), when and where programs compile,
+# and the device mesh (the same computation placed differently: a run preempted on one slice may
+# continue on another). Everything
 # else (model, task, rollout sizes and shape buckets, objective, optimizer, warm-up, seeds, held-out
 # problems) defines the run; so does the learning-rate warm-up length that optim.warmup_ratio derives
 # from the run length.
@@ -59,6 +62,8 @@ RESUMABLE_KEYS = frozenset({
     "run.overwrite", "run.out_dir", "run.host_allocator", "rollout.max_tokens_per_microbatch",
     "rollout.sampler_max_rows", "rollout.compile_ahead", "rollout.max_prompt_buckets",
     "run.compilation_cache_dir", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "run.loggers",
+    "rollout.scheduler", "rollout.max_slots", "rollout.steps_per_schedule", "rollout.page_size",
+    "rollout.num_pages", "rollout.kv_cache_bytes", "rollout.paged_attention_impl",
 })
 
 
