@@ -455,11 +455,10 @@ def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings
     under `eval.seed`), scores them with Math-Verify and appends them to `handle` call by call
     (`on_records` sees each call's records)."""
     from respo_jax.rewards import MathVerifyScorer
-    from respo_jax.sampling import EngineConfig, SamplingParams, generate
+    from respo_jax.sampling import SamplingParams, generate
 
     tokenizer, fmt = checkpoint.tokenizer, checkpoint.prompt_format
-    engine = EngineConfig(prompt_bucket=settings.prompt_bucket,
-                          decode_chunk_size=settings.decode_chunk_size or None)
+    engine = settings.engine_config()  # eval.scheduler, eval.max_slots, ... (continuous by default)
     params = SamplingParams(
         max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
         top_k=settings.top_k, seed=settings.seed, eos_token_ids=tokenizer.eos_ids,
@@ -505,9 +504,17 @@ def evaluate(config: EvalConfig) -> dict:
     its weights, the benchmark files, the prompts' lengths, the out_dir's lock, protocol and completions."""
     from respo_jax.training.loop import build_mesh
 
+    from respo_jax.models.qwen3.kernels import platform
+    from respo_jax.sampling.paged_attention import check_paged_attention_impl
+
     settings = config.eval
     configure_compilation_cache(settings.compilation_cache_dir, key="eval.compilation_cache_dir")
     mesh = build_mesh(config)  # the trainer's: `mesh.*` over the devices, a ConfigError if they do not fit
+    if settings.scheduler == "continuous":  # the engine's attention kernel runs on these devices
+        try:
+            check_paged_attention_impl(settings.paged_attention_impl, platform(mesh))
+        except ValueError as err:
+            raise ConfigError(f"eval.paged_attention_impl={settings.paged_attention_impl!r}: {err}") from None
     checkpoint = resolve_checkpoint(settings, mesh)
     problems = load_problems(settings, checkpoint)
     protocol = protocol_of(settings, checkpoint)

@@ -179,6 +179,26 @@ def test_paper_protocol_defaults():
     assert overridden.eval.samples_for("aime25") == 2
 
 
+def test_eval_engine_fields_map_into_the_samplers_engine_config():
+    from respo_jax.sampling import EngineConfig
+
+    settings = EvalSettings(checkpoint="x")
+    # Continuous by default; calls of several times the slots, so finished rows' slots are refilled.
+    assert settings.engine_config() == EngineConfig(
+        scheduler="continuous", prompt_bucket=128, decode_chunk_size=1024, max_batch_rows=32, max_slots=32,
+        steps_per_schedule=32, page_size=64, num_pages=None, kv_cache_bytes=None)
+    assert settings.batch_size >= 4 * settings.max_slots
+    changed = apply_overrides(EvalConfig(), [
+        "eval.checkpoint=x", "eval.scheduler=static", "eval.max_slots=6", "eval.steps_per_schedule=2",
+        "eval.page_size=8", "eval.num_pages=50", "eval.paged_attention_impl=pallas_tpu",
+        "eval.decode_chunk_size=0"]).eval
+    assert changed.engine_config() == EngineConfig(
+        scheduler="static", prompt_bucket=128, decode_chunk_size=None, max_batch_rows=6, max_slots=6,
+        steps_per_schedule=2, page_size=8, num_pages=50, paged_attention_impl="pallas_tpu")
+    budget = apply_overrides(EvalConfig(), ["eval.checkpoint=x", "eval.kv_cache_bytes=123456"]).eval
+    assert (budget.engine_config().kv_cache_bytes, budget.engine_config().num_pages) == (123456, None)
+
+
 def _one_error_line(capsys) -> str:
     """The command's stderr, which must be exactly one `error: ...` line (and stdout empty)."""
     captured = capsys.readouterr()
@@ -202,6 +222,16 @@ def _one_error_line(capsys) -> str:
     ("eval.top_k=-1", r"eval.top_k=-1: expected an integer >= 0"),
     ("eval.limit=-3", r"eval.limit=-3: expected an integer >= 0"),
     ("eval.decode_chunk_size=-1", r"eval.decode_chunk_size=-1: expected an integer >= 0"),
+    ("eval.scheduler=paged", r"eval.scheduler='paged': expected 'continuous' or 'static'"),
+    ("eval.max_slots=0", r"eval.max_slots=0: expected an integer >= 1"),
+    ("eval.steps_per_schedule=0", r"eval.steps_per_schedule=0: expected an integer >= 1"),
+    ("eval.page_size=0", r"eval.page_size=0: expected an integer >= 1"),
+    ("eval.num_pages=-2", r"eval.num_pages=-2: expected an integer >= 0 \(0: unset\)"),
+    ("eval.kv_cache_bytes=-1", r"eval.kv_cache_bytes=-1: expected an integer >= 0 \(0: unset\)"),
+    ("eval.paged_attention_impl=flash", r"eval.paged_attention_impl='flash': expected one of 'gather', "),
+    # an accelerator kernel on CPU devices: refused at start-up, before the checkpoint is even read
+    ("eval.paged_attention_impl=pallas_gpu", r"eval.paged_attention_impl='pallas_gpu': .*runs on gpu devices; "
+                                             r"the engine runs on cpu devices"),
     ("eval.num_workers=-1", r"eval.num_workers=-1: expected an integer >= 0"),
     ("eval.seed=-1", r"eval.seed=-1: expected an integer in \[0, 2\*\*64\)"),
     (f"eval.seed={2**64}", r"eval.seed=18446744073709551616: expected an integer in \[0, 2\*\*64\)"),
@@ -353,6 +383,19 @@ def uninterrupted(tiny_hf, tmp_path_factory) -> bytes:
     out = tmp_path_factory.mktemp("uninterrupted") / "eval"
     assert main(_resume_args(tiny_hf, out))["generated"] == 12
     return (out / "completions.jsonl").read_bytes()
+
+
+@pytest.mark.slow
+def test_the_static_engine_writes_the_continuous_engines_completions(tiny_hf, uninterrupted, tmp_path):
+    """For one seed both engines draw the same samples: the completions file is the same bytes (the
+    engine is not part of the protocol), with another slot count and schedule length too."""
+    static = tmp_path / "static"
+    assert main(_resume_args(tiny_hf, static) + ["eval.scheduler=static"])["generated"] == 12
+    assert (static / "completions.jsonl").read_bytes() == uninterrupted
+    slots = tmp_path / "slots"
+    assert main(_resume_args(tiny_hf, slots, batch_size=6) + ["eval.max_slots=4", "eval.steps_per_schedule=5",
+                                                               "eval.page_size=16"])["generated"] == 12
+    assert (slots / "completions.jsonl").read_bytes() == uninterrupted
 
 
 @pytest.mark.slow

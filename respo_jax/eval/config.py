@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from respo_jax.training.config import MeshSection, _Section, validate_sections
+from respo_jax.training.config import (MeshSection, _Section, check_engine_fields, engine_config,
+                                       validate_sections)
 
 # Benchmark names of the evaluation (the issue's / paper's names) -> `respo_jax.data.load_benchmark` names.
 PAPER_BENCHMARKS = ("aime25", "aime24", "amc23", "olympiadbench", "minerva_math", "math500")
@@ -40,9 +41,21 @@ class EvalSettings(_Section):
     dtype: parameter and compute dtype ("float32", "bfloat16"); "" keeps the checkpoint's (a run's
       model.dtype; a Hugging Face config.json's dtype, float32 when it names neither).
     limit: the first `limit` problems of each benchmark (smoke runs); 0 for all.
-    batch_size: sequences (problems x samples) per sampler call; bounds the KV cache in memory.
-    prompt_bucket / decode_chunk_size: the sampler's EngineConfig (fewer compilations / attention over
-      the slots generated so far); 0 for decode_chunk_size decodes in one loop.
+    batch_size: sequences (problems x samples) per sampler call (completions are written call by call,
+      so a rerun resumes from the last call); a few times max_slots, so the continuous engine refills
+      a finished row's slot from the same call.
+    scheduler: the sampler's engine (`respo_jax.sampling.EngineConfig.scheduler`): "continuous" (the
+      default: max_slots rows decoded together, a finished row's slot refilled, K/V in a paged pool)
+      or "static" (a call decoded in chunks of max_slots rows, each until its longest row ends). For
+      one seed both give the same completions (up to float round-off ties): not part of the protocol.
+    max_slots: rows decoded together, in either engine: it bounds the KV cache in memory.
+    steps_per_schedule / page_size / num_pages / kv_cache_bytes / paged_attention_impl: the continuous
+      engine's decode steps between scheduling decisions, tokens per KV page, and pool (num_pages
+      pages or a kv_cache_bytes budget, at most one; 0 for both: every slot can hold a whole row, so
+      admission never waits), and its attention kernel ("gather" everywhere, "pallas_tpu" /
+      "pallas_gpu" on their platform only).
+    prompt_bucket / decode_chunk_size: the sampler's EngineConfig (fewer compilations / the static
+      engine's attention over the slots generated so far); 0 for decode_chunk_size decodes in one loop.
     num_workers: Math-Verify worker processes (0: the CPU count, at most 32).
     overwrite: discard the outputs already in out_dir and start again (otherwise a rerun resumes, and a
       different protocol in the same out_dir is refused).
@@ -62,7 +75,14 @@ class EvalSettings(_Section):
     dtype: str = ""
     limit: int = 0
     synthetic_problems: int = 500
-    batch_size: int = 32
+    batch_size: int = 256
+    scheduler: str = "continuous"
+    max_slots: int = 32
+    steps_per_schedule: int = 32
+    page_size: int = 64
+    num_pages: int = 0  # 0: unset
+    kv_cache_bytes: int = 0  # 0: unset
+    paged_attention_impl: str = "gather"
     prompt_bucket: int = 128
     decode_chunk_size: int = 1024
     seed: int = 0
@@ -99,6 +119,7 @@ class EvalSettings(_Section):
                    "synthetic alone (a synthetic-task run), not mixed with math benchmarks")
         for name in ("max_new_tokens", "batch_size", "prompt_bucket", "synthetic_problems"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
+        check_engine_fields(self)
         self._need("bootstrap_resamples", self.bootstrap_resamples >= 2, "an integer >= 2")
         for name, zero in (("samples", "the paper's counts"), ("top_k", "no top-k"),
                            ("limit", "all problems"), ("decode_chunk_size", "decode in one loop"),
@@ -112,6 +133,12 @@ class EvalSettings(_Section):
         self._need("dtype", self.dtype in ("", "float32", "bfloat16"),
                    "'' (the checkpoint's), float32 or bfloat16")
         self._need("verify_timeout_s", self.verify_timeout_s > 0, "a number > 0 (seconds)")
+
+    def engine_config(self):
+        """The sampler's `EngineConfig`: max_slots bounds the rows decoded at once in both engines (the
+        static engine's row chunks)."""
+        return engine_config(self, prompt_bucket=self.prompt_bucket,
+                             decode_chunk_size=self.decode_chunk_size or None, max_batch_rows=self.max_slots)
 
 
 @dataclasses.dataclass(frozen=True)
