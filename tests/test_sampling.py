@@ -311,6 +311,22 @@ def test_routing_equals_teacher_forced_routing(moe, moe_sampled):
                                       routing[:, row, :m])
 
 
+def test_row_budgets_keep_the_tokens_and_routing_of_the_tokens_kept(moe, moe_sampled):
+    # A row cut at its budget is its uncut sample's prefix, with that prefix's routing (the last kept
+    # token's included, fed after the row is done) and zeros after; the prompts' routing is unchanged.
+    model, whole = moe[1], moe_sampled
+    budgets = np.array([1, 4, MOE_PARAMS.max_new_tokens, 2])
+    out = generate(model, PROMPTS, MOE_PARAMS, return_routing=True, engine=STATIC, row_max_new_tokens=budgets)
+    kept = np.minimum(np.asarray(whole.lengths), budgets)
+    assert (kept < np.asarray(whole.lengths)).sum() >= 2  # budgets cut rows
+    np.testing.assert_array_equal(np.asarray(out.lengths), kept)
+    np.testing.assert_array_equal(np.asarray(out.prompt_routing), np.asarray(whole.prompt_routing))
+    for row, n in enumerate(kept):
+        np.testing.assert_array_equal(np.asarray(out.tokens[row, :n]), np.asarray(whole.tokens[row, :n]))
+        np.testing.assert_array_equal(np.asarray(out.routing[:, row, :n]), np.asarray(whole.routing[:, row, :n]))
+        np.testing.assert_array_equal(np.asarray(out.routing[:, row, n:]), 0)
+
+
 def test_routing_when_every_row_stops_in_an_early_decode_segment(moe):
     # The EOS token's routing needs one forward after the loop; here it happens after the first of
     # several decode segments (the host sees every row done), and must equal teacher forcing.
