@@ -11,34 +11,19 @@ and their siblings, plus tiny shapes for tests and CPU runs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from respo_jax.json_files import read_json
 from respo_jax.sharding import ShardingRules, axis_size
 
 _DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("causal_blocks", "dense")
 MOE_IMPLS = ("ragged", "tiled")
 MOE_DISPATCHES = ("all_to_all", "ragged_all_to_all")
-
-
-def read_json_file(path: str | os.PathLike) -> Any:
-    """A JSON file (config.json, the safetensors index); a syntax error or a bad UTF-8 byte raises
-    ValueError naming the file and line."""
-    path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: invalid UTF-8 byte {data[err.start]:#04x}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{err.lineno}:{err.colno}: invalid JSON ({err.msg})") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +272,7 @@ class Qwen3Config:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> "Qwen3Config":
         """From a ``config.json``; invalid JSON raises ValueError naming the file and line."""
-        hf = read_json_file(path)
+        hf = read_json(path)
         if not isinstance(hf, dict):
             raise ValueError(f"{path}: expected a JSON object, got {type(hf).__name__}")
         try:
