@@ -1,7 +1,8 @@
 """The continuous-batching engine against the static sampler (`generate`, itself tested against
 transformers in test_sampling.py) and a teacher-forced forward: greedy and sampled tokens equal for one
 seed whatever max_slots / page_size / steps_per_schedule / pool size, log-probs those of the
-distribution sampled from, per-row budgets and ignore_eos honoured."""
+distribution sampled from, per-row budgets and ignore_eos honoured; one prefill and one admission call per
+schedule; MoE tokens and routing equal the static sampler's; compile_continuous compiles every program."""
 
 from __future__ import annotations
 
