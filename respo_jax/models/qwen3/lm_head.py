@@ -3,43 +3,70 @@
 The policy update needs log π(o_t | ·) of the sampled tokens only, but a softmax over the whole
 vocabulary (151,936 for Qwen3) for each of them. Materialising float32 logits for a mini-batch of
 responses costs tokens × 600 KB (20 GB for 32k tokens), so the projection and the log-softmax run
-over `chunk_tokens` tokens at a time, in the forward and in the backward pass.
+over `chunk_tokens` tokens at a time, in the forward and in the backward pass. Two kernels
+(`impl`, the model's `lm_head_impl`, chosen in kernels.py):
 
-The backward pass is written by hand (`jax.custom_vjp`): the forward keeps only each token's
-log-sum-exp, and the backward recomputes one chunk's logits and forms the logits' cotangent
-`g · (onehot(target) − softmax) / temperature` in one pass. Differentiating the forward under
-`jax.checkpoint` instead recomputes the log-sum-exp (max, exp, sum), exponentiates again for its
-gradient and scatters the target's gradient into a zero [tokens, vocab] array.
+- ``vocab_chunks``: each token chunk also walks the vocabulary in blocks of `vocab_chunk` columns with
+  an online log-sum-exp (running max, rescaled sum of exponentials, the target's logit, and for the
+  entropy the rescaled sum of p·logit), so no array is larger than one [chunk tokens, vocab_chunk]
+  block. Its backward recomputes each block's logits, forms `g · (onehot − softmax) / temperature`
+  from the saved log-sum-exp and accumulates d hidden and that block's rows of d weight at once. A
+  block is small enough to stay in the caches between the matmul that writes it and the elementwise
+  passes that read it, where a [1024, 151,936] float32 chunk (622 MB) goes through main memory in
+  every pass (the LM-head gradient ran at a fifth of XLA's matmul rate that way).
+- ``token_chunks``: one [chunk tokens, vocab] logits array per chunk. Kept for a vocabulary split over
+  devices (tensor parallelism), where slicing vocabulary blocks of the sharded weight would gather it.
+
+Both backward passes are written by hand (`jax.custom_vjp`): the forward keeps only each token's
+log-sum-exp. Differentiating the forward under `jax.checkpoint` instead recomputes the log-sum-exp
+(max, exp, sum), exponentiates again for its gradient and scatters the target's gradient into a zero
+[tokens, vocab] array.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
+from respo_jax.models.qwen3.config import LM_HEAD_IMPLS
 from respo_jax.models.qwen3.layers import rows as token_rows
+
+# 4096 columns: a [1024, 4096] float32 block is 16 MiB, its bfloat16 cotangent 8 MiB, the weight block
+# 4096 × embed; 38 blocks of the Qwen3 vocabulary (the last one overlaps its neighbour by 3,712
+# columns, 2.4% more matmul work). The matmuls are [tokens, embed] @ [embed, 4096] and their
+# transposes: wide enough for the GEMM kernels of every backend, few loop steps per chunk
+# (experiments/benchmarks/lm_head.py compares widths).
+VOCAB_CHUNK = 4096
 
 
 def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *, tied: bool,
-                           temperature: float = 1.0, chunk_tokens: int = 1024, return_entropy: bool = False):
+                           temperature: float = 1.0, chunk_tokens: int = 1024, return_entropy: bool = False,
+                           impl: str = "vocab_chunks", vocab_chunk: int = VOCAB_CHUNK):
     """log softmax(hidden @ W / temperature)[target] per position: [batch, seq] float32.
 
     hidden: [batch, seq, embed] (the final-norm output at the positions to score);
     weight: [vocab, embed] if `tied` (the embedding table) else [embed, vocab];
-    targets: [batch, seq] int. Chunks hold `max(1, chunk_tokens // batch)` positions of every row,
-    so the batch axis stays whole (a sharded batch is never split across chunks). `temperature`
-    (static, > 0) divides the logits before the log-softmax, as the sampler does.
+    targets: [batch, seq] int in [0, vocab). Chunks hold `max(1, chunk_tokens // batch)` positions of
+    every row, so the batch axis stays whole (a sharded batch is never split across chunks).
+    `temperature` (static, > 0) divides the logits before the log-softmax, as the sampler does.
+    `impl`: ``"vocab_chunks"`` (blocks of `vocab_chunk` vocabulary columns, online log-sum-exp) or
+    ``"token_chunks"`` (the whole vocabulary per chunk); see the module docstring.
     `return_entropy=True` also returns the entropy of the whole distribution at each position,
-    `(logp, entropy)`, from the same chunks; it is a diagnostic (its gradient is not provided).
+    `(logp, entropy)`, from the same chunks; it is a diagnostic (no gradient flows through either).
     """
     if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
         raise ValueError(f"hidden must be [batch, seq, embed] and targets [batch, seq]; got {hidden.shape} "
                          f"and {targets.shape}")
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature must be finite and > 0, got {temperature}")
+    if impl not in LM_HEAD_IMPLS:
+        raise ValueError(f"impl must be one of {LM_HEAD_IMPLS}, got {impl!r}")
+    if isinstance(vocab_chunk, bool) or not isinstance(vocab_chunk, int) or vocab_chunk <= 0:
+        raise ValueError(f"vocab_chunk must be a positive int, got {vocab_chunk!r}")
     b, s, _ = hidden.shape
     per_chunk = max(1, min(s, int(chunk_tokens) // b))
     n = math.ceil(s / per_chunk)
@@ -53,13 +80,144 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
     def unchunk(x):
         return x.swapaxes(0, 1).reshape(b, n * per_chunk)[:, :s]
 
+    temperature = float(temperature)
+    vocab = weight.shape[0 if tied else 1]
+    blocks = _Blocks(vocab=vocab, width=min(vocab_chunk, vocab), tied=bool(tied), temperature=temperature)
     if return_entropy:
-        logp, entropy = jax.lax.map(
-            lambda args: _chunk_with_entropy(args[0], jax.lax.stop_gradient(weight), args[1], tied,
-                                             temperature),
-            (jax.lax.stop_gradient(h), t))
+        h, w = jax.lax.stop_gradient(h), jax.lax.stop_gradient(weight)
+        if impl == "vocab_chunks":
+            logp, _, entropy = _vocab_forward(h, w, t, blocks, with_entropy=True)
+        else:
+            logp, entropy = jax.lax.map(
+                lambda args: _chunk_with_entropy(args[0], w, args[1], tied, temperature), (h, t))
         return unchunk(logp), unchunk(entropy)
-    return unchunk(_logprobs(h, weight, t, tied, float(temperature)))
+    if impl == "vocab_chunks":
+        return unchunk(_vocab_logprobs(h, weight, t, blocks))
+    return unchunk(_logprobs(h, weight, t, tied, temperature))
+
+
+# ---------------------------------------------------------------------------------------- vocab_chunks
+
+
+@dataclasses.dataclass(frozen=True)
+class _Blocks:
+    """The static layout of the vocabulary blocks: `count` blocks of `width` columns; the last one ends
+    at the vocabulary's end, overlapping the one before it, and masks the columns that one covered
+    (no padded copy of the weight)."""
+
+    vocab: int
+    width: int
+    tied: bool
+    temperature: float
+
+    @property
+    def count(self) -> int:
+        return math.ceil(self.vocab / self.width)
+
+    def weight(self, weight: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Block j's weight ([width, embed] tied, [embed, width] untied) and its first column."""
+        start = jnp.minimum(j * self.width, self.vocab - self.width)
+        return jax.lax.dynamic_slice_in_dim(weight, start, self.width, axis=0 if self.tied else 1), start
+
+    def columns(self, j: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Vocabulary ids of block j's columns and whether each is this block's to count: [1, width]."""
+        cols = start + jax.lax.broadcasted_iota(jnp.int32, (1, self.width), 1)
+        return cols, cols >= j * self.width
+
+    def logits(self, rows: jax.Array, w: jax.Array) -> jax.Array:
+        """rows [tokens, embed] @ block weight -> scaled float32 logits [tokens, width]."""
+        z = jnp.einsum("te,ve->tv" if self.tied else "te,ev->tv", rows, w, preferred_element_type=jnp.float32)
+        return z if self.temperature == 1.0 else z / jnp.float32(self.temperature)
+
+
+def _vocab_chunk_forward(rows, weight, t, blocks: _Blocks, with_entropy: bool):
+    """One token chunk, rows [tokens, embed], t [tokens]: (log-prob of the targets, log-sum-exp,
+    entropy or None), each [tokens] float32, from one pass over the vocabulary blocks."""
+    def step(j, carry):
+        m, s, picked, pz = carry
+        w, start = blocks.weight(weight, j)
+        z = blocks.logits(rows, w)
+        cols, own = blocks.columns(j, start)
+        masked = jnp.where(own, z, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(masked, axis=-1))
+        scale = jnp.exp(m - m_new)
+        e = jnp.exp(masked - m_new[:, None])
+        s = s * scale + jnp.sum(e, axis=-1)
+        picked = picked + jnp.sum(jnp.where(own & (cols == t[:, None]), z, 0.0), axis=-1)
+        if with_entropy:  # Σ exp(z − m)·z, rescaled with s (e is 0 off the block's own columns): Σ p·z = pz / s
+            pz = pz * scale + jnp.sum(e * z, axis=-1)
+        return m_new, s, picked, pz
+
+    zeros = jnp.zeros(rows.shape[:1], jnp.float32)
+    m, s, picked, pz = jax.lax.fori_loop(0, blocks.count, step, (jnp.full_like(zeros, -jnp.inf), zeros,
+                                                                  zeros, zeros))
+    lse = m + jnp.log(s)
+    return picked - lse, lse, (lse - pz / s if with_entropy else None)
+
+
+def _vocab_forward(h, weight, t, blocks: _Blocks, with_entropy: bool = False):
+    """h [n, batch, c, embed], t [n, batch, c] -> (log-probs, log-sum-exp, entropy or None), each
+    [n, batch, c] float32."""
+    def chunk(args):
+        h_c, t_c = args
+        out = _vocab_chunk_forward(token_rows(h_c), weight, t_c.reshape(-1), blocks, with_entropy)
+        return tuple(None if x is None else x.reshape(t_c.shape) for x in out)
+
+    return jax.lax.map(chunk, (h, t))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _vocab_logprobs(h, weight, t, blocks):
+    """h: [n, batch, c, embed], t: [n, batch, c] -> [n, batch, c] float32 log-probs."""
+    return _vocab_forward(h, weight, t, blocks)[0]
+
+
+def _vocab_logprobs_fwd(h, weight, t, blocks):
+    logp, lse, _ = _vocab_forward(h, weight, t, blocks)
+    return logp, (h, weight, t, lse)
+
+
+def _vocab_logprobs_bwd(blocks, residuals, g):
+    """Per token chunk and vocabulary block: the logits' cotangent g · (onehot(t) − softmax) / T from
+    the saved log-sum-exp, then d hidden += it @ Wᵀ and the block's rows of d W += itᵀ @ hidden
+    (float32 accumulators; the overlap columns of the last block get zero)."""
+    h, weight, t, lse = residuals
+    axis = 0 if blocks.tied else 1
+
+    def chunk(grad_w, args):
+        h_c, t_c, lse_c, g_c = args
+        rows = token_rows(h_c)
+        t_r, lse_r, g_r = t_c.reshape(-1, 1), lse_c.reshape(-1, 1), g_c.reshape(-1, 1)
+
+        def step(j, carry):
+            dh, grad_w = carry
+            w, start = blocks.weight(weight, j)
+            z = blocks.logits(rows, w)
+            cols, own = blocks.columns(j, start)
+            probs = jnp.exp(z - lse_r)
+            g_z = jnp.where(own, jnp.where(cols == t_r, 1.0 - probs, -probs) * g_r, 0.0)
+            if blocks.temperature != 1.0:
+                g_z = g_z / jnp.float32(blocks.temperature)
+            g_z = g_z.astype(rows.dtype)
+            dh = dh + jnp.einsum("tv,ve->te" if blocks.tied else "tv,ev->te", g_z, w,
+                                 preferred_element_type=jnp.float32)
+            dw = jnp.einsum("tv,te->ve" if blocks.tied else "tv,te->ev", g_z, rows,
+                            preferred_element_type=jnp.float32)
+            old = jax.lax.dynamic_slice_in_dim(grad_w, start, blocks.width, axis=axis)
+            return dh, jax.lax.dynamic_update_slice_in_dim(grad_w, old + dw, start, axis=axis)
+
+        dh, grad_w = jax.lax.fori_loop(0, blocks.count, step,
+                                       (jnp.zeros(rows.shape, jnp.float32), grad_w))
+        return grad_w, dh.reshape(h_c.shape).astype(h_c.dtype)
+
+    grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, lse, g))
+    return dh, grad_w.astype(weight.dtype), None
+
+
+_vocab_logprobs.defvjp(_vocab_logprobs_fwd, _vocab_logprobs_bwd)
+
+
+# ---------------------------------------------------------------------------------------- token_chunks
 
 
 def _logits(h_c: jax.Array, weight: jax.Array, tied: bool, temperature: float) -> jax.Array:
