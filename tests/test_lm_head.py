@@ -179,10 +179,11 @@ def test_the_side_by_side_benchmark_runs_at_a_tiny_size(tmp_path):
     """experiments.benchmarks.lm_head at a tiny size: both kernels timed, the same loss and gradients
     (their agreement is part of the report), a GFLOP/s figure per side; no timing is asserted."""
     assert lm_head_bench.main(["--tokens", "24", "--hidden", "16", "--vocab", "300", "--vocab-chunk", "64", "128",
-                               "--rounds", "1", "--warmup", "0", "--out", str(tmp_path)]) == 0
+                               "--rounds", "1", "--warmup", "0", "--peak", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "lm_head.json").read_text(encoding="utf-8"))
     assert "| vocab_chunks[64] |" in (tmp_path / "lm_head.md").read_text(encoding="utf-8")
     (case,) = report["cases"]
     assert case["hidden"] == 16 and set(case["sides"]) == {"token_chunks", "vocab_chunks[64]", "vocab_chunks[128]"}
+    assert set(case["matmul_gflops"]) == {"64", "128"} and min(case["matmul_gflops"].values()) > 0
     for side in case["sides"].values():
         assert side["gflops"] > 0 and side["max_rel_diff_vs_token_chunks"] < 1e-4

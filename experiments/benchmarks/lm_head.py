@@ -11,6 +11,8 @@ the hidden states and the weight (g random, standing for the loss's cotangent), 
 hidden (the forward's logits; in the backward the recomputed logits, d hidden and d weight); the
 overlapping last vocabulary block is work the blocked kernel is not credited for. Every side's outputs
 are also compared with the token-chunked kernel's (largest difference relative to its largest value).
+With --peak, each case also times XLA's plain matmul of the block's GEMM shape ([tokens, hidden] @
+[hidden, vocab_chunk], matmul_peak.run) in the same process: the rate the kernels' matmuls could reach.
 Writes lm_head.json and lm_head.md into --out.
 """
 
@@ -31,10 +33,12 @@ def side_name(impl: str, vocab_chunk: int) -> str:
 
 
 def run(tokens: int = 1024, hidden: int = 2048, vocab: int = 151_936, vocab_chunks=(None,), rounds: int = 3,
-        warmup: int = 1, dtype: str = "float32", tied: bool = True, chunk_tokens: int = 1024) -> dict:
+        warmup: int = 1, dtype: str = "float32", tied: bool = True, chunk_tokens: int = 1024,
+        peak: bool = False) -> dict:
     """One case: {"tokens", "hidden", "vocab", "dtype", "tied", "chunk_tokens", "flops_per_call",
     "sides": {name: {"gflops", "max_rel_diff_vs_token_chunks", "median_s", …}}, "speedup_vs_token_chunks":
-    {name: ratio}}; a `vocab_chunks` entry None is the kernel's default block width."""
+    {name: ratio}, with `peak` "matmul_gflops": {width: XLA GFLOP/s of the block's GEMM}}; a
+    `vocab_chunks` entry None is the kernel's default block width."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -70,9 +74,17 @@ def run(tokens: int = 1024, hidden: int = 2048, vocab: int = 151_936, vocab_chun
                    for a, b in zip(outputs[name], outputs[BASELINE]))
         sides[name] = {"gflops": flops / summarize(times[name])["median_s"] / 1e9,
                        "max_rel_diff_vs_token_chunks": diff, **summarize(times[name])}
-    return {"tokens": tokens, "hidden": hidden, "vocab": vocab, "dtype": dtype, "tied": tied,
-            "chunk_tokens": chunk_tokens, "flops_per_call": flops, "sides": sides,
-            "speedup_vs_token_chunks": {name: speedup(times[BASELINE], times[name]) for name in programs}}
+    out = {"tokens": tokens, "hidden": hidden, "vocab": vocab, "dtype": dtype, "tied": tied,
+           "chunk_tokens": chunk_tokens, "flops_per_call": flops, "sides": sides,
+           "speedup_vs_token_chunks": {name: speedup(times[BASELINE], times[name]) for name in programs}}
+    if peak:
+        from experiments.benchmarks import matmul_peak
+
+        rows = min(tokens, chunk_tokens)
+        out["matmul_gflops"] = {
+            str(c): matmul_peak.run([(rows, hidden, min(c, vocab))], rounds=rounds, dtype=dtype,
+                                    with_numpy=False)["xla_matmul_peak_gflops"] for c in widths}
+    return out
 
 
 def markdown(cases: list[dict]) -> str:
@@ -81,8 +93,13 @@ def markdown(cases: list[dict]) -> str:
     rows = [[c["hidden"], c["tokens"], c["vocab"], name, s["median_s"], s["gflops"],
              c["speedup_vs_token_chunks"][name], s["max_rel_diff_vs_token_chunks"]]
             for c in cases for name, s in c["sides"].items()]
-    return markdown_table(["hidden", "tokens", "vocab", "kernel", "median s", "GFLOP/s", "× token_chunks",
-                           "max rel. diff"], rows)
+    table = markdown_table(["hidden", "tokens", "vocab", "kernel", "median s", "GFLOP/s", "× token_chunks",
+                            "max rel. diff"], rows)
+    peaks = [[c["hidden"], width, gflops] for c in cases for width, gflops in c.get("matmul_gflops", {}).items()]
+    if peaks:
+        table += "\n\nXLA matmul of the block's GEMM shape ([tokens, hidden] @ [hidden, vocab_chunk]):\n\n"
+        table += markdown_table(["hidden", "vocab_chunk", "GFLOP/s"], peaks)
+    return table
 
 
 def _environment() -> dict:
@@ -107,6 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk-tokens", type=int, default=1024, help="tokens per chunk (both kernels)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--untied", action="store_true", help="an [hidden, vocab] head instead of the embedding")
+    parser.add_argument("--peak", action="store_true", help="also time XLA's matmul of the block's GEMM shape")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -121,7 +139,7 @@ def main(argv=None) -> int:
     command = "python -m experiments.benchmarks.lm_head " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.perf_counter()
     cases = [run(args.tokens, hidden, args.vocab, args.vocab_chunk or (None,), args.rounds, args.warmup,
-                 args.dtype, not args.untied, args.chunk_tokens) for hidden in args.hidden]
+                 args.dtype, not args.untied, args.chunk_tokens, args.peak) for hidden in args.hidden]
     payload = {"command": command.strip(), "cases": cases, "wall_s": time.perf_counter() - started,
                "environment": _environment()}
     common.write_json(os.path.join(args.out, "lm_head.json"), payload)
