@@ -29,7 +29,7 @@ def _case(tied: bool, seed: int):
     hidden = rng.standard_normal((BATCH, SEQ, EMBED)).astype(np.float32)
     weight = (0.4 * rng.standard_normal((VOCAB, EMBED) if tied else (EMBED, VOCAB))).astype(np.float32)
     targets = rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32)
-    # the vocabulary's last and first columns, and one that the last block of width 128 or 300 overlaps
+    # the vocabulary's last and first columns, one in the last full block of width 128 or 300
     targets[1, :4] = VOCAB - 1, VOCAB - 2, 0, 880
     g = rng.standard_normal((BATCH, SEQ)).astype(np.float32)
     g[0, -3:], targets[0, -3:] = 0.0, 0
@@ -71,8 +71,8 @@ def _assert_close(got, want, what, rtol=1e-5):
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_both_kernels_equal_the_float64_reference_and_each_other(tied):
-    """Values, entropies and both gradients at float32 round-off, for block widths that divide nothing
-    (128: the last block overlaps its neighbour; 300; wider than the vocabulary), one or several token
+    """Values, entropies and both gradients at float32 round-off, for block widths that do not divide the
+    vocabulary (128 and 300: a narrower last block; one wider than the vocabulary), one or several token
     chunks (a padded last one: 11 positions in chunks of 4), temperatures 1, 0.7 and 1.6."""
     hidden, weight, targets, g = _case(tied, seed=int(tied))
     settings = ((1.0, 12, 128), (0.7, 3, 300), (1.6, 64, 4096))  # temperature, chunk_tokens, vocab_chunk

@@ -36,8 +36,7 @@ from respo_jax.models.qwen3.config import LM_HEAD_IMPLS
 from respo_jax.models.qwen3.layers import rows as token_rows
 
 # 4096 columns: a [1024, 4096] float32 block is 16 MiB, its bfloat16 cotangent 8 MiB, the weight block
-# 4096 × embed; 38 blocks of the Qwen3 vocabulary (the last one overlaps its neighbour by 3,712
-# columns, 2.4% more matmul work). The matmuls are [tokens, embed] @ [embed, 4096] and their
+# 4096 × embed; the Qwen3 vocabulary is 37 such blocks and one of 384 columns. The matmuls are [tokens, embed] @ [embed, 4096] and their
 # transposes: wide enough for the GEMM kernels of every backend, few loop steps per chunk
 # (experiments/benchmarks/lm_head.py compares widths).
 VOCAB_CHUNK = 4096
@@ -101,9 +100,9 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
 
 @dataclasses.dataclass(frozen=True)
 class _Blocks:
-    """The static layout of the vocabulary blocks: `count` blocks of `width` columns; the last one ends
-    at the vocabulary's end, overlapping the one before it, and masks the columns that one covered
-    (no padded copy of the weight)."""
+    """The static layout of the vocabulary blocks: `vocab // width` blocks of `width` columns walked by a
+    loop, then, if the width does not divide the vocabulary, one narrower block of the remaining columns
+    (a static slice: no padded copy of the weight, no masked columns in the loop)."""
 
     vocab: int
     width: int
@@ -111,48 +110,60 @@ class _Blocks:
     temperature: float
 
     @property
-    def count(self) -> int:
-        return math.ceil(self.vocab / self.width)
+    def axis(self) -> int:
+        """The weight's vocabulary axis."""
+        return 0 if self.tied else 1
 
-    def weight(self, weight: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Block j's weight ([width, embed] tied, [embed, width] untied) and its first column."""
-        start = jnp.minimum(j * self.width, self.vocab - self.width)
-        return jax.lax.dynamic_slice_in_dim(weight, start, self.width, axis=0 if self.tied else 1), start
+    def walk(self, weight: jax.Array, step, carry):
+        """carry = step(carry, block weight, first column) over every block, in vocabulary order."""
+        full, width = self.vocab // self.width, self.width
 
-    def columns(self, j: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Vocabulary ids of block j's columns and whether each is this block's to count: [1, width]."""
-        cols = start + jax.lax.broadcasted_iota(jnp.int32, (1, self.width), 1)
-        return cols, cols >= j * self.width
+        def loop_step(j, c):
+            start = j * width
+            return step(c, jax.lax.dynamic_slice_in_dim(weight, start, width, axis=self.axis), start)
+
+        carry = jax.lax.fori_loop(0, full, loop_step, carry)
+        if self.vocab % width:
+            carry = step(carry, jax.lax.slice_in_dim(weight, full * width, self.vocab, axis=self.axis),
+                         full * width)
+        return carry
 
     def logits(self, rows: jax.Array, w: jax.Array) -> jax.Array:
-        """rows [tokens, embed] @ block weight -> scaled float32 logits [tokens, width]."""
-        z = jnp.einsum("te,ve->tv" if self.tied else "te,ev->tv", rows, w, preferred_element_type=jnp.float32)
+        """rows [tokens, embed] @ block weight -> unscaled float32 logits [tokens, block width]."""
+        return jnp.einsum("te,ve->tv" if self.tied else "te,ev->tv", rows, w, preferred_element_type=jnp.float32)
+
+    def scaled(self, z: jax.Array) -> jax.Array:
+        """z / temperature (left to the elementwise pass that reads it, so no scaled block is stored)."""
         return z if self.temperature == 1.0 else z / jnp.float32(self.temperature)
 
 
 def _vocab_chunk_forward(rows, weight, t, blocks: _Blocks, with_entropy: bool):
     """One token chunk, rows [tokens, embed], t [tokens]: (log-prob of the targets, log-sum-exp,
-    entropy or None), each [tokens] float32, from one pass over the vocabulary blocks."""
-    def step(j, carry):
+    entropy or None), each [tokens] float32, from one pass over the vocabulary blocks.
+
+    Per block: the max (of the unscaled logits: dividing by T > 0 keeps the order, and float rounding
+    too), the sum of exp(z/T − running max) in one pass, and the target's logit read at its index when it
+    falls in the block (a gather of one value per token, not a pass over the block)."""
+    def step(carry, w, start):
         m, s, picked, pz = carry
-        w, start = blocks.weight(weight, j)
         z = blocks.logits(rows, w)
-        cols, own = blocks.columns(j, start)
-        masked = jnp.where(own, z, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(masked, axis=-1))
+        width = z.shape[-1]
+        m_new = jnp.maximum(m, blocks.scaled(jnp.max(z, axis=-1)))
         scale = jnp.exp(m - m_new)
-        e = jnp.exp(masked - m_new[:, None])
+        zs = blocks.scaled(z)
+        e = jnp.exp(zs - m_new[:, None])
         s = s * scale + jnp.sum(e, axis=-1)
-        picked = picked + jnp.sum(jnp.where(own & (cols == t[:, None]), z, 0.0), axis=-1)
-        if with_entropy:  # Σ exp(z − m)·z, rescaled with s (e is 0 off the block's own columns): Σ p·z = pz / s
-            pz = pz * scale + jnp.sum(e * z, axis=-1)
+        local = t - start
+        at_target = jnp.take_along_axis(z, jnp.clip(local, 0, width - 1)[:, None], axis=-1)[:, 0]
+        picked = picked + jnp.where((local >= 0) & (local < width), at_target, 0.0)
+        if with_entropy:  # Σ exp(z/T − m)·z/T, rescaled with s: Σ p·z/T = pz / s at the end
+            pz = pz * scale + jnp.sum(e * zs, axis=-1)
         return m_new, s, picked, pz
 
     zeros = jnp.zeros(rows.shape[:1], jnp.float32)
-    m, s, picked, pz = jax.lax.fori_loop(0, blocks.count, step, (jnp.full_like(zeros, -jnp.inf), zeros,
-                                                                  zeros, zeros))
+    m, s, picked, pz = blocks.walk(weight, step, (jnp.full_like(zeros, -jnp.inf), zeros, zeros, zeros))
     lse = m + jnp.log(s)
-    return picked - lse, lse, (lse - pz / s if with_entropy else None)
+    return blocks.scaled(picked) - lse, lse, (lse - pz / s if with_entropy else None)
 
 
 def _vocab_forward(h, weight, t, blocks: _Blocks, with_entropy: bool = False):
@@ -179,35 +190,30 @@ def _vocab_logprobs_fwd(h, weight, t, blocks):
 
 def _vocab_logprobs_bwd(blocks, residuals, g):
     """Per token chunk and vocabulary block: the logits' cotangent g · (onehot(t) − softmax) / T from
-    the saved log-sum-exp, then d hidden += it @ Wᵀ and the block's rows of d W += itᵀ @ hidden
-    (float32 accumulators; the overlap columns of the last block get zero)."""
+    the saved log-sum-exp (one elementwise pass), then d hidden += it @ Wᵀ and the block's rows of
+    d W += itᵀ @ hidden (float32 accumulators)."""
     h, weight, t, lse = residuals
-    axis = 0 if blocks.tied else 1
 
     def chunk(grad_w, args):
         h_c, t_c, lse_c, g_c = args
         rows = token_rows(h_c)
         t_r, lse_r, g_r = t_c.reshape(-1, 1), lse_c.reshape(-1, 1), g_c.reshape(-1, 1)
 
-        def step(j, carry):
+        def step(carry, w, start):
             dh, grad_w = carry
-            w, start = blocks.weight(weight, j)
-            z = blocks.logits(rows, w)
-            cols, own = blocks.columns(j, start)
+            z = blocks.scaled(blocks.logits(rows, w))
+            cols = start + jax.lax.broadcasted_iota(jnp.int32, (1, z.shape[-1]), 1)
             probs = jnp.exp(z - lse_r)
-            g_z = jnp.where(own, jnp.where(cols == t_r, 1.0 - probs, -probs) * g_r, 0.0)
-            if blocks.temperature != 1.0:
-                g_z = g_z / jnp.float32(blocks.temperature)
-            g_z = g_z.astype(rows.dtype)
+            g_z = jnp.where(cols == t_r, 1.0 - probs, -probs) * g_r
+            g_z = blocks.scaled(g_z).astype(rows.dtype)
             dh = dh + jnp.einsum("tv,ve->te" if blocks.tied else "tv,ev->te", g_z, w,
                                  preferred_element_type=jnp.float32)
             dw = jnp.einsum("tv,te->ve" if blocks.tied else "tv,te->ev", g_z, rows,
                             preferred_element_type=jnp.float32)
-            old = jax.lax.dynamic_slice_in_dim(grad_w, start, blocks.width, axis=axis)
-            return dh, jax.lax.dynamic_update_slice_in_dim(grad_w, old + dw, start, axis=axis)
+            old = jax.lax.dynamic_slice_in_dim(grad_w, start, dw.shape[blocks.axis], axis=blocks.axis)
+            return dh, jax.lax.dynamic_update_slice_in_dim(grad_w, old + dw, start, axis=blocks.axis)
 
-        dh, grad_w = jax.lax.fori_loop(0, blocks.count, step,
-                                       (jnp.zeros(rows.shape, jnp.float32), grad_w))
+        dh, grad_w = blocks.walk(weight, step, (jnp.zeros(rows.shape, jnp.float32), grad_w))
         return grad_w, dh.reshape(h_c.shape).astype(h_c.dtype)
 
     grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, lse, g))
