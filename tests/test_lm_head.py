@@ -187,3 +187,18 @@ def test_the_side_by_side_benchmark_runs_at_a_tiny_size(tmp_path):
     assert set(case["matmul_gflops"]) == {"64", "128"} and min(case["matmul_gflops"].values()) > 0
     for side in case["sides"].values():
         assert side["gflops"] > 0 and side["max_rel_diff_vs_token_chunks"] < 1e-4
+
+
+def test_a_bfloat16_weight_is_not_copied_in_float32():
+    """The compiled gradient of a bf16 head holds one float32 array of the weight's size (the gradient's
+    accumulator), not also a float32 copy of the weight (what XLA:CPU makes of a bf16 dynamic-slice in a
+    loop: the kernel slices the weight's bits instead)."""
+    hidden, weight, targets, g = _case(True, seed=4)
+    args = (jnp.asarray(hidden, jnp.bfloat16), jnp.asarray(weight, jnp.bfloat16))
+
+    def grad(h, w):
+        return jax.grad(lambda h, w: jnp.sum(g * chunked_token_logprobs(
+            h, w, targets, tied=True, chunk_tokens=12, vocab_chunk=128)), argnums=(0, 1))(h, w)
+
+    temp = jax.jit(grad).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    assert weight.size * 4 <= temp < 1.5 * weight.size * 4, temp

@@ -118,9 +118,14 @@ class _Blocks:
         """carry = step(carry, block weight, first column) over every block, in vocabulary order."""
         full, width = self.vocab // self.width, self.width
 
+        # XLA:CPU runs a 16-bit float dynamic-slice in float32 and hoists the conversion of the whole
+        # weight out of the loop (a float32 copy of it, twice its size); slicing the weight's bits does not.
+        bits = jax.lax.bitcast_convert_type(weight, jnp.uint16) if weight.dtype.itemsize == 2 else weight
+
         def loop_step(j, c):
             start = j * width
-            return step(c, jax.lax.dynamic_slice_in_dim(weight, start, width, axis=self.axis), start)
+            block = jax.lax.dynamic_slice_in_dim(bits, start, width, axis=self.axis)
+            return step(c, jax.lax.bitcast_convert_type(block, weight.dtype), start)
 
         carry = jax.lax.fori_loop(0, full, loop_step, carry)
         if self.vocab % width:
