@@ -79,7 +79,8 @@ def test_both_kernels_equal_the_float64_reference_and_each_other(tied):
     for temperature, chunk_tokens, vocab_chunk in settings:
         want = _reference(hidden, weight, targets, g, tied, temperature)
         kw = dict(tied=tied, temperature=temperature, chunk_tokens=chunk_tokens)
-        new = _values_and_grads(hidden, weight, targets, g, impl="vocab_chunks", vocab_chunk=vocab_chunk, **kw)
+        new = _values_and_grads(hidden, weight, targets, g, impl="vocab_chunks", vocab_chunk=vocab_chunk,
+                                **kw)
         old = _values_and_grads(hidden, weight, targets, g, impl="token_chunks", **kw)
         for name, got_new, got_old, ref in zip(("logp", "entropy", "d hidden", "d weight"), new, old, want):
             what = f"{name} at T={temperature}, chunk_tokens={chunk_tokens}, vocab_chunk={vocab_chunk}"
@@ -127,8 +128,12 @@ def _oversized(shapes, weight_shape, block_rows: int, width: int) -> list[tuple[
     """Shapes beyond one [block_rows, width] block of logits: anything with a vocabulary-sized axis
     other than the weight (and its gradient), or more than block_rows·width elements on a block-wide
     axis other than a block of the weight."""
-    return sorted({s for s in shapes if (VOCAB in s and tuple(s) != tuple(weight_shape))
-                   or (width in s and int(np.prod(s)) > block_rows * width and sorted(s) != sorted((width, EMBED)))})
+    def too_big(s):
+        if VOCAB in s:
+            return tuple(s) != tuple(weight_shape)
+        return width in s and int(np.prod(s)) > block_rows * width and sorted(s) != sorted((width, EMBED))
+
+    return sorted({s for s in shapes if too_big(s)})
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
@@ -141,8 +146,8 @@ def test_no_tokens_by_vocab_array_in_the_forward_and_backward_program(tied):
 
     def loss(impl):
         def f(h, w):
-            logp = chunked_token_logprobs(h, w, targets, tied=tied, temperature=0.9, chunk_tokens=chunk_tokens,
-                                          impl=impl, vocab_chunk=width)
+            logp = chunked_token_logprobs(h, w, targets, tied=tied, temperature=0.9,
+                                          chunk_tokens=chunk_tokens, impl=impl, vocab_chunk=width)
             return jnp.sum(logp * g)
         return jax.grad(f, argnums=(0, 1))
 
@@ -156,7 +161,8 @@ def test_no_tokens_by_vocab_array_in_the_forward_and_backward_program(tied):
             if impl == "vocab_chunks":
                 assert not found, (where, found)
             else:
-                assert (chunk_tokens, VOCAB) in found or (BATCH, chunk_tokens // BATCH, VOCAB) in found, (where, found)
+                logits = {(chunk_tokens, VOCAB), (BATCH, chunk_tokens // BATCH, VOCAB)}
+                assert logits & set(found), (where, found)
 
 
 def test_the_resolved_kernel_and_bad_arguments():
@@ -169,8 +175,9 @@ def test_the_resolved_kernel_and_bad_arguments():
     with pytest.raises(ValueError, match="lm_head_impl must be one of"):
         cfg.replace(lm_head_impl="fused")
     hidden, weight, targets, _ = _case(True, seed=0)
-    for bad, match in ((dict(impl="fused"), "impl must be one of"), (dict(vocab_chunk=0), "vocab_chunk must be"),
-                       (dict(vocab_chunk=2.5), "vocab_chunk must be")):
+    bad_arguments = ((dict(impl="fused"), "impl must be one of"), (dict(vocab_chunk=0), "vocab_chunk must"),
+                     (dict(vocab_chunk=2.5), "vocab_chunk must"))
+    for bad, match in bad_arguments:
         with pytest.raises(ValueError, match=match):
             chunked_token_logprobs(jnp.asarray(hidden), jnp.asarray(weight), targets, tied=True, **bad)
 
@@ -178,12 +185,14 @@ def test_the_resolved_kernel_and_bad_arguments():
 def test_the_side_by_side_benchmark_runs_at_a_tiny_size(tmp_path):
     """experiments.benchmarks.lm_head at a tiny size: both kernels timed, the same loss and gradients
     (their agreement is part of the report), a GFLOP/s figure per side; no timing is asserted."""
-    assert lm_head_bench.main(["--tokens", "24", "--hidden", "16", "--vocab", "300", "--vocab-chunk", "64", "128",
-                               "--rounds", "1", "--warmup", "0", "--peak", "--out", str(tmp_path)]) == 0
+    argv = ["--tokens", "24", "--hidden", "16", "--vocab", "300", "--vocab-chunk", "64", "128",
+            "--rounds", "1", "--warmup", "0", "--peak", "--out", str(tmp_path)]
+    assert lm_head_bench.main(argv) == 0
     report = json.loads((tmp_path / "lm_head.json").read_text(encoding="utf-8"))
     assert "| vocab_chunks[64] |" in (tmp_path / "lm_head.md").read_text(encoding="utf-8")
     (case,) = report["cases"]
-    assert case["hidden"] == 16 and set(case["sides"]) == {"token_chunks", "vocab_chunks[64]", "vocab_chunks[128]"}
+    assert case["hidden"] == 16
+    assert set(case["sides"]) == {"token_chunks", "vocab_chunks[64]", "vocab_chunks[128]"}
     assert set(case["matmul_gflops"]) == {"64", "128"} and min(case["matmul_gflops"].values()) > 0
     for side in case["sides"].values():
         assert side["gflops"] > 0 and side["max_rel_diff_vs_token_chunks"] < 1e-4

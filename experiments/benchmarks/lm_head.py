@@ -1,8 +1,8 @@
 """The LM head's log-probs, forward + backward, side by side: the token-chunked kernel (a whole-vocabulary
 logits chunk) against the vocabulary-blocked one (online log-sum-exp), at the real vocabulary, in GFLOP/s.
 
-    python -m experiments.benchmarks.lm_head                                  # 1024 tokens, hidden 256 and 2048
-    python -m experiments.benchmarks.lm_head --vocab-chunk 2048 4096 8192     # several block widths
+    python -m experiments.benchmarks.lm_head                               # 1024 tokens, hidden 256, 2048
+    python -m experiments.benchmarks.lm_head --vocab-chunk 2048 4096 8192  # several block widths
     python -m experiments.benchmarks.lm_head --tokens 24 --hidden 16 --vocab 300 --rounds 1 --warmup 0
 
 Each side is one jitted call: log-probs of random targets and the gradients of Σ g·log p with respect to
@@ -65,7 +65,8 @@ def run(tokens: int = 1024, hidden: int = 2048, vocab: int = 151_936, vocab_chun
     programs.update({side_name("vocab_chunks", c): side("vocab_chunks", c) for c in widths})
     outputs = {name: [np.asarray(x, np.float32) for x in jax.block_until_ready(fn(h, w, targets, g))]
                for name, fn in programs.items()}  # also compiles every side before the clock starts
-    calls = {name: (lambda fn=fn: jax.block_until_ready(fn(h, w, targets, g))) for name, fn in programs.items()}
+    calls = {name: (lambda fn=fn: jax.block_until_ready(fn(h, w, targets, g)))
+             for name, fn in programs.items()}
     times = alternate(calls, rounds=rounds, warmup=warmup)
     flops = 8.0 * tokens * vocab * hidden
     sides = {}
@@ -95,7 +96,8 @@ def markdown(cases: list[dict]) -> str:
             for c in cases for name, s in c["sides"].items()]
     table = markdown_table(["hidden", "tokens", "vocab", "kernel", "median s", "GFLOP/s", "× token_chunks",
                             "max rel. diff"], rows)
-    peaks = [[c["hidden"], width, gflops] for c in cases for width, gflops in c.get("matmul_gflops", {}).items()]
+    peaks = [[c["hidden"], width, gflops]
+             for c in cases for width, gflops in c.get("matmul_gflops", {}).items()]
     if peaks:
         table += "\n\nXLA matmul of the block's GEMM shape ([tokens, hidden] @ [hidden, vocab_chunk]):\n\n"
         table += markdown_table(["hidden", "vocab_chunk", "GFLOP/s"], peaks)
@@ -115,7 +117,8 @@ def _environment() -> dict:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="python -m experiments.benchmarks.lm_head", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m experiments.benchmarks.lm_head",
+                            description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 2048])
     parser.add_argument("--vocab", type=int, default=151_936)
@@ -123,8 +126,10 @@ def main(argv=None) -> int:
                         help="block widths of the vocab-chunked kernel (default: its default width)")
     parser.add_argument("--chunk-tokens", type=int, default=1024, help="tokens per chunk (both kernels)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--untied", action="store_true", help="an [hidden, vocab] head instead of the embedding")
-    parser.add_argument("--peak", action="store_true", help="also time XLA's matmul of the block's GEMM shape")
+    parser.add_argument("--untied", action="store_true",
+                        help="an [hidden, vocab] head instead of the embedding")
+    parser.add_argument("--peak", action="store_true",
+                        help="also time XLA's matmul of the block's GEMM shape")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -136,7 +141,8 @@ def main(argv=None) -> int:
         parser.error("--hidden and --vocab-chunk must be positive")
     from experiments.benchmarks import common
 
-    command = "python -m experiments.benchmarks.lm_head " + " ".join(argv if argv is not None else sys.argv[1:])
+    argv = sys.argv[1:] if argv is None else argv
+    command = "python -m experiments.benchmarks.lm_head " + " ".join(argv)
     started = time.perf_counter()
     cases = [run(args.tokens, hidden, args.vocab, args.vocab_chunk or (None,), args.rounds, args.warmup,
                  args.dtype, not args.untied, args.chunk_tokens, args.peak) for hidden in args.hidden]

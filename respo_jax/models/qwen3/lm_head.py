@@ -6,14 +6,15 @@ responses costs tokens × 600 KB (20 GB for 32k tokens), so the projection and t
 over `chunk_tokens` tokens at a time, in the forward and in the backward pass. Two kernels
 (`impl`, the model's `lm_head_impl`, chosen in kernels.py):
 
-- ``vocab_chunks``: each token chunk also walks the vocabulary in blocks of `vocab_chunk` columns with
-  an online log-sum-exp (running max, rescaled sum of exponentials, the target's logit, and for the
-  entropy the rescaled sum of p·logit), so no array is larger than one [chunk tokens, vocab_chunk]
-  block. Its backward recomputes each block's logits, forms `g · (onehot − softmax) / temperature`
-  from the saved log-sum-exp and accumulates d hidden and that block's rows of d weight at once. A
-  block is small enough to stay in the caches between the matmul that writes it and the elementwise
-  passes that read it, where a [1024, 151,936] float32 chunk (622 MB) goes through main memory in
-  every pass (the LM-head gradient ran at a fifth of XLA's matmul rate that way).
+- ``vocab_chunks``: each token chunk also walks the vocabulary in blocks of `vocab_chunk` columns (the
+  last one narrower where the width does not divide the vocabulary) with an online log-sum-exp
+  (running max, rescaled sum of exponentials, the target's logit, and for the entropy the rescaled sum
+  of p·logit), so no array is larger than one [chunk tokens, vocab_chunk] block of logits. Its
+  backward recomputes each block's logits, forms `g · (onehot − softmax) / temperature` from the saved
+  log-sum-exp and accumulates d hidden and that block's rows of d weight at once. A block is small
+  enough to stay in the caches between the matmul that writes it and the elementwise passes that read
+  it, where a [1024, 151,936] float32 chunk (622 MB) goes through main memory in every pass (the
+  LM-head gradient ran at a fifth of XLA's matmul rate that way).
 - ``token_chunks``: one [chunk tokens, vocab] logits array per chunk. Kept for a vocabulary split over
   devices (tensor parallelism), where slicing vocabulary blocks of the sharded weight would gather it.
 
@@ -36,9 +37,9 @@ from respo_jax.models.qwen3.config import LM_HEAD_IMPLS
 from respo_jax.models.qwen3.layers import rows as token_rows
 
 # 4096 columns: a [1024, 4096] float32 block is 16 MiB, its bfloat16 cotangent 8 MiB, the weight block
-# 4096 × embed; the Qwen3 vocabulary is 37 such blocks and one of 384 columns. The matmuls are [tokens, embed] @ [embed, 4096] and their
-# transposes: wide enough for the GEMM kernels of every backend, few loop steps per chunk
-# (experiments/benchmarks/lm_head.py compares widths).
+# 4096 × embed; the Qwen3 vocabulary is 37 such blocks and one of 384 columns. The matmuls are
+# [tokens, embed] @ [embed, 4096] and their transposes: wide enough for the GEMM kernels of every
+# backend, few loop steps per chunk (experiments/benchmarks/lm_head.py compares widths).
 VOCAB_CHUNK = 4096
 
 
@@ -135,7 +136,8 @@ class _Blocks:
 
     def logits(self, rows: jax.Array, w: jax.Array) -> jax.Array:
         """rows [tokens, embed] @ block weight -> unscaled float32 logits [tokens, block width]."""
-        return jnp.einsum("te,ve->tv" if self.tied else "te,ev->tv", rows, w, preferred_element_type=jnp.float32)
+        return jnp.einsum("te,ve->tv" if self.tied else "te,ev->tv", rows, w,
+                          preferred_element_type=jnp.float32)
 
     def scaled(self, z: jax.Array) -> jax.Array:
         """z / temperature (left to the elementwise pass that reads it, so no scaled block is stored)."""
