@@ -24,6 +24,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("causal_blocks", "dense")
 MOE_IMPLS = ("ragged", "tiled")
 MOE_DISPATCHES = ("all_to_all", "ragged_all_to_all")
+LM_HEAD_IMPLS = ("vocab_chunks", "token_chunks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +39,9 @@ class Qwen3Config:
     compile time does not grow with depth (``False`` stores every layer's weights on their own and
     unrolls a Python loop over them: faster on CPU, also for decoding, compile time grows with depth).
 
-    Kernels (``attention_impl``, ``moe_impl``, ``moe_dispatch``, and the layer loop ``scan_layers``;
-    see ``kernels.default_kernels`` for what each does) are explicit fields; ``None`` (the default)
+    Kernels (``attention_impl``, ``moe_impl``, ``moe_dispatch``, the log-prob head ``lm_head_impl``
+    and the layer loop ``scan_layers``; see ``kernels.default_kernels`` and
+    ``kernels.default_lm_head_impl`` for what each does) are explicit fields; ``None`` (the default)
     leaves the choice to ``kernels.resolve_config``, which the entry points (``Qwen3ForCausalLM``,
     ``init_model``, ``from_pretrained``) call once with the mesh: ``mesh`` None there means the
     1×1×1×1 mesh over one device. A built model's config always has a mesh and plain kernel fields,
@@ -79,6 +81,7 @@ class Qwen3Config:
     attention_impl: str | None = None
     moe_impl: str | None = None
     moe_dispatch: str | None = None
+    lm_head_impl: str | None = None
     mesh: jax.sharding.Mesh | None = None
     rules: ShardingRules = ShardingRules()
 
@@ -114,7 +117,7 @@ class Qwen3Config:
         if bad:
             raise ValueError(f"mlp_only_layers {bad} outside [0, {self.num_hidden_layers})")
         for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", MOE_IMPLS),
-                              ("moe_dispatch", MOE_DISPATCHES)):
+                              ("moe_dispatch", MOE_DISPATCHES), ("lm_head_impl", LM_HEAD_IMPLS)):
             if getattr(self, name) not in (*allowed, None):
                 raise ValueError(f"{name} must be one of {allowed} (or None: chosen for the platform), "
                                  f"got {getattr(self, name)!r}")
