@@ -48,7 +48,7 @@ import tempfile
 import time
 import traceback
 
-from experiments.benchmarks.common import SpawnedSide
+from experiments.benchmarks.common import SpawnedSide, peak_rss_mib
 from experiments.cli import ArgumentParser, run_cli
 from respo_jax.training.config import ConfigError
 
@@ -141,12 +141,6 @@ def prompt_stream(config, count: int) -> list[dict]:
 # ----------------------------------------------------------------------------------------------- sides
 
 
-def _peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str, cache_dir: str) -> None:
     from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
 
@@ -157,12 +151,12 @@ def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_di
     config = trainer_config(case, checkpoint, data_dir, tokenizer_dir, cache_dir)
     configure_compilation_cache(config.run.compilation_cache_dir)  # as experiments/train.py does
     trainer = RLTrainer(config)
-    conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": _peak_rss_mib(),
+    conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": peak_rss_mib(),
                       "pid": os.getpid()}))
     while conn.recv() == "iterate":
         started = time.perf_counter()
         record = trainer.iteration()
-        conn.send(("ok", {"wall_s": time.perf_counter() - started, "peak_rss_mib": _peak_rss_mib(),
+        conn.send(("ok", {"wall_s": time.perf_counter() - started, "peak_rss_mib": peak_rss_mib(),
                           **{k: record[k] for k in ("compiles", "compile_seconds", "compile_cache_hits",
                                                     "rollout_seconds", "response_length", "score", "loss")}}))
 
@@ -203,7 +197,7 @@ def _trl_side(conn, case: RaceCase, checkpoint: str, tokenizer_dir: str, records
             if self.steps % case.reuse:
                 return
             metrics = trainer._metrics["train"]
-            conn.send(("ok", {"wall_s": time.perf_counter() - self.started, "peak_rss_mib": _peak_rss_mib(),
+            conn.send(("ok", {"wall_s": time.perf_counter() - self.started, "peak_rss_mib": peak_rss_mib(),
                               "response_length": float(metrics["completions/mean_length"][-1])
                               if metrics.get("completions/mean_length") else None}))
             if conn.recv() != "iterate":
@@ -224,7 +218,7 @@ def _trl_side(conn, case: RaceCase, checkpoint: str, tokenizer_dir: str, records
         model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
         trainer = trl.GRPOTrainer(model=model, reward_funcs=strict_box, args=args, train_dataset=dataset,
                                   processing_class=tokenizer, callbacks=[Driver()])
-        conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": _peak_rss_mib(),
+        conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": peak_rss_mib(),
                           "prompt_tokens": prompt_tokens, "trl": trl.__version__, "pid": os.getpid()}))
         trainer.train()
 
