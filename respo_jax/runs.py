@@ -40,6 +40,8 @@ import re
 import tempfile
 from typing import Any, BinaryIO, Callable
 
+from respo_jax.json_files import JsonFileError, read_json
+
 # ------------------------------------------------------------------------------------------ layout
 
 CONFIG_FILE = "config.json"
@@ -132,29 +134,7 @@ def is_temp_file(name: str, targets: tuple[str, ...]) -> bool:
 # ----------------------------------------------------------------------------------------- reading
 
 
-class RunFileError(ValueError):
-    """A run file that cannot be read: `path`, `line` (1-based, None for a whole file) and `problem`."""
-
-    def __init__(self, path: str, problem: str, line: int | None = None):
-        self.path, self.problem, self.line = path, problem, line
-        super().__init__(f"{self.where}: {problem}")
-
-    @property
-    def where(self) -> str:
-        return self.path if self.line is None else f"{self.path}:{self.line}"
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    """A JSON file; RunFileError naming the file (and line) when it is not UTF-8 or not valid JSON."""
-    path = os.fspath(path)
-    with open(path, "rb") as handle:
-        data = handle.read()
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise RunFileError(path, f"not UTF-8 (byte {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise RunFileError(path, f"invalid JSON ({err.msg})", err.lineno) from None
+RunFileError = JsonFileError  # a run file that cannot be read (the name the run-file readers raise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +181,7 @@ def read_jsonl(path: str | os.PathLike, keep: Callable[[dict, str], Any] | None 
             try:
                 record = json.loads(line.decode("utf-8"))
             except UnicodeDecodeError as err:
-                raise RunFileError(path, f"not UTF-8 (byte {err.start})", lineno) from None
+                raise RunFileError(path, f"invalid UTF-8 byte {line[err.start]:#04x}", lineno) from None
             except json.JSONDecodeError as err:
                 raise RunFileError(path, f"invalid JSON ({err})", lineno) from None
             if not isinstance(record, dict):

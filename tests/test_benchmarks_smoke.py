@@ -102,8 +102,10 @@ def test_side_processes_run_with_their_declared_settings(micro_report):
 def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     # The race on a micro model (vocabulary 151,936, one tiny layer): both sides run in their own
     # processes with the same malloc settings, see the same prompts (the harness checks their token
-    # counts agree), and the record's ratio, RSS and compile counts are consistent. The data: the first
-    # 32 rows of DAPO-Math-17k (both processes would otherwise read and tokenize all 17,917).
+    # counts agree), and the record's ratios, RSS and compile counts are consistent. respo-jax's first
+    # launch compiles into an empty cache of the race's own; its second launch is another process whose
+    # first iteration reads every program from that cache. The data: the first 32 rows of DAPO-Math-17k
+    # (both processes would otherwise read and tokenize all 17,917).
     import pyarrow.parquet as pq
 
     from respo_jax.data.records import resolve_data_file
@@ -119,13 +121,63 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     assert len(jax_side["times_s"]) == len(trl_side["times_s"]) == 3
     expected = float(np.median([t / j for t, j in zip(trl_side["times_s"][1:], jax_side["times_s"][1:])]))
     assert result["speedup"] == pytest.approx(expected, rel=1e-12)
-    assert jax_side["median_s"] == pytest.approx(float(np.median(jax_side["times_s"][1:])))
     for side in (jax_side, trl_side):
+        assert side["median_s"] == pytest.approx(float(np.median(side["times_s"][1:])))
+        assert side["first_s"] == side["times_s"][0]
         assert side["peak_rss_mib"] > 100 and side["host_allocator"]["applied"] is True
         assert side["response_length"] == [4.0] * 3  # a random policy never samples EOS in 4 tokens
-    assert jax_side["compiles"][0] > 0 and len(jax_side["compile_seconds"]) == 3
-    assert 0 <= jax_side["compile_fraction_after_two"] < 1
-    assert "respo-jax s/iter" in (tmp_path / "rl_iteration_micro.md").read_text(encoding="utf-8")
+        launch = side["second_launch"]  # a second process, one iteration of the same configuration
+        assert launch["pid"] != side["pid"] and launch["response_length"] == 4.0
+        assert side["second_launch_first_s"] == launch["wall_s"] > 0
+    assert jax_side["compiles"][0] > 0 and jax_side["compile_cache_hits"][0] == 0  # cold: nothing cached
+    assert jax_side["cache_entries_written"] > 0
+    second = jax_side["second_launch"]
+    assert second["compiles"] > 0 and second["compile_cache_hits"] == second["compiles"]  # warm: all cached
+    assert len(jax_side["compile_seconds"]) == 3 and 0 <= jax_side["compile_fraction_after_two"] < 1
+    assert result["second_launch_vs_median"] == pytest.approx(jax_side["second_launch_first_s"] / jax_side["median_s"])
+    assert result["cold_first_vs_trl_first"] == pytest.approx(jax_side["first_s"] / trl_side["first_s"])
+    assert result["rss_ratio_trl_over_jax"] == pytest.approx(trl_side["peak_rss_mib"] / jax_side["peak_rss_mib"])
+
+    # README.md's race table, regenerated from that JSON between its markers; the rest is left as it was.
+    def number(x):
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+    readme = tmp_path / "README.md"
+    original = open(rl_iteration.README, encoding="utf-8").read()
+    readme.write_text(original, encoding="utf-8")
+    rl_iteration.rewrite_readme([str(tmp_path / "rl_iteration_micro.json")], readme=str(readme))
+    written = readme.read_text(encoding="utf-8")
+    rows = [line for line in written.splitlines() if line.startswith("| M=1, G=2, N=2 |")]
+    assert len(rows) == 1, rows
+    cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    assert cells == [
+        "M=1, G=2, N=2", number(jax_side["first_s"]),
+        f"{number(jax_side['second_launch_first_s'])} ({second['compiles']} of {second['compiles']} programs "
+        "from the cache)", number(jax_side["median_s"]), number(trl_side["first_s"]),
+        number(trl_side["second_launch_first_s"]), number(trl_side["median_s"]), f"{result['speedup']:.2f}×",
+        f"{result['second_launch_vs_median']:.2f}×", f"{result['cold_first_vs_trl_first']:.2f}×",
+        f"{number(jax_side['peak_rss_mib'])} / {number(trl_side['peak_rss_mib'])}"]
+    before, _, rest = original.partition(rl_iteration.TABLE_BEGIN)
+    after = rest[rest.index(rl_iteration.TABLE_END):]
+    assert written.startswith(before) and written.endswith(after)
+    assert "`rl_iteration_micro.json`: `python -m experiments.benchmarks.rl_iteration --micro" in written
+    rl_iteration.rewrite_readme([str(tmp_path / "rl_iteration_micro.json")], readme=str(readme))
+    assert readme.read_text(encoding="utf-8") == written  # regenerated, not appended to
+    assert "2nd launch" in (tmp_path / "rl_iteration_micro.md").read_text(encoding="utf-8")
+
+
+def test_rl_iteration_readme_needs_its_markers_and_a_result_file(tmp_path, capsys):
+    from experiments.cli import run_cli
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# Benchmarks\n\nno table markers here\n", encoding="utf-8")
+    with pytest.raises(ValueError) as err:
+        rl_iteration.replace_marked_section(readme.read_text(encoding="utf-8"), "| a |")
+    assert "\n" not in str(err.value) and rl_iteration.TABLE_BEGIN in str(err.value)
+    missing = tmp_path / "nothing.json"
+    assert run_cli(rl_iteration.main, ["--readme", str(missing)]) == 2
+    message = capsys.readouterr().err.strip()
+    assert message.startswith(f"error: --readme {missing}: ") and "\n" not in message
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The continuous-batching engine against the static sampler (`generate`, itself tested against
 transformers in test_sampling.py) and a teacher-forced forward: greedy and sampled tokens equal for one
 seed whatever max_slots / page_size / steps_per_schedule / pool size, log-probs those of the
-distribution sampled from, per-row budgets and ignore_eos honoured."""
+distribution sampled from, per-row budgets and ignore_eos honoured; one prefill and one admission call per
+schedule; MoE tokens and routing equal the static sampler's; compile_continuous compiles every program."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from flax import nnx
 
 import jitted_model as jm
 from respo_jax.models import qwen3
-from respo_jax.sampling import EngineConfig, SamplingParams, generate
-from respo_jax.sampling.paged_decode import generate_continuous
+from respo_jax.sampling import EngineConfig, SamplingParams, generate, paged_decode
+from respo_jax.sampling.paged_decode import compile_continuous, generate_continuous
+from respo_jax.training.compilation import compilation_totals
 
 PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [100], [7, 7, 8, 9, 10, 11]]
 NEW = 12
@@ -144,7 +145,75 @@ def test_engine_input_errors(model, sampled):
         generate_continuous(model, PROMPTS, params, engine=EngineConfig(paged_attention_impl="pallas_gpu"))
     with pytest.raises(ValueError, match=r"row_max_new_tokens must lie in \[1, max_new_tokens=12\]"):
         generate_continuous(model, PROMPTS, params, row_max_new_tokens=[NEW + 1] * 12)
-    moe_config = qwen3.Qwen3Config.preset("tiny-moe")
-    moe = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(moe_config, rngs=nnx.Rngs(0)))
-    with pytest.raises(ValueError, match="dense Qwen3 models"):
-        generate_continuous(moe, PROMPTS, params)
+    with pytest.raises(ValueError, match=r"return_routing=True needs an MoE model"):
+        generate_continuous(model, PROMPTS, params, return_routing=True)
+    with pytest.raises(ValueError, match="prompt_len >= 1"):
+        compile_continuous(model, 0, 1, params)
+
+
+def test_one_prefill_and_one_admission_call_per_schedule(model, sampled, monkeypatch):
+    # Enough slots for every row: the first schedule starts all 4 prompts in one prefill of a [4, bucket]
+    # batch and admits all 12 rows in one call; later schedules only decode.
+    params, _, want = sampled
+    calls = {name: [] for name in ("prefill_prompts", "admit_rows", "decode_segment")}
+
+    def logged(program, log):
+        def call(*args, **kwargs):
+            log.append(args)
+            return program(*args, **kwargs)
+        return call
+
+    for name, log in calls.items():
+        monkeypatch.setattr(paged_decode, name, logged(getattr(paged_decode, name), log))
+    engine = EngineConfig(max_slots=12, page_size=4, steps_per_schedule=3)
+    _assert_same(generate_continuous(model, PROMPTS, params, engine=engine), want)
+    assert len(calls["prefill_prompts"]) == 1 and len(calls["admit_rows"]) == 1
+    input_ids = calls["prefill_prompts"][0][3]
+    assert input_ids.shape == (4, 16)  # the 4 prompts, left-padded to the 11-token prompt's bucket
+    assert len(calls["decode_segment"]) <= -(-NEW // 3)  # the longest row's segments at most
+
+
+@pytest.fixture(scope="module")
+def moe_model():
+    # initializer_range 0.3: well-separated logits and router scores (no top-k at a near-tie)
+    return qwen3.init_model(qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3), 1)
+
+
+def _with_eos_routing(full, eos: int) -> dict:
+    """`_with_eos` plus the routing of the static sampler's rows cut at the first `eos` (0 after it)."""
+    want = _with_eos(full, eos, pad=eos)
+    routing = np.asarray(full.routing).copy()
+    for r, n in enumerate(want["lengths"]):
+        routing[:, r, n:] = 0
+    return dict(want, routing=routing)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_moe_tokens_and_routing_equal_the_static_samplers(moe_model, temperature):
+    # The routed experts of every prompt and generated token, in generate's format: rows that end at an
+    # EOS mid-segment, at a segment's end and at the budget all record their last token's routing.
+    params = SamplingParams(max_new_tokens=NEW, temperature=temperature, num_samples=2, seed=5)
+    full = generate(moe_model, PROMPTS, params, return_routing=True)
+    eos = int(np.asarray(full.tokens)[1, 4])
+    want = _with_eos_routing(full, eos)
+    assert want["lengths"].min() < NEW < want["lengths"].max() + 1
+    params = dataclasses.replace(params, eos_token_ids=(eos,))
+    got = generate_continuous(moe_model, PROMPTS, params, engine=ENGINE, return_routing=True)
+    _assert_same(got, want)
+    np.testing.assert_array_equal(np.asarray(got.routing), want["routing"])
+    mask = np.asarray(full.prompt_mask)
+    np.testing.assert_array_equal(np.asarray(got.prompt_mask), mask)
+    assert got.prompt_routing.shape == full.prompt_routing.shape
+    real = np.broadcast_to(mask[None, :, :, None] > 0, full.prompt_routing.shape)  # pads: any expert
+    np.testing.assert_array_equal(np.asarray(got.prompt_routing)[real], np.asarray(full.prompt_routing)[real])
+
+
+def test_compile_continuous_compiles_every_program_ahead(moe_model):
+    # Routing capture, a pool that makes admission wait, prefills of 1 and 2 prompts: every program of a
+    # call with these shapes is compiled ahead, so the call compiles nothing.
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, num_samples=2, seed=3, eos_token_ids=(2,))
+    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2, prompt_bucket=8)
+    compile_continuous(moe_model, 16, 4, params, engine=engine, return_routing=True)
+    before = compilation_totals()
+    generate_continuous(moe_model, PROMPTS, params, engine=engine, return_routing=True)  # longest 11: 16
+    assert (compilation_totals() - before).compiles == 0

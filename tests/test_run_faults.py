@@ -95,13 +95,13 @@ def test_json_errors_name_the_file_and_line(hf_dir, tmp_path):
     text = (path / "config.json").read_text().splitlines()
     text[2] = text[2] + ",,"
     (path / "config.json").write_text("\n".join(text))
-    with pytest.raises(ValueError, match=r"config.json:3:\d+: invalid JSON"):
+    with pytest.raises(ValueError, match=r"config.json:3: invalid JSON"):
         qwen3.from_pretrained(path)
     sharded = tmp_path / "sharded"
     qwen3.save_pretrained(qwen3.from_pretrained(hf_dir), sharded, max_shard_bytes=4096)
     index = sharded / "model.safetensors.index.json"
     index.write_text(index.read_text().replace('"weight_map": {', '"weight_map": {{', 1))
-    with pytest.raises(ValueError, match=r"model.safetensors.index.json:\d+:\d+: invalid JSON"):
+    with pytest.raises(ValueError, match=r"model.safetensors.index.json:\d+: invalid JSON"):
         qwen3.from_pretrained(sharded)
     (path / "config.json").write_bytes(b'{\n "model_type": "qwen3\xff"\n}')
     with pytest.raises(ValueError, match=r"config.json:2: invalid UTF-8 byte 0xff"):

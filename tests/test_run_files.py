@@ -55,9 +55,9 @@ def test_read_json_names_the_file_and_line(tmp_path):
     with pytest.raises(runs.RunFileError, match=r"config.json:2: invalid JSON \(Expecting value\)"):
         runs.read_json(path)
     path.write_bytes(b'{"a": "\xff"}')
-    with pytest.raises(runs.RunFileError, match=r"config.json: not UTF-8 \(byte 7\)"):
+    with pytest.raises(runs.RunFileError, match=r"config.json:1: invalid UTF-8 byte 0xff"):
         runs.read_json(path)
-    with pytest.raises(run_dir.RunDirError, match=r"config.json: not UTF-8"):  # the trainer's error type
+    with pytest.raises(run_dir.RunDirError, match=r"config.json:1: invalid UTF-8"):  # the trainer's error type
         run_dir.read_json(str(path))
 
 

@@ -159,7 +159,18 @@ def summarize(times: Sequence[float], units_per_call: float | None = None, unit:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far, MiB (Linux reports ru_maxrss in KiB)."""
+    """Peak resident set size of this process's own address space so far, MiB: /proc's VmHWM.
+
+    Not `ru_maxrss` where /proc exists: a spawned side inherits it from its parent (exec keeps the
+    forked copy's high-water mark in the process's rusage), so every side would report at least the
+    parent's peak. Falls back to `ru_maxrss` without /proc (macOS reports it in bytes, Linux in KiB)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     scale = 1.0 / 1024.0 if sys.platform != "darwin" else 1.0 / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 

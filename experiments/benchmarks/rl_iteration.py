@@ -5,6 +5,8 @@
     python -m experiments.benchmarks.rl_iteration --micro         # pipeline check on a micro model (seconds)
     python -m experiments.benchmarks.rl_iteration --minibatch-prompts 32 --iterations 2 --sides jax
                                                                   # the paper's mini-batch, respo-jax alone
+    python -m experiments.benchmarks.rl_iteration --readme results/rl_iteration.json ...
+                                                                  # README.md's race table from result files
 
 One iteration is what an RL researcher waits for (paper §4.1): sample G responses for each of N·M
 DAPO-Math prompts, score them with the strict box, compute group advantages, recompute log π_old with
@@ -27,19 +29,28 @@ PyTorch side (`torch.compile` is not used; XLA compiles as part of respo-jax's t
 alternate iteration by iteration (one waits idle on its pipe while the other runs), report wall time
 and their process's peak RSS; the headline is the median of the per-iteration time ratios over the
 iterations after the first.
+
+What a researcher waits for at the start is reported twice per side. The first launch's first iteration
+is cold: respo-jax's persistent compilation cache (`run.compilation_cache_dir`) is a directory created
+empty for the race, never the user's. After the race each side is launched again, alone, with the same
+configuration, and runs one iteration: respo-jax's new process reads its programs from the cache the
+first launch wrote (its iteration metrics count the cache hits, `compile_cache_hits`); TRL's shows what
+its own start costs a second time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import tempfile
 import time
 import traceback
 
-from experiments.benchmarks.common import SpawnedSide
+from experiments.benchmarks.common import SpawnedSide, peak_rss_mib
 from experiments.cli import ArgumentParser, run_cli
+from respo_jax.training.config import ConfigError
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "..", "shared")
@@ -86,8 +97,9 @@ def write_checkpoint(path: str, case: RaceCase, tokenizer_dir: str, seed: int = 
     transformers.Qwen3ForCausalLM(config).save_pretrained(path)
 
 
-def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str):
-    """The respo-jax side's ExperimentConfig (the trainer's own defaults for buckets and memory)."""
+def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str, cache_dir: str = "none"):
+    """The respo-jax side's ExperimentConfig (the trainer's own defaults for buckets and memory), its
+    persistent compilation cache in `cache_dir` (`run.compilation_cache_dir`; "none": off)."""
     from experiments.train import DEFAULT_CONFIG, load_config
     from respo_jax.training.config import RolloutConfig, apply_overrides
 
@@ -95,6 +107,7 @@ def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir
         "task.name=dapo_math", f"task.data_dir={data_dir}", f"task.tokenizer_dir={tokenizer_dir}",
         "task.chat_template=false", f"model.checkpoint_dir={checkpoint}", "model.scan_layers=false",
         "warmup.steps=0", "run.eval_problems=0", "run.progress=false", f"run.iterations={case.iterations}",
+        f"run.compilation_cache_dir={cache_dir}",
         f"rollout.prompts_per_minibatch={case.prompts_per_minibatch}", f"rollout.group_size={case.group_size}",
         f"rollout.reuse={case.reuse}", f"rollout.max_new_tokens={case.max_new_tokens}",
         # The rollout section's own bucket (sized for DAPO-Math's ~100-token prompts), not the default
@@ -128,26 +141,24 @@ def prompt_stream(config, count: int) -> list[dict]:
 # ----------------------------------------------------------------------------------------------- sides
 
 
-def _peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str) -> None:
+def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str, cache_dir: str) -> None:
     from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
 
     configure_host_allocator()  # as experiments/train.py does (run.host_allocator=true)
+    from respo_jax.training.compilation import configure_compilation_cache
     from respo_jax.training.loop import RLTrainer
 
-    trainer = RLTrainer(trainer_config(case, checkpoint, data_dir, tokenizer_dir))
-    conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": _peak_rss_mib()}))
+    config = trainer_config(case, checkpoint, data_dir, tokenizer_dir, cache_dir)
+    configure_compilation_cache(config.run.compilation_cache_dir)  # as experiments/train.py does
+    trainer = RLTrainer(config)
+    conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": peak_rss_mib(),
+                      "pid": os.getpid()}))
     while conn.recv() == "iterate":
         started = time.perf_counter()
         record = trainer.iteration()
-        conn.send(("ok", {"wall_s": time.perf_counter() - started, "peak_rss_mib": _peak_rss_mib(),
-                          **{k: record[k] for k in ("compiles", "compile_seconds", "rollout_seconds",
-                                                    "response_length", "score", "loss")}}))
+        conn.send(("ok", {"wall_s": time.perf_counter() - started, "peak_rss_mib": peak_rss_mib(),
+                          **{k: record[k] for k in ("compiles", "compile_seconds", "compile_cache_hits",
+                                                    "rollout_seconds", "response_length", "score", "loss")}}))
 
 
 def _trl_side(conn, case: RaceCase, checkpoint: str, tokenizer_dir: str, records: list[dict]) -> None:
@@ -186,7 +197,7 @@ def _trl_side(conn, case: RaceCase, checkpoint: str, tokenizer_dir: str, records
             if self.steps % case.reuse:
                 return
             metrics = trainer._metrics["train"]
-            conn.send(("ok", {"wall_s": time.perf_counter() - self.started, "peak_rss_mib": _peak_rss_mib(),
+            conn.send(("ok", {"wall_s": time.perf_counter() - self.started, "peak_rss_mib": peak_rss_mib(),
                               "response_length": float(metrics["completions/mean_length"][-1])
                               if metrics.get("completions/mean_length") else None}))
             if conn.recv() != "iterate":
@@ -207,8 +218,8 @@ def _trl_side(conn, case: RaceCase, checkpoint: str, tokenizer_dir: str, records
         model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
         trainer = trl.GRPOTrainer(model=model, reward_funcs=strict_box, args=args, train_dataset=dataset,
                                   processing_class=tokenizer, callbacks=[Driver()])
-        conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": _peak_rss_mib(),
-                          "prompt_tokens": prompt_tokens, "trl": trl.__version__}))
+        conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": peak_rss_mib(),
+                          "prompt_tokens": prompt_tokens, "trl": trl.__version__, "pid": os.getpid()}))
         trainer.train()
 
 
@@ -220,13 +231,16 @@ def _side_main(conn, kind: str, *args) -> None:
 
 
 class Side(SpawnedSide):
-    """A side's process; `iterate()` runs one RL iteration there and returns its record."""
+    """A side's process (one launch); `iterate()` runs one RL iteration there and returns its record.
+    `load` is what the side reported once ready, `load_s` the seconds from spawning it until then."""
 
     join_s = 60.0
 
     def __init__(self, kind: str, *args, timeout_s: float = 3600.0):
+        started = time.perf_counter()
         super().__init__(kind, _side_main, (kind, *args), timeout_s=timeout_s)
         self.load = self._reply()
+        self.load_s = time.perf_counter() - started
         self.records: list[dict] = []
 
     def iterate(self) -> dict:
@@ -238,102 +252,246 @@ class Side(SpawnedSide):
 
 # ------------------------------------------------------------------------------------------------ race
 
+CACHE_ENTRY_SUFFIX = "-cache"  # how JAX names the file of one program in the persistent compilation cache
+
+
+def _cache_entries(cache_dir: str) -> int:
+    return sum(1 for name in os.listdir(cache_dir) if name.endswith(CACHE_ENTRY_SUFFIX))
+
+
+def _log_iteration(log, case: RaceCase, label: str, kind: str, record: dict) -> None:
+    compiled = (f", {record['compiles']} compilations ({record['compile_cache_hits']} from the cache, "
+                f"{record['compile_seconds']:.1f} s)" if "compiles" in record else "")
+    log(f"[rl_iteration] M={case.prompts_per_minibatch} {label} {kind}: {record['wall_s']:.2f} s, "
+        f"peak RSS {record['peak_rss_mib']:.0f} MiB{compiled}", flush=True)
+
+
+def _first_launch(case: RaceCase, kinds: tuple[str, ...], args: dict, records: list[dict], log) -> dict[str, Side]:
+    """Every side in `kinds` launched and run for `case.iterations` iterations, alternating."""
+    sides = {}
+    try:  # one side at a time: loading both at once would time their start-ups against each other
+        for kind in kinds:
+            sides[kind] = Side(kind, *args[kind])
+        if "trl" in sides and sides["trl"].load["prompt_tokens"] != [r["prompt_tokens"] for r in records]:
+            raise RuntimeError("TRL's tokenizer gives other prompt lengths than respo-jax's")
+        for index in range(case.iterations):
+            for kind, side in sides.items():
+                _log_iteration(log, case, f"iteration {index + 1}", kind, side.iterate())
+    finally:
+        for side in sides.values():
+            side.close()
+    return sides
+
+
+def _second_launch(kind: str, args: tuple, case: RaceCase, log) -> Side:
+    """The same side launched again, in a process of its own, for its first iteration only."""
+    side = Side(kind, *args)
+    try:
+        _log_iteration(log, case, "second launch, iteration 1", kind, side.iterate())
+    finally:
+        side.close()
+    return side
+
 
 def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER_DIR, log=print,
-        kinds: tuple[str, ...] = ("jax", "trl")) -> dict:
-    """Runs `case.iterations` iterations of each side in `kinds`, alternating; returns the JSON-ready
-    record (the speedup and RSS ratio only when both sides ran)."""
-    from experiments.benchmarks.common import median
+        kinds: tuple[str, ...] = ("jax", "trl"), second_launch: bool = True) -> dict:
+    """Runs `case.iterations` iterations of each side in `kinds`, alternating, then (with
+    `second_launch`) launches each side again, alone, for one iteration; returns `summary`'s record.
 
+    respo-jax's compilation cache (`run.compilation_cache_dir`) is a directory created empty for this
+    race, never the user's cache: the first launch's first iteration is cold, and the second launch of
+    the same configuration (a new process) reads the programs the first launch wrote."""
     if case.iterations < (2 if len(kinds) > 1 else 1):
-        raise ValueError(f"a race needs at least 2 iterations (the first is excluded); got {case.iterations}")
-    with tempfile.TemporaryDirectory() as checkpoint:
+        raise ConfigError(f"--iterations {case.iterations}: a race of two sides needs at least 2 (the first "
+                          "is excluded from the median)")
+    with tempfile.TemporaryDirectory(prefix="rl_iteration_") as work:
+        checkpoint, cache_dir = os.path.join(work, "checkpoint"), os.path.join(work, "compilation_cache")
+        os.makedirs(cache_dir)
         write_checkpoint(checkpoint, case, tokenizer_dir)
         config = trainer_config(case, checkpoint, data_dir, tokenizer_dir)
         records = prompt_stream(config, case.iterations * case.reuse * case.prompts_per_minibatch)
-        sides = {}
-        try:  # one side at a time: loading both at once would time their start-ups against each other
-            if "jax" in kinds:
-                sides["jax"] = Side("jax", case, checkpoint, data_dir, tokenizer_dir)
-            if "trl" in kinds:
-                sides["trl"] = Side("trl", case, checkpoint, tokenizer_dir, records)
-                ours = [r["prompt_tokens"] for r in records]
-                if sides["trl"].load["prompt_tokens"] != ours:
-                    raise RuntimeError("TRL's tokenizer gives other prompt lengths than respo-jax's")
-            for index in range(case.iterations):
-                for kind, side in sides.items():
-                    record = side.iterate()
-                    compiled = (f", {record['compiles']} compilations ({record['compile_seconds']:.1f} s)"
-                                if "compiles" in record else "")
-                    log(f"[rl_iteration] M={case.prompts_per_minibatch} iteration {index + 1} {kind}: "
-                        f"{record['wall_s']:.2f} s, peak RSS {record['peak_rss_mib']:.0f} MiB{compiled}", flush=True)
-        finally:
-            for side in sides.values():
-                side.close()
+        args = {"jax": (case, checkpoint, data_dir, tokenizer_dir, cache_dir),
+                "trl": (case, checkpoint, tokenizer_dir, records)}
+        first = _first_launch(case, kinds, args, records, log)
+        entries = _cache_entries(cache_dir) if "jax" in kinds else None
+        second = {kind: _second_launch(kind, args[kind], case, log) for kind in (kinds if second_launch else ())}
+    return summary(case, first, second, records, entries)
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or denominator is None else numerator / denominator
+
+
+def summary(case: RaceCase, first: dict[str, Side], second: dict[str, Side], records: list[dict],
+            cache_entries: int | None) -> dict:
+    """The race's JSON record. Per side: `first_s` (the first iteration, respo-jax's cache cold),
+    `second_launch_first_s` (the first iteration of the second launch; None without one), `median_s`
+    (iterations after the first), `peak_rss_mib` (the first launch's process), `times_s`, and the second
+    launch's own record under `second_launch` (its process id, start-up seconds and iteration record).
+    Top level: `speedup` (median of the per-iteration TRL / respo-jax ratios after the first),
+    `second_launch_vs_median`, `cold_first_vs_trl_first` and `rss_ratio_trl_over_jax` (None where a
+    side or a launch did not run)."""
+    from experiments.benchmarks.common import median
+
     out = {"case": dataclasses.asdict(case), "model": case.model, "threads": THREADS,
            "prompt_tokens_mean": sum(r["prompt_tokens"] for r in records) / len(records),
-           "trl_version": sides["trl"].load["trl"] if "trl" in sides else None}
-    wall = {kind: [r["wall_s"] for r in side.records] for kind, side in sides.items()}
-    for kind, side in sides.items():
-        later = wall[kind][1:]
-        out[kind] = {"times_s": wall[kind], "median_s": median(later) if later else None, "first_s": wall[kind][0],
+           "trl_version": first["trl"].load["trl"] if "trl" in first else None}
+    for kind, side in first.items():
+        wall = [r["wall_s"] for r in side.records]
+        relaunch = second.get(kind)
+        out[kind] = {"times_s": wall, "first_s": wall[0],
+                     "second_launch_first_s": relaunch.records[0]["wall_s"] if relaunch else None,
+                     "median_s": median(wall[1:]) if wall[1:] else None,
                      "peak_rss_mib": max(r["peak_rss_mib"] for r in side.records),
+                     "pid": side.load["pid"], "load_s": side.load_s,
                      "response_length": [r.get("response_length") for r in side.records],
-                     "host_allocator": side.load["host_allocator"]}
-    if "jax" not in sides:
-        return out
-    jax_records = sides["jax"].records
-    out["jax"]["compiles"] = [r["compiles"] for r in jax_records]
-    out["jax"]["compile_seconds"] = [r["compile_seconds"] for r in jax_records]
-    out["jax"]["rollout_seconds"] = [r["rollout_seconds"] for r in jax_records]
-    after_two = jax_records[2:]
-    out["jax"]["compile_fraction_after_two"] = (
-        sum(r["compile_seconds"] for r in after_two) / sum(r["wall_s"] for r in after_two) if after_two else None)
-    if "trl" in sides:
-        out["speedup"] = median([t / j for t, j in zip(wall["trl"][1:], wall["jax"][1:])])
-        out["rss_ratio_trl_over_jax"] = out["trl"]["peak_rss_mib"] / out["jax"]["peak_rss_mib"]
+                     "host_allocator": side.load["host_allocator"],
+                     "second_launch": ({"pid": relaunch.load["pid"], "load_s": relaunch.load_s, **relaunch.records[0]}
+                                       if relaunch else None)}
+    if "jax" in first:
+        jax_records, jax_side = first["jax"].records, out["jax"]
+        for key in ("compiles", "compile_seconds", "compile_cache_hits", "rollout_seconds"):
+            jax_side[key] = [r[key] for r in jax_records]
+        after_two = jax_records[2:]
+        jax_side["compile_fraction_after_two"] = (
+            sum(r["compile_seconds"] for r in after_two) / sum(r["wall_s"] for r in after_two) if after_two else None)
+        jax_side["cache_entries_written"] = cache_entries  # by the first launch
+        out["second_launch_vs_median"] = _ratio(jax_side["second_launch_first_s"], jax_side["median_s"])
+    if "jax" in first and "trl" in first:
+        jax_side, trl_side = out["jax"], out["trl"]
+        out["speedup"] = median([t / j for t, j in zip(trl_side["times_s"][1:], jax_side["times_s"][1:])])
+        out["cold_first_vs_trl_first"] = jax_side["first_s"] / trl_side["first_s"]
+        out["rss_ratio_trl_over_jax"] = trl_side["peak_rss_mib"] / jax_side["peak_rss_mib"]
     return out
 
 
-def markdown(results: list[dict]) -> str:
+# ------------------------------------------------------------------------------- the table and the README
+
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+TABLE_BEGIN = "<!-- rl_iteration table: begin"  # the marker lines around the race table in README.md
+TABLE_END = "<!-- rl_iteration table: end -->"
+TABLE_COLUMNS = ("case", "respo-jax 1st iteration, cold cache (s)", "respo-jax 1st iteration, 2nd launch (s)",
+                 "respo-jax median (s)", "TRL 1st iteration (s)", "TRL 1st iteration, 2nd launch (s)",
+                 "TRL median (s)", "speedup (TRL / respo-jax)", "respo-jax 2nd-launch 1st / median",
+                 "respo-jax cold 1st / TRL 1st", "peak RSS MiB, respo-jax / TRL")
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}×"
+
+
+def _second_launch_cell(side: dict) -> str:
+    launch = side.get("second_launch") or {}
+    if "compiles" not in launch:
+        return _number(side.get("second_launch_first_s"))
+    return (f"{_number(side['second_launch_first_s'])} ({launch['compile_cache_hits']} of {launch['compiles']} "
+            "programs from the cache)")
+
+
+def race_table(results: list[dict]) -> str:
+    """The race as one markdown table, a row per case, from the JSON records (`summary`); a value the
+    record lacks (a side or a launch that did not run) is "n/a"."""
     from experiments.benchmarks.common import markdown_table
 
     rows = []
     for r in results:
-        c = r["case"]
-        jax_side, trl_side = r.get("jax", {}), r.get("trl", {})
-        fraction = jax_side.get("compile_fraction_after_two")
+        c, jax_side, trl_side = r["case"], r.get("jax") or {}, r.get("trl") or {}
         rows.append([f"M={c['prompts_per_minibatch']}, G={c['group_size']}, N={c['reuse']}",
-                     jax_side.get("median_s") or "n/a", trl_side.get("median_s") or "n/a",
-                     f"{r['speedup']:.2f}×" if "speedup" in r else "n/a",
-                     jax_side.get("peak_rss_mib", "n/a"), trl_side.get("peak_rss_mib", "n/a"),
-                     "n/a" if fraction is None else f"{100 * fraction:.1f}%", jax_side.get("first_s", "n/a"),
-                     trl_side.get("first_s", "n/a")])
-    return markdown_table(["case", "respo-jax s/iter", "TRL s/iter", "speedup", "respo-jax peak RSS MiB",
-                           "TRL peak RSS MiB", "respo-jax compile share (iter ≥ 3)", "respo-jax 1st iter s",
-                           "TRL 1st iter s"], rows)
+                     _number(jax_side.get("first_s")), _second_launch_cell(jax_side), _number(jax_side.get("median_s")),
+                     _number(trl_side.get("first_s")), _number(trl_side.get("second_launch_first_s")),
+                     _number(trl_side.get("median_s")), _times(r.get("speedup")),
+                     _times(r.get("second_launch_vs_median")), _times(r.get("cold_first_vs_trl_first")),
+                     f"{_number(jax_side.get('peak_rss_mib'))} / {_number(trl_side.get('peak_rss_mib'))}"])
+    return markdown_table(TABLE_COLUMNS, rows)
 
 
-def _sides_text(kinds, results) -> str:
-    return f"TRL {results[0]['trl_version']}" if "trl" in kinds else "respo-jax side only"
+def _sides_text(results: list[dict]) -> str:
+    version = results[0].get("trl_version")
+    return f"TRL {version}, {THREADS} threads per side" if version else f"respo-jax side only, {THREADS} threads"
 
 
 def _median_text(iterations: int) -> str:
     return f"medians over iterations 2…{iterations}" if iterations > 1 else "one iteration (no median)"
 
 
+def run_description(payload: dict) -> str:
+    """What one result file measured: its command, wall time, sides and iterations."""
+    results = payload["results"]
+    return (f"`{payload['command']}` ({payload['wall_s']:,.0f} s; {_sides_text(results)}; "
+            f"{_median_text(results[0]['case']['iterations'])})")
+
+
+def readme_block(sources: list[tuple[str, dict]]) -> str:
+    """The text between README.md's race-table markers: the table of every result file's cases, then
+    each file's name and what it ran. sources: (the file's name as shown, its JSON payload)."""
+    results = [r for _, payload in sources for r in payload["results"]]
+    lines = ["", race_table(results), ""]
+    lines += [f"- `{name}`: {run_description(payload)}" for name, payload in sources]
+    return "\n".join(lines + [""])
+
+
+def replace_marked_section(text: str, block: str) -> str:
+    """`text` with the lines between its one `TABLE_BEGIN…` line and its `TABLE_END` line replaced by
+    `block` (the marker lines kept); ConfigError when the markers are not there exactly once, in order."""
+    lines = text.split("\n")
+    begins = [i for i, line in enumerate(lines) if line.startswith(TABLE_BEGIN)]
+    ends = [i for i, line in enumerate(lines) if line.startswith(TABLE_END)]
+    if len(begins) != 1 or len(ends) != 1 or ends[0] < begins[0]:
+        raise ConfigError(f"README: expected one line starting {TABLE_BEGIN!r} and, after it, one {TABLE_END!r}; "
+                          f"found {len(begins)} and {len(ends)}")
+    return "\n".join(lines[:begins[0] + 1] + block.split("\n") + lines[ends[0]:])
+
+
+def rewrite_readme(json_paths: list[str], readme: str = README) -> str:
+    """Rewrites `readme`'s race table from the race result files `json_paths` (in that order); returns
+    the block written. ConfigError (one line) for a file that cannot be read or is not a race's result."""
+    sources = []
+    for path in json_paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                payload = json.load(f)
+        except OSError as err:
+            raise ConfigError(f"--readme {path}: {err.strerror or err}") from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"--readme {path}: not JSON ({err.msg}, line {err.lineno})") from None
+        if not isinstance(payload, dict) or not payload.get("results") or "command" not in payload:
+            raise ConfigError(f"--readme {path}: not a result file of this race (no 'command' and 'results')")
+        sources.append((os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(readme))), payload))
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    block = readme_block(sources)
+    updated = replace_marked_section(text, block)
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(updated)
+    return block
+
+
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python -m experiments.benchmarks.rl_iteration",
-                                     description=__doc__.split("\n")[0])
+                            description=__doc__.split("\n")[0])
     parser.add_argument("--minibatch-prompts", type=int, nargs="+", default=[1, 4], help="M values to race")
     parser.add_argument("--iterations", type=int, default=6, help="iterations per side (the first is excluded)")
     parser.add_argument("--micro", action="store_true", help="micro model, M=1, G=2, N=2, 4 new tokens")
     parser.add_argument("--sides", nargs="+", choices=("jax", "trl"), default=["jax", "trl"],
                         help="which sides run (one alone: its times and peak RSS, no ratio)")
+    parser.add_argument("--no-second-launch", action="store_true",
+                        help="skip each side's second launch (its first iteration, respo-jax's cache warm)")
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--tokenizer-dir", default=TOKENIZER_DIR)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--readme", nargs="+", metavar="JSON",
+                        help=f"no race: rewrite the race table in {README} from these result files")
     args = parser.parse_args(argv)
+    if args.readme:
+        rewrite_readme(args.readme)
+        print(f"rewrote the race table in {README} from {', '.join(args.readme)}")
+        return 0
     command = "python -m experiments.benchmarks.rl_iteration " + " ".join(argv if argv is not None else sys.argv[1:])
     from experiments.benchmarks import common
 
@@ -348,17 +506,17 @@ def main(argv=None) -> int:
         stem += "_" + "_".join(kinds) + "_m" + "_".join(str(m) for m in args.minibatch_prompts)
     results = []
     for case in cases:  # the files are rewritten after each case: a run stopped later keeps what it measured
-        results.append(run(case, args.data_dir, args.tokenizer_dir, kinds=kinds))
+        results.append(run(case, args.data_dir, args.tokenizer_dir, kinds=kinds,
+                           second_launch=not args.no_second_launch))
         payload = {"command": command.strip(), "results": results, "wall_s": time.perf_counter() - started,
                    "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
         common.write_json(os.path.join(args.out, f"{stem}.json"), payload)
         common.write_markdown(os.path.join(args.out, f"{stem}.md"), "RL iteration: respo-jax vs TRL GRPOTrainer", [
-            ("Command", f"`{payload['command']}` — {payload['wall_s']:.0f} s; {_sides_text(kinds, results)}, "
-                        f"{THREADS} threads per side; {_median_text(cases[0].iterations)}"),
-            ("Results", markdown(results))])
+            ("Command", run_description(payload)), ("Results", race_table(results))])
     for r in results:
-        sides = "; ".join(f"{kind} {r[kind]['median_s'] or float('nan'):.2f} s/iter (first {r[kind]['first_s']:.1f} "
-                          f"s), peak RSS {r[kind]['peak_rss_mib']:.0f} MiB" for kind in kinds)
+        sides = "; ".join(f"{kind} {_number(r[kind]['median_s'])} s/iter (first {_number(r[kind]['first_s'])} s, "
+                          f"second launch {_number(r[kind]['second_launch_first_s'])} s), peak RSS "
+                          f"{r[kind]['peak_rss_mib']:.0f} MiB" for kind in kinds)
         ratio = f", speedup {r['speedup']:.2f}x" if "speedup" in r else ""
         print(f"M={r['case']['prompts_per_minibatch']}: {sides}{ratio}")
     return 0

@@ -1,24 +1,26 @@
-"""The continuous-batching engine's device side for the dense Qwen3 model: one prefill per prompt into
-pages, admission of a row into a decode slot, and a jitted segment of decode steps over all slots.
+"""The continuous-batching engine's decode programs and its host loop: `generate_continuous`, and
+`compile_continuous` to compile its programs ahead.
 
 Why: with a static batch every chunk decodes until its longest row ends (see `generate`); here a
 finished row's slot is refilled between segments by the host `Scheduler`, and K/V live in the pages
 `PagedCache` hands out, so work and memory follow the tokens rows actually generate.
 
-The host drives three jitted programs (`generate_continuous`): `_prefill` (a prompt, left-padded to
-its `EngineConfig.prompt_bucket`, through the model's own `forward` into a dense cache, scattered into
-the prompt's pages; logits of its last token only), `_admit` (copy the partial prompt page if the
-scheduler says so, sample the row's first token from the prompt's logits, fill the slot) and
-`_decode_segment` (a `lax.while_loop` of at most `EngineConfig.steps_per_schedule` steps over every
-slot, no host sync per token). After a segment the host reads the slots' token counts and done flags
-(one sync), retires and refills. The decode step runs the model's decoder layers through their public
-pieces (norms, `Attention.project` / `output`, the MLP) with `paged_attention` in place of the dense
-cache attention.
+Per schedule the host runs at most three jitted programs and one sync: `prefill_prompts` (every prompt
+the schedule starts, one batch), `admit_rows` (every admission, one call; `paged_prefill`) and
+`decode_segment` (a `lax.while_loop` of at most `EngineConfig.steps_per_schedule` steps over every
+slot, no host sync per token); then it reads the slots' token counts and done flags (gathered to every
+process, so all take the same decisions), retires and refills. The decode step runs the model's decoder
+layers through their public pieces (norms, `Attention.project` / `output`, the dense MLP or the MoE
+module under the model's mesh) with `paged_attention` in place of the dense cache attention.
 
 Same samples. Row r's token t uses `fold_in(fold_in(seed_key, id_r), t)`, the key of `generate`, in
 whichever slot and segment it runs: for one seed the samples do not depend on max_slots, page size,
 steps_per_schedule, the pool size or the other rows (up to float round-off of attention sums over a
 different number of masked keys, which can flip a draw only at a near-tie).
+
+Routing (MoE, `return_routing`), as `generate` records it: the experts of each generated token when it
+is fed to the model. A row's last token is fed after the row is done (in the next step of the segment,
+or by a capture step at the segment's end), so a row is retired only once its routing is complete.
 """
 
 from __future__ import annotations
@@ -30,123 +32,40 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
+from respo_jax.distributed import to_host
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.layers import HIDDEN, constrain, rope_cos_sin
-from respo_jax.sampling.generate import GenerateOutput, _validate_prompts, _validate_row_ids, left_pad
+from respo_jax.sampling.engine_state import PAGE_AXES, EngineState, Layout, constrain_state, init_state
+from respo_jax.sampling.engine_state import is_eos, row_keys
+from respo_jax.sampling.generate import (
+    GenerateOutput, _batch_shards, _model_config, _validate_prompts, _validate_row_ids, left_pad,
+)
 from respo_jax.sampling.logits_processing import sample
 from respo_jax.sampling.paged_attention import check_paged_attention_impl, paged_attention
 from respo_jax.sampling.paged_cache import pages_for, pool_pages_for_bytes
+from respo_jax.sampling.paged_prefill import admit_rows, padded_count, prefill_counts, prefill_prompts
 from respo_jax.sampling.params import EngineConfig, SamplingParams
 from respo_jax.sampling.scheduler import Scheduler, default_num_pages
 
-# Logical axes of the page pools (`respo_jax.sharding.ShardingRules`): kv heads split like the attention
-# weights (and like the dense cache's `qwen3.cache.CACHE_AXES`); pages and their tokens whole.
-PAGE_AXES = ("layers", "kv_heads", None, None, "head_dim")
 
-
-@struct.dataclass
-class EngineState:
-    """Device state of the engine (slot fields are those of the row in the slot).
-
-    k_pages, v_pages: [layers, kv_heads, num_pages + 1, page_size, head_dim] (the last page: scratch);
-    page_table: [slots, max_pages] int32; row, prompt_len, budget, generated (tokens so far),
-    last_token: [slots] int32; done: [slots] bool (True for a free slot); row_key: [slots] PRNG keys;
-    base_key: the seed's key; tokens, logprobs: [rows, max_new_tokens]; lengths: [rows] int32.
-    """
-
-    k_pages: jax.Array
-    v_pages: jax.Array
-    page_table: jax.Array
-    row: jax.Array
-    prompt_len: jax.Array
-    budget: jax.Array
-    generated: jax.Array
-    last_token: jax.Array
-    done: jax.Array
-    row_key: jax.Array
-    base_key: jax.Array
-    tokens: jax.Array
-    logprobs: jax.Array
-    lengths: jax.Array
-
-
-def _is_eos(tokens: jax.Array, params: SamplingParams) -> jax.Array:
-    hit = jnp.zeros(tokens.shape, jnp.bool_)
-    for eos in () if params.ignore_eos else params.eos_token_ids:
-        hit = hit | (tokens == eos)
-    return hit
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk"), donate_argnames=("state",))
-def _prefill(graphdef, model_state, state: EngineState, input_ids, positions, attention_mask, pages, *,
-             chunk: int | None):
-    """Prefill one prompt ([1, bucket] left-padded arrays) and scatter its K/V into `pages`
-    ([pages_for(bucket)] int32, the scratch page past the prompt's own). Returns (state, the last
-    token's logits [vocab] float32). As in `generate`, all but the last token run in pieces of at most
-    `chunk` tokens (`EngineConfig.prefill_chunk_size`; None: one piece) and the last token alone, so
-    logits are computed for it only."""
-    model = nnx.merge(graphdef, model_state)
-    bucket = input_ids.shape[1]
-    cache = qwen3.init_cache(model.config, 1, bucket, dtype=state.k_pages.dtype)
-    step = chunk or bucket
-    for start in range(0, bucket - 1, step):  # static unroll: few pieces
-        end = min(start + step, bucket - 1)
-        cache = model.forward(input_ids[:, start:end], positions[:, start:end], attention_mask[:, start:end],
-                              cache).cache
-    out = model.forward(input_ids[:, -1:], positions[:, -1:], attention_mask[:, -1:], cache)
-    page_size = state.k_pages.shape[3]
-    position = jnp.arange(pages.shape[0] * page_size, dtype=jnp.int32)
-    pad = bucket - jnp.sum(attention_mask).astype(jnp.int32)
-    source = jnp.minimum(position + pad, bucket - 1)  # cache slot of each prompt position (past it: junk)
-    page, offset = pages[position // page_size], position % page_size
-
-    def scatter(pool, cached):  # cached: [layers, 1, bucket, kv_heads, head_dim]
-        values = cached[:, 0, source].transpose(0, 2, 1, 3).astype(pool.dtype)  # [layers, kv, T, dim]
-        return pool.at[:, :, page, offset].set(values)
-
+def _feed(model, state: EngineState, feed: jax.Array, impl: str):
+    """Run the model on each slot's last token (token `generated - 1`, at its position) where `feed`
+    [slots] is set, writing its K/V into the slot's page (elsewhere: the scratch page). Returns (logits
+    [slots, vocab] float32, k_pages, v_pages, routing [num_moe_layers, slots, top_k] int32 or None)."""
     cfg = model.config
-    state = state.replace(k_pages=constrain(scatter(state.k_pages, out.cache.k), PAGE_AXES, cfg),
-                          v_pages=constrain(scatter(state.v_pages, out.cache.v), PAGE_AXES, cfg))
-    return state, out.logits[0, -1]
-
-
-@functools.partial(jax.jit, static_argnames=("params",), donate_argnames=("state",))
-def _admit(state: EngineState, logits, slot, row, row_id, prompt_len, budget, copy_from, copy_to, *,
-           params: SamplingParams):
-    """Start row `row` in `slot`: copy page `copy_from` to `copy_to` (all layers; scratch to scratch
-    when there is nothing to copy), sample its first token from its prompt's `logits` [vocab]."""
-    k_pages = state.k_pages.at[:, :, copy_to].set(state.k_pages[:, :, copy_from])
-    v_pages = state.v_pages.at[:, :, copy_to].set(state.v_pages[:, :, copy_from])
-    key = jax.random.fold_in(state.base_key, row_id)
-    token, logprob = sample(jax.random.fold_in(key, 0)[None], logits[None], params.temperature, params.top_k,
-                            params.top_p)
-    done = _is_eos(token, params)[0] | (budget <= 1)
-    return state.replace(
-        k_pages=k_pages, v_pages=v_pages,
-        row=state.row.at[slot].set(row), prompt_len=state.prompt_len.at[slot].set(prompt_len),
-        budget=state.budget.at[slot].set(budget), generated=state.generated.at[slot].set(1),
-        last_token=state.last_token.at[slot].set(token[0]), done=state.done.at[slot].set(done),
-        row_key=state.row_key.at[slot].set(key),
-        tokens=state.tokens.at[row, 0].set(token[0]), logprobs=state.logprobs.at[row, 0].set(logprob[0]),
-        lengths=state.lengths.at[row].set(1),
-    )
-
-
-def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -> EngineState:
-    """Feed every live slot's last token (writing its K/V into the slot's page), sample the next."""
-    cfg = model.config
-    live = ~state.done
-    position = jnp.maximum(state.prompt_len + state.generated - 1, 0)  # of the token fed now
+    position = jnp.maximum(state.prompt_len + state.generated - 1, 0)
     page_size = state.k_pages.shape[3]
     scratch = state.k_pages.shape[2] - 1
     page = jnp.take_along_axis(state.page_table, (position // page_size)[:, None], axis=1)[:, 0]
-    page = jnp.where(live, page, scratch)  # a slot with nothing to feed writes the scratch page
+    page = jnp.where(feed, page, scratch)
     offset = position % page_size
     cos, sin = rope_cos_sin(position[:, None], cfg.head_dim, cfg.rope_theta)
     table = constrain(model.embed_tokens[...], ("vocab", None), cfg)
     x = constrain(jnp.take(table, state.last_token[:, None], axis=0).astype(cfg.dtype), HIDDEN, cfg)
+    token_mask = feed[:, None]
+
     def layer_step(carry, layer, layer_idx):
         x, k_pages, v_pages = carry
         q, k, v = layer.attn.project(layer.input_layernorm(x), cos, sin)  # [slots, 1, heads, dim]
@@ -157,34 +76,62 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
                                v_pages[layer_idx].astype(q.dtype), state.page_table, position + 1,
                                scale=layer.attn.scale, impl=impl)
         x = x + layer.attn.output(attn[:, None])
-        x = constrain(x + layer.mlp(layer.post_attention_layernorm(x)), HIDDEN, cfg)
-        return x, k_pages, v_pages
+        h = layer.post_attention_layernorm(x)
+        if layer.is_moe:
+            y, indices, _ = layer.mlp(h, token_mask)  # [slots, 1, embed], [slots, 1, top_k]
+        else:
+            y, indices = layer.mlp(h), None
+        return (constrain(x + y, HIDDEN, cfg), k_pages, v_pages), indices
 
-    carry = (x, state.k_pages, state.v_pages)
+    carry, routed = (x, state.k_pages, state.v_pages), []
     for stack in model.stacks:  # the model's own layer loop: scanned stacks or per-layer modules
         if cfg.scan_layers:
             graphdef, stacked = nnx.split(stack.layers)
 
             def scan_step(carry, xs, graphdef=graphdef):
                 layer_state, layer_idx = xs
-                return layer_step(carry, nnx.merge(graphdef, layer_state), layer_idx), None
+                return layer_step(carry, nnx.merge(graphdef, layer_state), layer_idx)
 
             layer_ids = stack.first + jnp.arange(stack.count, dtype=jnp.int32)
-            carry, _ = jax.lax.scan(scan_step, carry, (stacked, layer_ids))
+            carry, indices = jax.lax.scan(scan_step, carry, (stacked, layer_ids))
         else:
+            outs = []
             for i, layer in enumerate(stack.layers):
-                carry = layer_step(carry, layer, stack.first + i)
+                carry, layer_indices = layer_step(carry, layer, stack.first + i)
+                outs.append(layer_indices)
+            indices = jnp.stack(outs) if stack.is_moe else None
+        if stack.is_moe:
+            routed.append(indices[:, :, 0])  # [count, slots, top_k]
     x, k_pages, v_pages = carry
     hidden = model.norm(x)[:, 0]
     weight = (model.embed_tokens if cfg.tie_word_embeddings else model.lm_head)[...].astype(cfg.dtype)
     logits = jnp.einsum("se,ve->sv" if cfg.tie_word_embeddings else "se,ev->sv", hidden, weight,
                         preferred_element_type=jnp.float32)
-    keys = jax.vmap(jax.random.fold_in)(state.row_key, state.generated)
-    tokens, token_logprobs = sample(keys, logits, params.temperature, params.top_k, params.top_p)
+    return logits, k_pages, v_pages, jnp.concatenate(routed, axis=0) if routed else None
+
+
+def _record_routing(state: EngineState, routed, feed) -> EngineState:
+    """Store the routing [num_moe_layers, slots, top_k] of the tokens just fed (token `generated - 1` of
+    each feeding slot's row)."""
     rows = state.tokens.shape[0]
-    write_row = jnp.where(live, state.row, rows)  # out of bounds: dropped
+    row = jnp.where(feed, state.row, rows)  # out of bounds: dropped
+    step = jnp.maximum(state.generated - 1, 0)
+    return state.replace(routing=state.routing.at[:, row, step].set(routed, mode="drop"))
+
+
+def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -> EngineState:
+    """Feed every live slot's last token (and, with routing, a done row's last one), sample the next."""
+    live = ~state.done
+    routing = state.routing is not None
+    feed = ~state.captured if routing else live
+    logits, k_pages, v_pages, routed = _feed(model, state, feed, impl)
+    keys = jax.vmap(jax.random.fold_in)(row_keys(state, state.row_id), state.generated)
+    tokens, token_logprobs = sample(keys, logits, params.temperature, params.top_k, params.top_p)
+    if routing:
+        state = _record_routing(state, routed, feed).replace(captured=state.captured | (feed & state.done))
+    write_row = jnp.where(live, state.row, state.tokens.shape[0])  # out of bounds: dropped
     generated = state.generated + live.astype(jnp.int32)
-    done = state.done | (live & (_is_eos(tokens, params) | (generated >= state.budget)))
+    done = state.done | (live & (is_eos(tokens, params) | (generated >= state.budget)))
     return state.replace(
         k_pages=k_pages, v_pages=v_pages, generated=generated, done=done,
         last_token=jnp.where(live, tokens, state.last_token),
@@ -194,9 +141,20 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
     )
 
 
+def _capture(model, state: EngineState, impl: str) -> EngineState:
+    """Feed the last token of every done row whose routing lacks it (nothing is sampled)."""
+    feed = state.done & ~state.captured
+    _, k_pages, v_pages, routed = _feed(model, state, feed, impl)
+    state = _record_routing(state, routed, feed)
+    return state.replace(k_pages=k_pages, v_pages=v_pages, captured=state.captured | feed)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "params", "impl"), donate_argnames=("state",))
-def _decode_segment(graphdef, model_state, state: EngineState, page_table, steps, *, params, impl):
-    """At most `steps` (traced) decode steps of every slot, stopping early once no slot is live."""
+def decode_segment(graphdef, model_state, state: EngineState, page_table, steps, *, params: SamplingParams,
+                   impl: str):
+    """At most `steps` (traced) decode steps of every slot with `page_table` [slots, max_pages],
+    stopping early once no slot is live; with routing, then the capture of the done rows' last tokens.
+    Returns (state, flags [2, slots] int32: each slot's generated tokens and done flag)."""
     model = nnx.merge(graphdef, model_state)
     state = state.replace(page_table=page_table)
 
@@ -208,97 +166,204 @@ def _decode_segment(graphdef, model_state, state: EngineState, page_table, steps
         step, state = carry
         return step + 1, _decode_step(model, state, params, impl)
 
-    return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))[1]
+    state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))[1]
+    if state.routing is not None:
+        state = jax.lax.cond(jnp.any(state.done & ~state.captured), lambda s: _capture(model, s, impl),
+                             lambda s: s, state)
+    state = constrain_state(state, model.config)
+    return state, jnp.stack([state.generated, state.done.astype(jnp.int32)])
 
 
-def generate_continuous(model, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
-                        engine: EngineConfig = EngineConfig(),
-                        row_max_new_tokens: Sequence[int] | None = None,
-                        row_ids: Sequence[int] | None = None) -> GenerateOutput:
-    """`generate` with continuous batching over a paged KV cache (dense Qwen3 models).
+@functools.partial(jax.jit, static_argnames=("rows", "num_samples"))
+def finish(state: EngineState, prompt_lengths, *, rows: int, num_samples: int) -> GenerateOutput:
+    """The outputs in `generate`'s format: `rows` rows (filler rows dropped); with routing, each prompt's
+    routing repeated for its rows and the left-padded layout's mask (`prompt_lengths`: [num_prompts])."""
+    def keep(a, axis=0):
+        return a if a.shape[axis] == rows else jax.lax.slice_in_dim(a, 0, rows, axis=axis)
 
-    Args:
-      model: a dense `qwen3.Qwen3ForCausalLM`.
-      prompts, params, row_ids: as in `generate` (prompt-major rows, `params.num_samples` per prompt).
-      engine: `max_slots`, `steps_per_schedule`, `page_size`, the pool (`num_pages` / `kv_cache_bytes`),
-        `paged_attention_impl`, `prompt_bucket` (the prefill's padded length) and
-        `prefill_chunk_size`; the pages hold the model's compute dtype (`config.dtype`).
-      row_max_new_tokens: `[rows]` each row's own budget in [1, max_new_tokens] (None: max_new_tokens).
-    Returns:
-      GenerateOutput (tokens, lengths, logprobs) with `generate`'s conventions: `tokens[r, t]` for
-      t >= lengths[r] is `params.pad_token_id`, `logprobs` 0 there.
-    """
+    routing = prompt_routing = prompt_mask = None
+    if state.routing is not None:
+        bucket = state.prompt_routing.shape[2]
+        routing = keep(state.routing, 1)
+        prompt_routing = jnp.repeat(state.prompt_routing, num_samples, axis=1)
+        real = jnp.arange(bucket, dtype=jnp.int32)[None, :] >= bucket - prompt_lengths[:, None]
+        prompt_mask = jnp.repeat(real.astype(jnp.int32), num_samples, axis=0)
+    return GenerateOutput(tokens=keep(state.tokens), lengths=keep(state.lengths), logprobs=keep(state.logprobs),
+                          routing=routing, prompt_routing=prompt_routing, prompt_mask=prompt_mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What one call's programs are built from (`_setup`)."""
+
+    layout: Layout
+    prefill_sizes: tuple[int, ...]
+    graphdef: nnx.GraphDef
+    model_state: nnx.State
+    params: SamplingParams  # seed 0: the seed is traced (EngineState.seed)
+    seed: np.ndarray
+
+
+def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConfig,
+           return_routing: bool) -> _Setup:
+    """Validate the call and fix its shapes: the prompts' bucket (the longest rounded up to
+    `prompt_bucket`, as in `generate`), slots and rows padded to a multiple of the batch shards, the
+    pool, the prefill batch sizes."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-    cfg = model.config
-    if cfg.is_moe:
-        raise ValueError("generate_continuous runs dense Qwen3 models (config.num_experts == 0) for now; "
-                         "use generate for MoE models")
+    if not isinstance(engine, EngineConfig):
+        raise ValueError(f"engine must be an EngineConfig, got {type(engine).__name__}")
+    cfg = _model_config(model)
+    if return_routing and not cfg.is_moe:
+        raise ValueError("return_routing=True needs an MoE model (config.num_experts > 0)")
     check_paged_attention_impl(engine.paged_attention_impl, qwen3.kernels.platform(cfg.mesh))
-    prompts = _validate_prompts(prompts, cfg.vocab_size)
-    lengths = [len(p) for p in prompts]
-    if max(lengths) + params.max_new_tokens > cfg.max_position_embeddings:
-        raise ValueError(f"longest prompt ({max(lengths)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+    longest = max(lengths)
+    if longest + params.max_new_tokens > cfg.max_position_embeddings:
+        raise ValueError(f"longest prompt ({longest} tokens) + max_new_tokens ({params.max_new_tokens}) "
                          f"exceeds the model's max_position_embeddings ({cfg.max_position_embeddings})")
-    rows = len(prompts) * params.num_samples
-    ids = _validate_row_ids(row_ids, rows)
-    budgets = (np.full(rows, params.max_new_tokens) if row_max_new_tokens is None
-               else np.asarray(row_max_new_tokens))
-    dtype = jnp.dtype(cfg.dtype)
+    bucket = -(-longest // engine.prompt_bucket) * engine.prompt_bucket
+    shards = _batch_shards(cfg)
+    slots = -(-engine.max_slots // shards) * shards
+    rows = len(lengths) * params.num_samples
     page_size = engine.page_size
     if engine.num_pages is not None:
         num_pages = engine.num_pages
     elif engine.kv_cache_bytes is not None:
         num_pages = pool_pages_for_bytes(engine.kv_cache_bytes, num_layers=cfg.num_hidden_layers,
                                          kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                                         page_size=page_size, itemsize=dtype.itemsize)
-    else:
-        num_pages = default_num_pages(lengths, params.max_new_tokens, max_slots=engine.max_slots,
-                                      page_size=page_size)
-    sched = Scheduler(lengths, params.num_samples, budgets, max_new_tokens=params.max_new_tokens,
-                      max_slots=engine.max_slots, steps_per_schedule=engine.steps_per_schedule,
-                      page_size=page_size, num_pages=num_pages)
-    state = _initial_state(cfg, num_pages, page_size, sched.cache.page_table, rows, params, dtype)
-    static_params = dataclasses.replace(params, seed=0)  # the seed is traced (in base_key)
+                                         page_size=page_size, itemsize=jnp.dtype(cfg.dtype).itemsize)
+    else:  # sized by the bucket, not the prompts: the shapes of a call follow its bucket only
+        num_pages = default_num_pages([bucket], params.max_new_tokens, max_slots=slots, page_size=page_size)
+    sizes = prefill_counts(min(slots, len(lengths)), shards)
+    layout = Layout(slots=slots, max_pages=pages_for(bucket + params.max_new_tokens, page_size),
+                    num_pages=num_pages, page_size=page_size, rows=-(-rows // shards) * shards,
+                    max_new_tokens=params.max_new_tokens, logit_rows=sizes[-1] + 1, num_prompts=len(lengths),
+                    bucket=bucket, routing=bool(return_routing))
     graphdef, model_state = nnx.split(model)
-    scratch = sched.cache.scratch_page
-    prompt_logits, admitted = {}, np.zeros(len(prompts), np.int64)
+    seed = np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32)
+    return _Setup(layout, sizes, graphdef, model_state, dataclasses.replace(params, seed=0), seed)
+
+
+def _prefill_arrays(layout: Layout, prompts, prefills, count: int, logit_row_of: dict):
+    """The host arrays of `prefill_prompts` for `prefills` (`Prefill`s) padded to `count` prompts."""
+    input_ids, positions, mask, _ = left_pad([prompts[p.prompt] for p in prefills], layout.bucket, count)
+    pages = np.full((count, pages_for(layout.bucket, layout.page_size)), layout.num_pages, np.int32)
+    logit_rows = np.full(count, layout.logit_rows, np.int32)  # filler: out of bounds
+    index = np.full(count, layout.num_prompts, np.int32)
+    for i, prefill in enumerate(prefills):
+        pages[i, : len(prefill.pages)] = prefill.pages
+        logit_rows[i], index[i] = logit_row_of[prefill.prompt], prefill.prompt
+    return input_ids, positions, mask, pages, logit_rows, index
+
+
+def _admission_arrays(layout: Layout, admissions, ids, lengths, budgets, logit_row_of: dict):
+    """The host arrays of `admit_rows` for `admissions` padded to the slot count (filler: out of bounds)."""
+    n, scratch = layout.slots, layout.num_pages
+    slot, row = np.full(n, n, np.int32), np.full(n, layout.rows, np.int32)
+    row_id, prompt_len, budget = np.zeros(n, np.uint32), np.zeros(n, np.int32), np.ones(n, np.int32)
+    copy_from, copy_to, logit_row = np.full(n, scratch, np.int32), np.full(n, scratch, np.int32), np.zeros(n, np.int32)
+    for i, adm in enumerate(admissions):
+        slot[i], row[i], row_id[i] = adm.slot, adm.row, ids[adm.row]
+        prompt_len[i], budget[i], logit_row[i] = lengths[adm.prompt], budgets[adm.row], logit_row_of[adm.prompt]
+        if adm.copy is not None:
+            copy_from[i], copy_to[i] = adm.copy
+    return slot, row, row_id, prompt_len, budget, copy_from, copy_to, logit_row
+
+
+def generate_continuous(model, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+                        engine: EngineConfig = EngineConfig(),
+                        row_max_new_tokens: Sequence[int] | None = None,
+                        row_ids: Sequence[int] | None = None,
+                        return_routing: bool = False) -> GenerateOutput:
+    """`generate` with continuous batching over a paged KV cache.
+
+    Args:
+      model: a `qwen3.Qwen3ForCausalLM` (dense or MoE), run under its config's mesh and rules: slots
+        split over the `batch` axes (`max_slots` rounded up to a multiple of them), page pools by
+        `PAGE_AXES`. In a run of several processes every process passes the same arguments.
+      prompts, params, row_ids, return_routing: as in `generate` (prompt-major rows,
+        `params.num_samples` per prompt).
+      engine: `max_slots`, `steps_per_schedule`, `page_size`, the pool (`num_pages` / `kv_cache_bytes`),
+        `paged_attention_impl`, `prompt_bucket` (the prefill's padded length) and
+        `prefill_chunk_size`; the pages hold the model's compute dtype (`config.dtype`).
+      row_max_new_tokens: `[rows]` each row's own budget in [1, max_new_tokens] (None: max_new_tokens).
+    Returns:
+      GenerateOutput (tokens, lengths, logprobs; with `return_routing` routing, prompt_routing and
+      prompt_mask) with `generate`'s conventions: `tokens[r, t]` for t >= lengths[r] is
+      `params.pad_token_id`, `logprobs` and `routing` 0 there.
+    """
+    cfg = _model_config(model)
+    prompts = _validate_prompts(prompts, cfg.vocab_size)
+    lengths = [len(p) for p in prompts]
+    run = _setup(model, lengths, params, engine, return_routing)
+    layout, num_samples = run.layout, params.num_samples
+    rows = len(prompts) * num_samples
+    ids = _validate_row_ids(row_ids, rows)
+    budgets = (np.full(rows, params.max_new_tokens) if row_max_new_tokens is None
+               else np.asarray(row_max_new_tokens))
+    sched = Scheduler(lengths, num_samples, budgets, max_new_tokens=params.max_new_tokens,
+                      max_slots=layout.slots, steps_per_schedule=engine.steps_per_schedule,
+                      page_size=layout.page_size, num_pages=layout.num_pages, max_prompt_len=layout.bucket)
+    state = init_state(run.graphdef, run.model_state, run.seed, layout=layout, pad_token_id=params.pad_token_id)
+    free_logit_rows = list(range(layout.logit_rows))[::-1]  # the lowest first (pop)
+    logit_row_of, pending = {}, [num_samples] * len(prompts)
     while not sched.finished:
         plan = sched.schedule()
-        for prefill in plan.prefills:
-            bucket = -(-prefill.tokens // engine.prompt_bucket) * engine.prompt_bucket
-            input_ids, positions, mask, _ = left_pad([prompts[prefill.prompt]], bucket, 1)
-            pages = np.full(pages_for(bucket, page_size), scratch, np.int32)
-            pages[: len(prefill.pages)] = prefill.pages
-            state, prompt_logits[prefill.prompt] = _prefill(graphdef, model_state, state, input_ids,
-                                                            positions, mask, pages,
-                                                            chunk=engine.prefill_chunk_size)
-        for adm in plan.admissions:
-            source, target = adm.copy or (scratch, scratch)
-            state = _admit(state, prompt_logits[adm.prompt], np.int32(adm.slot), np.int32(adm.row),
-                           np.uint32(ids[adm.row]), np.int32(lengths[adm.prompt]), np.int32(budgets[adm.row]),
-                           np.int32(source), np.int32(target), params=static_params)
-            admitted[adm.prompt] += 1
-            if admitted[adm.prompt] == params.num_samples:
-                del prompt_logits[adm.prompt]
-        state = _decode_segment(graphdef, model_state, state, plan.page_table,
-                                np.int32(engine.steps_per_schedule), params=static_params,
-                                impl=engine.paged_attention_impl)
-        generated, done = jax.device_get((state.generated, state.done))  # the one sync of a segment
-        sched.retire(generated, done)
-    return GenerateOutput(tokens=state.tokens, lengths=state.lengths, logprobs=state.logprobs)
+        if plan.prefills:
+            for prefill in plan.prefills:
+                logit_row_of[prefill.prompt] = free_logit_rows.pop()
+            count = padded_count(len(plan.prefills), run.prefill_sizes)
+            state = prefill_prompts(run.graphdef, run.model_state, state,
+                                    *_prefill_arrays(layout, prompts, plan.prefills, count, logit_row_of),
+                                    chunk=engine.prefill_chunk_size)
+        if plan.admissions:
+            state = admit_rows(run.graphdef, run.model_state, state,
+                               *_admission_arrays(layout, plan.admissions, ids, lengths, budgets, logit_row_of),
+                               params=run.params)
+            for adm in plan.admissions:
+                pending[adm.prompt] -= 1
+                if pending[adm.prompt] == 0:
+                    free_logit_rows.append(logit_row_of.pop(adm.prompt))
+        state, flags = decode_segment(run.graphdef, run.model_state, state, plan.page_table,
+                                      np.int32(engine.steps_per_schedule), params=run.params,
+                                      impl=engine.paged_attention_impl)
+        generated, done = to_host(flags)  # the one sync of a segment, the same flags in every process
+        sched.retire(generated, done.astype(bool))
+    return finish(state, np.asarray(lengths, np.int32), rows=rows, num_samples=num_samples)
 
 
-def _initial_state(cfg, num_pages, page_size, page_table, rows, params: SamplingParams, dtype) -> EngineState:
-    slots = page_table.shape[0]
-    pool = (cfg.num_hidden_layers, cfg.num_key_value_heads, num_pages + 1, page_size, cfg.head_dim)
-    seed_key = jax.random.fold_in(jax.random.key(params.seed & 0xFFFFFFFF), params.seed >> 32)
-    zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731 (distinct buffers: the state is donated)
-    return EngineState(
-        k_pages=jnp.zeros(pool, dtype), v_pages=jnp.zeros(pool, dtype), page_table=jnp.asarray(page_table),
-        row=zeros(), prompt_len=zeros(), budget=zeros(), generated=zeros(), last_token=zeros(),
-        done=jnp.ones((slots,), jnp.bool_), row_key=jax.random.split(seed_key, slots), base_key=seed_key,
-        tokens=jnp.full((rows, params.max_new_tokens), params.pad_token_id, jnp.int32),
-        logprobs=jnp.zeros((rows, params.max_new_tokens), jnp.float32),
-        lengths=jnp.zeros((rows,), jnp.int32),
-    )
+def _abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    """A compiled program's output as the next program's argument (see `generate._abstract`)."""
+    sharding = None if isinstance(x.sharding, jax.sharding.SingleDeviceSharding) else x.sharding
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
+
+
+def compile_continuous(model, prompt_len: int, num_prompts: int, params: SamplingParams, *,
+                       engine: EngineConfig = EngineConfig(), return_routing: bool = False) -> None:
+    """Compile, without running, every program `generate_continuous` runs for `num_prompts` prompts
+    whose longest is `prompt_len` tokens: the state's creation, the prefill at each padded prompt count,
+    the admission, the decode segment and the output's assembly, so the later call compiles nothing.
+
+    Why: a trainer knows its prompt buckets before its first rollout (`RLTrainer.compile_ahead`)."""
+    if prompt_len < 1 or num_prompts < 1:
+        raise ValueError(f"need prompt_len >= 1 and num_prompts >= 1, got {prompt_len} and {num_prompts}")
+    lengths = [prompt_len] * num_prompts
+    run = _setup(model, lengths, params, engine, return_routing)
+    layout = run.layout
+
+    def compiled(program, *args, **kwargs):
+        return jax.tree.map(_abstract, program.lower(*args, **kwargs).compile().out_info)
+
+    state = compiled(init_state, run.graphdef, run.model_state, run.seed, layout=layout,
+                     pad_token_id=params.pad_token_id)
+    for count in run.prefill_sizes:
+        state = compiled(prefill_prompts, run.graphdef, run.model_state, state,
+                         *_prefill_arrays(layout, [], (), count, {}), chunk=engine.prefill_chunk_size)
+    zeros = np.zeros(num_prompts * params.num_samples, np.int64)
+    state = compiled(admit_rows, run.graphdef, run.model_state, state,
+                     *_admission_arrays(layout, (), zeros, lengths, zeros, {}), params=run.params)
+    table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
+    state, _ = compiled(decode_segment, run.graphdef, run.model_state, state, table,
+                        np.int32(engine.steps_per_schedule), params=run.params, impl=engine.paged_attention_impl)
+    compiled(finish, state, np.asarray(lengths, np.int32), rows=num_prompts * params.num_samples,
+             num_samples=params.num_samples)

@@ -69,12 +69,14 @@ class Scheduler:
       max_new_tokens: `SamplingParams.max_new_tokens` (the page table's width is sized for it).
       max_slots, steps_per_schedule, page_size: as in `EngineConfig`.
       num_pages: pages in the pool (`default_num_pages` when the engine leaves it open).
+      max_prompt_len: the page tables are sized for prompts of up to this many tokens (None: the
+        longest prompt); the engine passes its prompt bucket, so the tables' shape follows the bucket.
     A row's cache holds its prompt and its response: `prompt + budget` tokens at most.
     """
 
     def __init__(self, prompt_lengths: Sequence[int], num_samples: int, budgets: Sequence[int], *,
                  max_new_tokens: int, max_slots: int, steps_per_schedule: int, page_size: int,
-                 num_pages: int):
+                 num_pages: int, max_prompt_len: int | None = None):
         self.prompt_lengths = [int(n) for n in prompt_lengths]
         self.num_samples = int(num_samples)
         budgets = np.asarray(budgets)
@@ -87,7 +89,7 @@ class Scheduler:
                              f"[{budgets.min()}, {budgets.max()}]")
         self.budgets = budgets.astype(np.int64)
         self.steps_per_schedule = steps_per_schedule
-        longest = max(self.prompt_lengths)
+        longest = max(self.prompt_lengths + [max_prompt_len or 0])
         max_pages = pages_for(longest + max_new_tokens, page_size)
         self.cache = PagedCache(num_pages, page_size, max_slots, max_pages)
         for row in range(rows):

@@ -28,7 +28,8 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from respo_jax.models.qwen3.config import Qwen3Config, read_json_file
+from respo_jax.json_files import read_json
+from respo_jax.models.qwen3.config import Qwen3Config
 from respo_jax.models.qwen3.kernels import resolve_config
 from respo_jax.models.qwen3.model import Qwen3ForCausalLM
 from respo_jax.sharding import ShardingRules, variable_axes
@@ -47,7 +48,7 @@ class SafetensorsReader:
         self.path = os.fspath(path)
         index_path = os.path.join(self.path, INDEX_FILE)
         if os.path.exists(index_path):
-            index = read_json_file(index_path)
+            index = read_json(index_path)
             weight_map = index.get("weight_map") if isinstance(index, dict) else None
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise ValueError(f"{index_path}: expected a 'weight_map' object of tensor name -> file name")

@@ -11,34 +11,20 @@ and their siblings, plus tiny shapes for tests and CPU runs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from respo_jax.json_files import read_json
 from respo_jax.sharding import ShardingRules, axis_size
 
 _DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("causal_blocks", "dense")
 MOE_IMPLS = ("ragged", "tiled")
 MOE_DISPATCHES = ("all_to_all", "ragged_all_to_all")
-
-
-def read_json_file(path: str | os.PathLike) -> Any:
-    """A JSON file (config.json, the safetensors index); a syntax error or a bad UTF-8 byte raises
-    ValueError naming the file and line."""
-    path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: invalid UTF-8 byte {data[err.start]:#04x}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{err.lineno}:{err.colno}: invalid JSON ({err.msg})") from None
+LM_HEAD_IMPLS = ("vocab_chunks", "token_chunks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +39,9 @@ class Qwen3Config:
     compile time does not grow with depth (``False`` stores every layer's weights on their own and
     unrolls a Python loop over them: faster on CPU, also for decoding, compile time grows with depth).
 
-    Kernels (``attention_impl``, ``moe_impl``, ``moe_dispatch``, and the layer loop ``scan_layers``;
-    see ``kernels.default_kernels`` for what each does) are explicit fields; ``None`` (the default)
+    Kernels (``attention_impl``, ``moe_impl``, ``moe_dispatch``, the log-prob head ``lm_head_impl``
+    and the layer loop ``scan_layers``; see ``kernels.default_kernels`` and
+    ``kernels.default_lm_head_impl`` for what each does) are explicit fields; ``None`` (the default)
     leaves the choice to ``kernels.resolve_config``, which the entry points (``Qwen3ForCausalLM``,
     ``init_model``, ``from_pretrained``) call once with the mesh: ``mesh`` None there means the
     1×1×1×1 mesh over one device. A built model's config always has a mesh and plain kernel fields,
@@ -94,6 +81,7 @@ class Qwen3Config:
     attention_impl: str | None = None
     moe_impl: str | None = None
     moe_dispatch: str | None = None
+    lm_head_impl: str | None = None
     mesh: jax.sharding.Mesh | None = None
     rules: ShardingRules = ShardingRules()
 
@@ -129,7 +117,7 @@ class Qwen3Config:
         if bad:
             raise ValueError(f"mlp_only_layers {bad} outside [0, {self.num_hidden_layers})")
         for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", MOE_IMPLS),
-                              ("moe_dispatch", MOE_DISPATCHES)):
+                              ("moe_dispatch", MOE_DISPATCHES), ("lm_head_impl", LM_HEAD_IMPLS)):
             if getattr(self, name) not in (*allowed, None):
                 raise ValueError(f"{name} must be one of {allowed} (or None: chosen for the platform), "
                                  f"got {getattr(self, name)!r}")
@@ -287,7 +275,7 @@ class Qwen3Config:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> "Qwen3Config":
         """From a ``config.json``; invalid JSON raises ValueError naming the file and line."""
-        hf = read_json_file(path)
+        hf = read_json(path)
         if not isinstance(hf, dict):
             raise ValueError(f"{path}: expected a JSON object, got {type(hf).__name__}")
         try:

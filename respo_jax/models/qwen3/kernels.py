@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from respo_jax.sharding import MeshConfig, make_mesh
+from respo_jax.sharding import MeshConfig, ShardingRules, axis_size, make_mesh
 
 if TYPE_CHECKING:  # the config imports nothing from here
     from respo_jax.models.qwen3.config import Qwen3Config
 
 # The fields this module fills when a config leaves them None.
-KERNEL_FIELDS = ("attention_impl", "moe_impl", "moe_dispatch", "scan_layers")
+KERNEL_FIELDS = ("attention_impl", "moe_impl", "moe_dispatch", "scan_layers", "lm_head_impl")
 
 
 def platform(where: jax.sharding.Mesh | Sequence[jax.Device]) -> str:
@@ -55,6 +55,15 @@ def default_kernels(backend: str) -> dict[str, str | bool]:
                 scan_layers=accelerated)
 
 
+def default_lm_head_impl(mesh: jax.sharding.Mesh, rules: ShardingRules) -> str:
+    """The log-prob head (``lm_head.chunked_token_logprobs``) for a mesh and its rules, on every
+    platform: ``vocab_chunks`` (vocabulary blocks with an online log-sum-exp: no [tokens, vocab]
+    logits, cache-sized blocks) unless the vocabulary is split over devices (tensor parallelism), where
+    slicing vocabulary blocks out of the sharded weight would gather it on every device:
+    ``token_chunks`` there (each device's logits over its own part of the vocabulary)."""
+    return "token_chunks" if axis_size(mesh, rules.vocab) > 1 else "vocab_chunks"
+
+
 @functools.cache
 def _one_device_mesh(device: jax.Device) -> jax.sharding.Mesh:
     return make_mesh(MeshConfig(data=1), [device])
@@ -67,11 +76,12 @@ def default_mesh() -> jax.sharding.Mesh:
 
 def resolve_config(cfg: "Qwen3Config", mesh: jax.sharding.Mesh | None = None) -> "Qwen3Config":
     """``cfg`` with a mesh (``mesh``, else its own, else ``default_mesh()``) and every kernel field it
-    leaves None set to ``default_kernels`` of that mesh's platform; explicit fields are kept. A
+    leaves None set to ``default_kernels`` of that mesh's platform (``lm_head_impl``:
+    ``default_lm_head_impl`` of the mesh and ``cfg.rules``); explicit fields are kept. A
     resolved config comes back unchanged."""
     mesh = mesh if mesh is not None else cfg.mesh if cfg.mesh is not None else default_mesh()
     unset = [name for name in KERNEL_FIELDS if getattr(cfg, name) is None]
     if mesh is cfg.mesh and not unset:
         return cfg
-    defaults = default_kernels(platform(mesh))
+    defaults = dict(default_kernels(platform(mesh)), lm_head_impl=default_lm_head_impl(mesh, cfg.rules))
     return cfg.replace(mesh=mesh, **{name: defaults[name] for name in unset})

@@ -3,43 +3,70 @@
 The policy update needs log π(o_t | ·) of the sampled tokens only, but a softmax over the whole
 vocabulary (151,936 for Qwen3) for each of them. Materialising float32 logits for a mini-batch of
 responses costs tokens × 600 KB (20 GB for 32k tokens), so the projection and the log-softmax run
-over `chunk_tokens` tokens at a time, in the forward and in the backward pass.
+over `chunk_tokens` tokens at a time, in the forward and in the backward pass. Two kernels
+(`impl`, the model's `lm_head_impl`, chosen in kernels.py):
 
-The backward pass is written by hand (`jax.custom_vjp`): the forward keeps only each token's
-log-sum-exp, and the backward recomputes one chunk's logits and forms the logits' cotangent
-`g · (onehot(target) − softmax) / temperature` in one pass. Differentiating the forward under
-`jax.checkpoint` instead recomputes the log-sum-exp (max, exp, sum), exponentiates again for its
-gradient and scatters the target's gradient into a zero [tokens, vocab] array.
+- ``vocab_chunks``: each token chunk also walks the vocabulary in blocks of `vocab_chunk` columns (the
+  last one narrower where the width does not divide the vocabulary) with an online log-sum-exp
+  (running max, rescaled sum of exponentials, the target's logit, and for the entropy the rescaled sum
+  of p·logit), so no array is larger than one [chunk tokens, vocab_chunk] block of logits. Its
+  backward recomputes each block's logits, forms `g · (onehot − softmax) / temperature` from the saved
+  log-sum-exp and accumulates d hidden and that block's rows of d weight at once. A block is small
+  enough to stay in the caches between the matmul that writes it and the elementwise passes that read
+  it, where a [1024, 151,936] float32 chunk (622 MB) goes through main memory in every pass (the
+  LM-head gradient ran at a fifth of XLA's matmul rate that way).
+- ``token_chunks``: one [chunk tokens, vocab] logits array per chunk. Kept for a vocabulary split over
+  devices (tensor parallelism), where slicing vocabulary blocks of the sharded weight would gather it.
+
+Both backward passes are written by hand (`jax.custom_vjp`): the forward keeps only each token's
+log-sum-exp. Differentiating the forward under `jax.checkpoint` instead recomputes the log-sum-exp
+(max, exp, sum), exponentiates again for its gradient and scatters the target's gradient into a zero
+[tokens, vocab] array.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
+from respo_jax.models.qwen3.config import LM_HEAD_IMPLS
 from respo_jax.models.qwen3.layers import rows as token_rows
+
+# 4096 columns: a [1024, 4096] float32 block is 16 MiB, its bfloat16 cotangent 8 MiB, the weight block
+# 4096 × embed; the Qwen3 vocabulary is 37 such blocks and one of 384 columns. The matmuls are
+# [tokens, embed] @ [embed, 4096] and their transposes: wide enough for the GEMM kernels of every
+# backend, few loop steps per chunk (experiments/benchmarks/lm_head.py compares widths).
+VOCAB_CHUNK = 4096
 
 
 def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *, tied: bool,
-                           temperature: float = 1.0, chunk_tokens: int = 1024, return_entropy: bool = False):
+                           temperature: float = 1.0, chunk_tokens: int = 1024, return_entropy: bool = False,
+                           impl: str = "vocab_chunks", vocab_chunk: int = VOCAB_CHUNK):
     """log softmax(hidden @ W / temperature)[target] per position: [batch, seq] float32.
 
     hidden: [batch, seq, embed] (the final-norm output at the positions to score);
     weight: [vocab, embed] if `tied` (the embedding table) else [embed, vocab];
-    targets: [batch, seq] int. Chunks hold `max(1, chunk_tokens // batch)` positions of every row,
-    so the batch axis stays whole (a sharded batch is never split across chunks). `temperature`
-    (static, > 0) divides the logits before the log-softmax, as the sampler does.
+    targets: [batch, seq] int in [0, vocab). Chunks hold `max(1, chunk_tokens // batch)` positions of
+    every row, so the batch axis stays whole (a sharded batch is never split across chunks).
+    `temperature` (static, > 0) divides the logits before the log-softmax, as the sampler does.
+    `impl`: ``"vocab_chunks"`` (blocks of `vocab_chunk` vocabulary columns, online log-sum-exp) or
+    ``"token_chunks"`` (the whole vocabulary per chunk); see the module docstring.
     `return_entropy=True` also returns the entropy of the whole distribution at each position,
-    `(logp, entropy)`, from the same chunks; it is a diagnostic (its gradient is not provided).
+    `(logp, entropy)`, from the same chunks; it is a diagnostic (no gradient flows through either).
     """
     if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
         raise ValueError(f"hidden must be [batch, seq, embed] and targets [batch, seq]; got {hidden.shape} "
                          f"and {targets.shape}")
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature must be finite and > 0, got {temperature}")
+    if impl not in LM_HEAD_IMPLS:
+        raise ValueError(f"impl must be one of {LM_HEAD_IMPLS}, got {impl!r}")
+    if isinstance(vocab_chunk, bool) or not isinstance(vocab_chunk, int) or vocab_chunk <= 0:
+        raise ValueError(f"vocab_chunk must be a positive int, got {vocab_chunk!r}")
     b, s, _ = hidden.shape
     per_chunk = max(1, min(s, int(chunk_tokens) // b))
     n = math.ceil(s / per_chunk)
@@ -53,13 +80,157 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
     def unchunk(x):
         return x.swapaxes(0, 1).reshape(b, n * per_chunk)[:, :s]
 
+    temperature = float(temperature)
+    vocab = weight.shape[0 if tied else 1]
+    blocks = _Blocks(vocab=vocab, width=min(vocab_chunk, vocab), tied=bool(tied), temperature=temperature)
     if return_entropy:
-        logp, entropy = jax.lax.map(
-            lambda args: _chunk_with_entropy(args[0], jax.lax.stop_gradient(weight), args[1], tied,
-                                             temperature),
-            (jax.lax.stop_gradient(h), t))
+        h, w = jax.lax.stop_gradient(h), jax.lax.stop_gradient(weight)
+        if impl == "vocab_chunks":
+            logp, _, entropy = _vocab_forward(h, w, t, blocks, with_entropy=True)
+        else:
+            logp, entropy = jax.lax.map(
+                lambda args: _chunk_with_entropy(args[0], w, args[1], tied, temperature), (h, t))
         return unchunk(logp), unchunk(entropy)
-    return unchunk(_logprobs(h, weight, t, tied, float(temperature)))
+    if impl == "vocab_chunks":
+        return unchunk(_vocab_logprobs(h, weight, t, blocks))
+    return unchunk(_logprobs(h, weight, t, tied, temperature))
+
+
+# ---------------------------------------------------------------------------------------- vocab_chunks
+
+
+@dataclasses.dataclass(frozen=True)
+class _Blocks:
+    """The static layout of the vocabulary blocks: `vocab // width` blocks of `width` columns walked by a
+    loop, then, if the width does not divide the vocabulary, one narrower block of the remaining columns
+    (a static slice: no padded copy of the weight, no masked columns in the loop)."""
+
+    vocab: int
+    width: int
+    tied: bool
+    temperature: float
+
+    @property
+    def axis(self) -> int:
+        """The weight's vocabulary axis."""
+        return 0 if self.tied else 1
+
+    def walk(self, weight: jax.Array, step, carry):
+        """carry = step(carry, block weight, first column) over every block, in vocabulary order."""
+        full, width = self.vocab // self.width, self.width
+
+        # XLA:CPU runs a 16-bit float dynamic-slice in float32 and hoists the conversion of the whole
+        # weight out of the loop (a float32 copy of it, twice its size); slicing the weight's bits does not.
+        bits = jax.lax.bitcast_convert_type(weight, jnp.uint16) if weight.dtype.itemsize == 2 else weight
+
+        def loop_step(j, c):
+            start = j * width
+            block = jax.lax.dynamic_slice_in_dim(bits, start, width, axis=self.axis)
+            return step(c, jax.lax.bitcast_convert_type(block, weight.dtype), start)
+
+        carry = jax.lax.fori_loop(0, full, loop_step, carry)
+        if self.vocab % width:
+            carry = step(carry, jax.lax.slice_in_dim(weight, full * width, self.vocab, axis=self.axis),
+                         full * width)
+        return carry
+
+    def logits(self, rows: jax.Array, w: jax.Array) -> jax.Array:
+        """rows [tokens, embed] @ block weight -> unscaled float32 logits [tokens, block width]."""
+        return jnp.einsum("te,ve->tv" if self.tied else "te,ev->tv", rows, w,
+                          preferred_element_type=jnp.float32)
+
+    def scaled(self, z: jax.Array) -> jax.Array:
+        """z / temperature (left to the elementwise pass that reads it, so no scaled block is stored)."""
+        return z if self.temperature == 1.0 else z / jnp.float32(self.temperature)
+
+
+def _vocab_chunk_forward(rows, weight, t, blocks: _Blocks, with_entropy: bool):
+    """One token chunk, rows [tokens, embed], t [tokens]: (log-prob of the targets, log-sum-exp,
+    entropy or None), each [tokens] float32, from one pass over the vocabulary blocks.
+
+    Per block: the max (of the unscaled logits: dividing by T > 0 keeps the order, and float rounding
+    too), the sum of exp(z/T − running max) in one pass, and the target's logit read at its index when it
+    falls in the block (a gather of one value per token, not a pass over the block)."""
+    def step(carry, w, start):
+        m, s, picked, pz = carry
+        z = blocks.logits(rows, w)
+        width = z.shape[-1]
+        m_new = jnp.maximum(m, blocks.scaled(jnp.max(z, axis=-1)))
+        scale = jnp.exp(m - m_new)
+        zs = blocks.scaled(z)
+        e = jnp.exp(zs - m_new[:, None])
+        s = s * scale + jnp.sum(e, axis=-1)
+        local = t - start
+        at_target = jnp.take_along_axis(z, jnp.clip(local, 0, width - 1)[:, None], axis=-1)[:, 0]
+        picked = picked + jnp.where((local >= 0) & (local < width), at_target, 0.0)
+        if with_entropy:  # Σ exp(z/T − m)·z/T, rescaled with s: Σ p·z/T = pz / s at the end
+            pz = pz * scale + jnp.sum(e * zs, axis=-1)
+        return m_new, s, picked, pz
+
+    zeros = jnp.zeros(rows.shape[:1], jnp.float32)
+    m, s, picked, pz = blocks.walk(weight, step, (jnp.full_like(zeros, -jnp.inf), zeros, zeros, zeros))
+    lse = m + jnp.log(s)
+    return blocks.scaled(picked) - lse, lse, (lse - pz / s if with_entropy else None)
+
+
+def _vocab_forward(h, weight, t, blocks: _Blocks, with_entropy: bool = False):
+    """h [n, batch, c, embed], t [n, batch, c] -> (log-probs, log-sum-exp, entropy or None), each
+    [n, batch, c] float32."""
+    def chunk(args):
+        h_c, t_c = args
+        out = _vocab_chunk_forward(token_rows(h_c), weight, t_c.reshape(-1), blocks, with_entropy)
+        return tuple(None if x is None else x.reshape(t_c.shape) for x in out)
+
+    return jax.lax.map(chunk, (h, t))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _vocab_logprobs(h, weight, t, blocks):
+    """h: [n, batch, c, embed], t: [n, batch, c] -> [n, batch, c] float32 log-probs."""
+    return _vocab_forward(h, weight, t, blocks)[0]
+
+
+def _vocab_logprobs_fwd(h, weight, t, blocks):
+    logp, lse, _ = _vocab_forward(h, weight, t, blocks)
+    return logp, (h, weight, t, lse)
+
+
+def _vocab_logprobs_bwd(blocks, residuals, g):
+    """Per token chunk and vocabulary block: the logits' cotangent g · (onehot(t) − softmax) / T from
+    the saved log-sum-exp (one elementwise pass), then d hidden += it @ Wᵀ and the block's rows of
+    d W += itᵀ @ hidden (float32 accumulators)."""
+    h, weight, t, lse = residuals
+
+    def chunk(grad_w, args):
+        h_c, t_c, lse_c, g_c = args
+        rows = token_rows(h_c)
+        t_r, lse_r, g_r = t_c.reshape(-1, 1), lse_c.reshape(-1, 1), g_c.reshape(-1, 1)
+
+        def step(carry, w, start):
+            dh, grad_w = carry
+            z = blocks.scaled(blocks.logits(rows, w))
+            cols = start + jax.lax.broadcasted_iota(jnp.int32, (1, z.shape[-1]), 1)
+            probs = jnp.exp(z - lse_r)
+            g_z = jnp.where(cols == t_r, 1.0 - probs, -probs) * g_r
+            g_z = blocks.scaled(g_z).astype(rows.dtype)
+            dh = dh + jnp.einsum("tv,ve->te" if blocks.tied else "tv,ev->te", g_z, w,
+                                 preferred_element_type=jnp.float32)
+            dw = jnp.einsum("tv,te->ve" if blocks.tied else "tv,te->ev", g_z, rows,
+                            preferred_element_type=jnp.float32)
+            old = jax.lax.dynamic_slice_in_dim(grad_w, start, dw.shape[blocks.axis], axis=blocks.axis)
+            return dh, jax.lax.dynamic_update_slice_in_dim(grad_w, old + dw, start, axis=blocks.axis)
+
+        dh, grad_w = blocks.walk(weight, step, (jnp.zeros(rows.shape, jnp.float32), grad_w))
+        return grad_w, dh.reshape(h_c.shape).astype(h_c.dtype)
+
+    grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, lse, g))
+    return dh, grad_w.astype(weight.dtype), None
+
+
+_vocab_logprobs.defvjp(_vocab_logprobs_fwd, _vocab_logprobs_bwd)
+
+
+# ---------------------------------------------------------------------------------------- token_chunks
 
 
 def _logits(h_c: jax.Array, weight: jax.Array, tied: bool, temperature: float) -> jax.Array:

@@ -254,7 +254,7 @@ class Qwen3ForCausalLM(nnx.Module):
         weight, tied = self._output_weight()
         out = chunked_token_logprobs(hidden[:, start:], weight, targets[:, start:], tied=tied,
                                      temperature=temperature, chunk_tokens=chunk_size,
-                                     return_entropy=return_entropy)
+                                     return_entropy=return_entropy, impl=self.config.lm_head_impl)
         logp, entropy = out if return_entropy else (out, None)
         return logp, entropy, aux
 

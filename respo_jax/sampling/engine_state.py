@@ -1,0 +1,145 @@
+"""The continuous-batching engine's device state: page pools, the decode slots' rows, and the outputs.
+
+Why one module: every engine program (`paged_prefill`, `paged_decode`) takes the state and returns it
+donated, and they must all agree on its shapes and shardings, or a program compiled ahead
+(`compile_continuous`) is not the one a call looks up. So the state is created once by `init_state`
+under the model's mesh and every program ends with `constrain_state`: the same NamedSharding per
+field whatever program produced it.
+
+Shardings (`respo_jax.sharding.ShardingRules` logical names). The page pools split their kv heads like
+the attention weights (`PAGE_AXES`; pages and their tokens whole); the slots, and the rows of the
+outputs, split over the `batch` axes like the static sampler's rows (both padded to a multiple); the
+prompts' last logits and routing are replicated (they are read by whichever slot admits a row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+# Logical axes of the page pools: kv heads split like the attention weights (and like the dense cache's
+# `qwen3.cache.CACHE_AXES`); pages and their tokens whole.
+PAGE_AXES = ("layers", "kv_heads", None, None, "head_dim")
+
+
+@struct.dataclass
+class EngineState:
+    """Device state of the engine (slot fields are those of the row in the slot).
+
+    k_pages, v_pages: [layers, kv_heads, num_pages + 1, page_size, head_dim] (the last page: scratch);
+    page_table: [slots, max_pages] int32; row, row_id, prompt_len, budget, generated (tokens so far),
+    last_token: [slots] int32 (row_id uint32); done: [slots] bool (True for a free slot); captured:
+    [slots] bool, the routing of the row's last token is recorded (routing runs only; True when free);
+    seed: [2] uint32 (low, high word); prompt_logits: [logit_rows, vocab] float32, the last prompt
+    token's logits of each prompt with rows still to admit; tokens, logprobs: [rows, max_new_tokens];
+    lengths: [rows] int32 (rows padded to a multiple of the batch shards); routing: [num_moe_layers,
+    rows, max_new_tokens, top_k] int32 or None; prompt_routing: [num_moe_layers, num_prompts, bucket,
+    top_k] int32 or None.
+    """
+
+    k_pages: jax.Array
+    v_pages: jax.Array
+    page_table: jax.Array
+    row: jax.Array
+    row_id: jax.Array
+    prompt_len: jax.Array
+    budget: jax.Array
+    generated: jax.Array
+    last_token: jax.Array
+    done: jax.Array
+    captured: jax.Array
+    seed: jax.Array
+    prompt_logits: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    routing: jax.Array | None = None
+    prompt_routing: jax.Array | None = None
+
+
+SLOT = ("batch",)
+ROWS = ("batch", None)
+STATE_AXES = dict(
+    k_pages=PAGE_AXES, v_pages=PAGE_AXES, page_table=ROWS, row=SLOT, row_id=SLOT, prompt_len=SLOT,
+    budget=SLOT, generated=SLOT, last_token=SLOT, done=SLOT, captured=SLOT, seed=(None,),
+    prompt_logits=(None, None), tokens=ROWS, logprobs=ROWS, lengths=SLOT,
+    routing=(None, "batch", None, None), prompt_routing=(None, None, None, None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The static shapes of one engine call (hashable: a static argument of `init_state`).
+
+    slots: decode slots (a multiple of the batch shards); max_pages: page-table width; num_pages,
+    page_size: the pool (plus one scratch page); rows: output rows (padded like the slots);
+    max_new_tokens; logit_rows: prompts whose logits are held at once; num_prompts, bucket: the
+    prompts and their padded length; routing: record MoE routing (prompt and generated tokens).
+    """
+
+    slots: int
+    max_pages: int
+    num_pages: int
+    page_size: int
+    rows: int
+    max_new_tokens: int
+    logit_rows: int
+    num_prompts: int
+    bucket: int
+    routing: bool
+
+
+def constrain_state(state: EngineState, cfg) -> EngineState:
+    """Every field in its sharding (`STATE_AXES`) on the model's mesh."""
+    fields = {}
+    for name, axes in STATE_AXES.items():
+        value = getattr(state, name)
+        if value is not None:
+            value = jax.lax.with_sharding_constraint(value, cfg.rules.sharding(cfg.mesh, axes))
+        fields[name] = value
+    return state.replace(**fields)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "layout", "pad_token_id"))
+def init_state(graphdef, model_state, seed, *, layout: Layout, pad_token_id: int) -> EngineState:
+    """The empty state (every slot free, every page-table entry the scratch page) of a call with
+    `layout`, created in its shardings. `seed`: [2] uint32."""
+    cfg = nnx.merge(graphdef, model_state).config
+    pool = (cfg.num_hidden_layers, cfg.num_key_value_heads, layout.num_pages + 1, layout.page_size,
+            cfg.head_dim)
+    slots, rows, new = layout.slots, layout.rows, layout.max_new_tokens
+    zeros = functools.partial(jnp.zeros, (slots,), jnp.int32)
+    routing = prompt_routing = None
+    if layout.routing:
+        top_k = cfg.num_experts_per_tok
+        routing = jnp.zeros((cfg.num_moe_layers, rows, new, top_k), jnp.int32)
+        prompt_routing = jnp.zeros((cfg.num_moe_layers, layout.num_prompts, layout.bucket, top_k), jnp.int32)
+    state = EngineState(
+        k_pages=jnp.zeros(pool, cfg.dtype), v_pages=jnp.zeros(pool, cfg.dtype),
+        page_table=jnp.full((slots, layout.max_pages), layout.num_pages, jnp.int32),
+        row=zeros(), row_id=jnp.zeros((slots,), jnp.uint32), prompt_len=zeros(), budget=zeros(),
+        generated=zeros(), last_token=zeros(), done=jnp.ones((slots,), jnp.bool_),
+        captured=jnp.ones((slots,), jnp.bool_), seed=seed.astype(jnp.uint32),
+        prompt_logits=jnp.zeros((layout.logit_rows, cfg.vocab_size), jnp.float32),
+        tokens=jnp.full((rows, new), pad_token_id, jnp.int32), logprobs=jnp.zeros((rows, new), jnp.float32),
+        lengths=jnp.zeros((rows,), jnp.int32), routing=routing, prompt_routing=prompt_routing,
+    )
+    return constrain_state(state, cfg)
+
+
+def row_keys(state: EngineState, row_id: jax.Array) -> jax.Array:
+    """The keys of rows with ids `row_id` [n] (`generate`'s `fold_in(seed_key, id)`): [n] PRNG keys."""
+    base = jax.random.fold_in(jax.random.key(state.seed[0]), state.seed[1])
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, row_id)
+
+
+def is_eos(tokens: jax.Array, params) -> jax.Array:
+    """[n] int tokens -> [n] bool: an EOS id of `params` (never with `ignore_eos`)."""
+    hit = jnp.zeros(tokens.shape, jnp.bool_)
+    for eos in () if params.ignore_eos else params.eos_token_ids:
+        hit = hit | (tokens == eos)
+    return hit

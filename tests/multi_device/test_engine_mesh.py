@@ -1,0 +1,38 @@
+"""On 8 simulated CPU devices: the continuous-batching engine under the model's mesh and rules (slots and
+output rows split over the batch axes, page pools over the kv heads) gives the samples and the routing of
+the static sampler on one device. Run by tests/test_multi_device.py."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+from meshes import mesh_of
+
+from respo_jax.models import qwen3
+from respo_jax.sampling import EngineConfig, SamplingParams, generate
+from respo_jax.sampling.paged_decode import generate_continuous
+
+
+def test_continuous_engine_on_a_mesh_equals_the_static_sampler_on_one_device():
+    """(2,2,2,1): 4 batch shards, so 3 slots become 4 and 8 rows take several schedules; kv heads split
+    over tensor. Tokens, log-probs, lengths and the routing of prompt and generated tokens equal the
+    single-device static sampler's; the rows come out split like the batch."""
+    # initializer_range 0.3: well-separated logits, so top-k sets are not decided by float rounding
+    cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3, scan_layers=True)
+    mesh = mesh_of(2, 2, 2, 1)
+    plain = qwen3.init_model(cfg, seed=0)
+    sharded = qwen3.init_model(cfg.replace(mesh=mesh), seed=0)
+    prompts = [[5, 9, 17], [3, 1, 4, 1, 5, 9], [100], [8, 8]]
+    params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=2)
+    want = generate(plain, prompts, params, return_routing=True)
+    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2)
+    got = generate_continuous(sharded, prompts, params, engine=engine, return_routing=True)
+    batch_split = jax.sharding.NamedSharding(mesh, P(("data", "fsdp", "expert")))
+    assert got.tokens.sharding.is_equivalent_to(batch_split, 2), got.tokens.sharding
+    for name in ("tokens", "lengths", "routing", "prompt_mask"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)),
+                                      err_msg=name)
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=1e-5)
+    real = np.broadcast_to(np.asarray(want.prompt_mask)[None, :, :, None] > 0, want.prompt_routing.shape)
+    np.testing.assert_array_equal(np.asarray(got.prompt_routing)[real], np.asarray(want.prompt_routing)[real])
