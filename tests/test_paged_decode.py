@@ -21,6 +21,7 @@ PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [100], [7, 7, 8, 9, 10
 NEW = 12
 # slots fewer than rows, pages smaller than prompts, segments that end mid-row
 ENGINE = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=5)
+STATIC = EngineConfig(scheduler="static")  # the reference: the static sampler
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def _assert_same(got, want: dict, logprob_tol=1e-5):
 def _reference(model, params):
     """(params with an EOS id that the static sampler emits at step 4 of row 1, its rows without EOS,
     the same rows with it)."""
-    full = generate(model, PROMPTS, params)
+    full = generate(model, PROMPTS, params, engine=STATIC)
     eos = int(np.asarray(full.tokens)[1, 4])
     want = _with_eos(full, eos, pad=eos)
     assert want["lengths"].min() < NEW  # EOS retires some rows early
@@ -82,7 +83,7 @@ def test_sampled_tokens_equal_the_static_samplers(model, sampled):
 def test_row_ids_and_prefill_chunks_keep_the_samples(model, sampled):
     params, _, _ = sampled
     ids = np.arange(12, dtype=np.uint32)[::-1] * 1000 + 5  # a row's draws follow its id, not its index
-    full = generate(model, PROMPTS, dataclasses.replace(params, eos_token_ids=()), row_ids=ids)
+    full = generate(model, PROMPTS, dataclasses.replace(params, eos_token_ids=()), row_ids=ids, engine=STATIC)
     assert not np.array_equal(np.asarray(full.tokens), np.asarray(sampled[1].tokens))
     engine = dataclasses.replace(ENGINE, prefill_chunk_size=4)
     got = generate_continuous(model, PROMPTS, params, engine=engine, row_ids=ids)
@@ -124,7 +125,7 @@ def test_row_budgets_and_ignore_eos(model, sampled):
     eos = params.eos_token_ids[0]
     full_tokens = np.asarray(full.tokens)  # sampled without EOS ids
     assert (full_tokens[:, :-1] == eos).any()  # EOS is sampled, so ignoring it matters
-    _assert_same(generate(model, PROMPTS, params), _with_eos(full, -1, pad=eos))  # the static sampler too
+    _assert_same(generate(model, PROMPTS, params, engine=STATIC), _with_eos(full, -1, pad=eos))  # static too
     budgets = np.random.default_rng(0).integers(1, NEW + 1, len(PROMPTS) * params.num_samples)
     budgets[0] = 1
     out = generate_continuous(model, PROMPTS, params, engine=WAITING, row_max_new_tokens=budgets)
@@ -193,7 +194,7 @@ def test_moe_tokens_and_routing_equal_the_static_samplers(moe_model, temperature
     # The routed experts of every prompt and generated token, in generate's format: rows that end at an
     # EOS mid-segment, at a segment's end and at the budget all record their last token's routing.
     params = SamplingParams(max_new_tokens=NEW, temperature=temperature, num_samples=2, seed=5)
-    full = generate(moe_model, PROMPTS, params, return_routing=True)
+    full = generate(moe_model, PROMPTS, params, return_routing=True, engine=STATIC)
     eos = int(np.asarray(full.tokens)[1, 4])
     want = _with_eos_routing(full, eos)
     assert want["lengths"].min() < NEW < want["lengths"].max() + 1

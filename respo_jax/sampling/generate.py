@@ -396,10 +396,9 @@ def generate(
         _check_call(model, prompts, params, return_routing, row_ids, row_max_new_tokens)
         from respo_jax.sampling.paged_decode import generate_continuous  # (see compile_generate)
 
-        # return_routing is passed only when asked for: the engine's MoE path takes it.
-        routing = {"return_routing": True} if return_routing else {}
         return generate_continuous(model, prompts, params, engine=engine,
-                                   row_max_new_tokens=row_max_new_tokens, row_ids=row_ids, **routing)
+                                   row_max_new_tokens=row_max_new_tokens, row_ids=row_ids,
+                                   return_routing=return_routing)
     return _generate(model, prompts, params, return_routing, engine, compile_only=False, row_ids=row_ids,
                      row_max_new_tokens=row_max_new_tokens)
 

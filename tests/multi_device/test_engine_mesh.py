@@ -25,7 +25,7 @@ def test_continuous_engine_on_a_mesh_equals_the_static_sampler_on_one_device():
     sharded = qwen3.init_model(cfg.replace(mesh=mesh), seed=0)
     prompts = [[5, 9, 17], [3, 1, 4, 1, 5, 9], [100], [8, 8]]
     params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=2)
-    want = generate(plain, prompts, params, return_routing=True)
+    want = generate(plain, prompts, params, return_routing=True, engine=EngineConfig(scheduler="static"))
     engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2)
     got = generate_continuous(sharded, prompts, params, engine=engine, return_routing=True)
     batch_split = jax.sharding.NamedSharding(mesh, P(("data", "fsdp", "expert")))
