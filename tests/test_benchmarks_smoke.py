@@ -184,3 +184,87 @@ def test_accelerator_mode_runs_on_cpu_with_a_tiny_preset():
     assert result["train"]["flops"]["total"] > 0
     (decode,) = result["decode"]
     assert decode["batch"] == 1 and decode["step_bytes"] > 0 and decode["bandwidth_utilization"] > 0
+
+
+# ------------------------------------------------------------------------ rollout engine (issue 24)
+
+
+def test_rollout_engine_budgets_follow_the_tab4_deciles():
+    # Stratified over the ten deciles: the rows of decile k lie between its scaled edges (rounded up), so
+    # at most the rows of the deciles below k fall under edge k, at least those rows lie at or below its
+    # ceiling, and the tenth decile sits at the cap.
+    from experiments.benchmarks import rollout_engine
+
+    rows, cap = 128, 512
+    budgets = rollout_engine.draw_budgets(rows, cap, seed=0)
+    edges = np.asarray(rollout_engine.TAB4_DECILES) * cap / rollout_engine.TAB4_CAP
+    assert budgets.shape == (rows,) and budgets.min() >= 1 and budgets.max() == cap
+    per_decile = np.arange(rows) * 10 // rows
+    for k in range(1, 10):
+        below = int(np.sum(per_decile < k))
+        assert np.sum(budgets < edges[k - 1]) <= below <= np.sum(budgets <= np.ceil(edges[k - 1])), k
+    assert np.sum(budgets == cap) >= np.sum(per_decile == 9)
+    np.testing.assert_array_equal(budgets, rollout_engine.draw_budgets(rows, cap, seed=0))
+    assert not np.array_equal(budgets, rollout_engine.draw_budgets(rows, cap, seed=1))
+
+
+def test_rollout_engine_scheduler_replay_matches_closed_forms():
+    # One sample per prompt, a segment long enough for every budget: with a slot per row every row runs in
+    # the first segment and holds its prompt + budget pages at once; with one slot the rows run one after
+    # another and the peak is the largest row.
+    from experiments.benchmarks import rollout_engine
+    from respo_jax.sampling import EngineConfig
+
+    prompt_lengths, budgets, page = [5, 9, 16], np.array([7, 1, 12]), 4
+    need = [-(-(n + b) // page) for n, b in zip(prompt_lengths, budgets)]
+    for slots, peak, decoded, segments in ((3, sum(need), 3 + 3 * 11, 1), (1, max(need), int(budgets.sum()), 3)):
+        engine = EngineConfig(max_slots=slots, page_size=page, steps_per_schedule=16)
+        replay = rollout_engine.continuous_schedule(prompt_lengths, 1, budgets, 16, engine, num_pages=64)
+        assert replay == {"peak_pages": peak, "decoded_tokens": decoded, "segments": segments}, slots
+
+
+@pytest.mark.slow
+def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
+    # The whole benchmark on a micro model: three side processes, the JSON contract's keys, and numbers
+    # that agree with each other (every row generates exactly its budget; ratios are quotients of the
+    # side values; the static engine's KV bytes are its dense cache). Data: the first 32 DAPO-Math rows.
+    import pyarrow.parquet as pq
+
+    from experiments.benchmarks import rollout_engine
+    from respo_jax.data.records import resolve_data_file
+    from respo_jax.sampling import EngineConfig
+
+    data = tmp_path / "data" / "dapo_math_17k.parquet"
+    data.parent.mkdir()
+    pq.write_table(pq.read_table(resolve_data_file("dapo_math", rl_iteration.DATA_DIR)[0]).slice(0, 32), data)
+    assert rollout_engine.main(["--micro", "--data-dir", str(data), "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "rollout_engine_micro.json", encoding="utf-8") as f:
+        report = json.load(f)
+    budgets = np.array(report["workload"]["budgets"])
+    assert len(budgets) == report["workload"]["rows"] == 8 and report["workload"]["useful_tokens"] == budgets.sum()
+    for kind in ("static", "continuous", "transformers"):
+        side = report[kind]
+        for key in ("useful_tokens_per_s", "seconds", "peak_rss_mb", "peak_kv_bytes"):
+            assert isinstance(side[key], (int, float)) and math.isfinite(side[key]) and side[key] > 0, (kind, key)
+        assert side["useful_tokens"] == side["generated_tokens"] == budgets[: side["rows"]].sum(), kind
+        assert side["useful_tokens_per_s"] == pytest.approx(side["useful_tokens"] / side["seconds"], rel=1e-12)
+        assert side["seconds"] == pytest.approx(float(np.median(side["times_s"])), rel=1e-12)
+    assert report["transformers"]["rows"] == 2
+    for kind in ("static", "continuous"):
+        assert report[kind]["compiles_warmup"] > 0 and report[kind]["compiles_timed"] == 0
+    continuous, static, hf = report["continuous"], report["static"], report["transformers"]
+    assert report["speedup_vs_static"] == pytest.approx(continuous["useful_tokens_per_s"] / static["useful_tokens_per_s"])
+    assert report["kv_bytes_vs_static"] == pytest.approx(continuous["peak_kv_bytes"] / static["peak_kv_bytes"])
+    assert report["speedup_vs_transformers"] == pytest.approx(continuous["useful_tokens_per_s"] / hf["useful_tokens_per_s"])
+    assert report["samples_identical"] is True
+    model, defaults = rl_iteration.MICRO_MODEL, EngineConfig()
+    token_bytes = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * 4
+    prompts = report["workload"]["prompt_tokens"]
+    padded = -(-max(prompts) // defaults.prompt_bucket) * defaults.prompt_bucket
+    cache = -(-(padded + 64) // defaults.cache_bucket) * defaults.cache_bucket
+    assert static["peak_kv_bytes"] == 8 * cache * token_bytes  # one chunk of all 8 rows
+    assert 0 < continuous["peak_kv_bytes"] <= continuous["pool_kv_bytes"]
+    rows = [n for n in prompts for _ in range(4)][:2]
+    assert hf["peak_kv_bytes"] >= sum(n + b for n, b in zip(rows, budgets[:2])) * token_bytes
+    markdown = (tmp_path / "rollout_engine_micro.md").read_text(encoding="utf-8")
+    assert "| continuous | 8 |" in markdown and "useful tokens/s" in markdown
