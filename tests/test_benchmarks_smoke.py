@@ -268,3 +268,37 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     assert hf["peak_kv_bytes"] >= sum(n + b for n, b in zip(rows, budgets[:2])) * token_bytes
     markdown = (tmp_path / "rollout_engine_micro.md").read_text(encoding="utf-8")
     assert "| continuous | 8 |" in markdown and "useful tokens/s" in markdown
+
+
+def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch):
+    # The benchmark's peak KV bytes of the continuous engine come from replaying its scheduler for rows
+    # that run to their budgets: the replay must see the pages in use and the segments the engine's own
+    # run sees (recorded by a Scheduler that logs after each decision), with slots refilled mid-run.
+    from respo_jax.models import qwen3
+    from respo_jax.sampling import EngineConfig, SamplingParams, paged_decode, scheduler
+
+    from experiments.benchmarks import rollout_engine
+
+    seen = []
+
+    class Recording(scheduler.Scheduler):
+        def schedule(self):
+            plan = super().schedule()
+            seen.append(self.cache.pages_in_use)
+            return plan
+
+    monkeypatch.setattr(paged_decode, "Scheduler", Recording)
+    cfg = qwen3.Qwen3Config.preset("tiny")
+    model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in (5, 9, 3)]
+    budgets = rollout_engine.draw_budgets(9, 24, seed=3)
+    engine = EngineConfig(max_slots=2, steps_per_schedule=4, page_size=4)
+    params = SamplingParams(max_new_tokens=24, seed=0, num_samples=3, ignore_eos=True, eos_token_ids=(1,))
+    out = paged_decode.generate_continuous(model, prompts, params, engine=engine, row_max_new_tokens=budgets)
+    np.testing.assert_array_equal(np.asarray(out.lengths), budgets)
+    dims = {"num_hidden_layers": cfg.num_hidden_layers, "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim}
+    pool = rollout_engine.engine_pool_pages([len(p) for p in prompts], 24, engine, dims, 4)
+    replay = rollout_engine.continuous_schedule([len(p) for p in prompts], 3, budgets, 24, engine, pool)
+    assert len(seen) > 2 and (replay["peak_pages"], replay["segments"]) == (max(seen), len(seen))
