@@ -1,6 +1,10 @@
 """The sampler against real references: transformers' greedy generate (dense and MoE, ragged prompts,
 batched and one by one), teacher-forced forwards of the same model for log-probs and routing, and a
-float64 NumPy implementation of temperature / top-k / top-p for truncated log-probs."""
+float64 NumPy implementation of temperature / top-k / top-p for truncated log-probs.
+
+Most tests run the static engine (`EngineConfig(scheduler="static")`: its chunking, compile-ahead and
+routing capture); the continuous engine (the default) is checked here against transformers, the
+float64 reference and the static engine's samples, and in detail in test_paged_decode.py."""
 
 from __future__ import annotations
 
@@ -20,6 +24,9 @@ from respo_jax.training.compilation import compilation_totals
 
 PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [100], [7, 7, 8, 9, 10, 11]]
 NEW = 10
+STATIC = EngineConfig(scheduler="static")
+# The continuous engine with fewer slots than rows, pages smaller than prompts, segments ending mid-row.
+CONTINUOUS = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=3)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -100,16 +107,17 @@ def test_greedy_ragged_batch_equals_transformers_batched_and_alone(kind, request
     want = _hf_greedy(hf, PROMPTS, eos)
     assert len(want[1]) <= 4 and any(len(w) == NEW for w in want)  # one row stops early, one runs out
     params = SamplingParams(max_new_tokens=NEW, temperature=0.0, eos_token_ids=(eos,))
-    out = generate(model, PROMPTS, params)
+    out = generate(model, PROMPTS, params, engine=STATIC)
     assert out.tokens.shape == (len(PROMPTS), NEW) and out.tokens.dtype == np.int32
     for row, continuation in enumerate(want):
         _check_row(out, row, continuation, pad=eos)
         # Batch independence: the prompt alone, in transformers and here, gives the same tokens.
         assert _hf_greedy(hf, [PROMPTS[row]], eos)[0] == continuation
-        _check_row(generate(model, [PROMPTS[row]], params), 0, continuation, pad=eos)
+        _check_row(generate(model, [PROMPTS[row]], params, engine=STATIC), 0, continuation, pad=eos)
     if kind == "dense":
-        # num_samples=G repeats every prompt G times, prompt-major.
-        grouped = generate(model, PROMPTS, dataclasses.replace(params, num_samples=2))
+        # num_samples=G repeats every prompt G times, prompt-major; the continuous engine (8 rows
+        # through 3 slots) gives transformers' tokens too.
+        grouped = generate(model, PROMPTS, dataclasses.replace(params, num_samples=2), engine=CONTINUOUS)
         for row, continuation in enumerate(want):
             _check_row(grouped, 2 * row, continuation, pad=eos)
             _check_row(grouped, 2 * row + 1, continuation, pad=eos)
@@ -129,13 +137,16 @@ def _reference_logprobs(logits: np.ndarray, temperature: float, top_k: int, top_
 
 
 @pytest.mark.parametrize(
-    "kind,temperature,top_k,top_p", [("dense", 1.0, 0, 1.0), ("dense", 0.7, 20, 0.8), ("moe", 1.3, 0, 0.6)]
+    "kind,temperature,top_k,top_p,engine",
+    [("dense", 1.0, 0, 1.0, STATIC), ("dense", 0.7, 20, 0.8, STATIC), ("moe", 1.3, 0, 0.6, STATIC),
+     ("dense", 0.7, 20, 0.8, CONTINUOUS)],
+    ids=["dense-plain", "dense-truncated", "moe-truncated", "dense-truncated-continuous"],
 )
-def test_sampled_logprobs_equal_teacher_forced_forward(kind, temperature, top_k, top_p, request):
+def test_sampled_logprobs_equal_teacher_forced_forward(kind, temperature, top_k, top_p, engine, request):
     _, model = request.getfixturevalue(kind)
     params = SamplingParams(max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p, seed=3,
                             eos_token_ids=(2,), num_samples=2)
-    out = generate(model, PROMPTS, params)
+    out = generate(model, PROMPTS, params, engine=engine)
     tokens, logprobs, lengths = (np.asarray(a) for a in (out.tokens, out.logprobs, out.lengths))
     assert any((tokens[2 * i] != tokens[2 * i + 1]).any() for i in range(len(PROMPTS)))  # samples differ
     prompts = [PROMPTS[row // 2] for row in range(len(tokens))]
@@ -166,7 +177,7 @@ MOE_PARAMS = SamplingParams(max_new_tokens=9, temperature=1.0, top_p=0.9, seed=1
 
 @pytest.fixture(scope="module")
 def moe_sampled(moe):
-    return generate(moe[1], PROMPTS, MOE_PARAMS, return_routing=True)
+    return generate(moe[1], PROMPTS, MOE_PARAMS, return_routing=True, engine=STATIC)
 
 
 def _teacher_forced_routing(model, rows: list[list[int]]) -> np.ndarray:
@@ -176,12 +187,14 @@ def _teacher_forced_routing(model, rows: list[list[int]]) -> np.ndarray:
 
 def test_same_seed_same_samples_other_seed_other_samples_chunking_changes_nothing(moe, moe_sampled):
     model, first = moe[1], moe_sampled
-    again = generate(model, PROMPTS, MOE_PARAMS, return_routing=True)
-    other = generate(model, PROMPTS, dataclasses.replace(MOE_PARAMS, seed=12), return_routing=True)
-    high = generate(model, PROMPTS, dataclasses.replace(MOE_PARAMS, seed=11 + 2**32), return_routing=True)
+    again = generate(model, PROMPTS, MOE_PARAMS, return_routing=True, engine=STATIC)
+    other = generate(model, PROMPTS, dataclasses.replace(MOE_PARAMS, seed=12), return_routing=True,
+                     engine=STATIC)
+    high = generate(model, PROMPTS, dataclasses.replace(MOE_PARAMS, seed=11 + 2**32), return_routing=True,
+                    engine=STATIC)
     chunked = generate(model, PROMPTS, MOE_PARAMS, return_routing=True,
-                       engine=EngineConfig(prompt_bucket=8, prefill_chunk_size=5, decode_chunk_size=4,
-                                           cache_bucket=4))
+                       engine=EngineConfig(scheduler="static", prompt_bucket=8, prefill_chunk_size=5,
+                                           decode_chunk_size=4, cache_bucket=4))
     for field in ("tokens", "lengths", "logprobs", "routing"):
         np.testing.assert_array_equal(np.asarray(getattr(first, field)), np.asarray(getattr(again, field)))
     for field in ("tokens", "lengths", "routing"):
@@ -197,8 +210,10 @@ def test_a_batch_generated_in_row_chunks_equals_one_batch(moe, moe_sampled):
     # depend on its index in the whole batch, so tokens, log-probs and routing are those of one batch.
     model = moe[1]
     params = dataclasses.replace(MOE_PARAMS, num_samples=2)
-    whole = generate(model, PROMPTS, params, return_routing=True, engine=EngineConfig(max_batch_rows=None))
-    chunked = generate(model, PROMPTS, params, return_routing=True, engine=EngineConfig(max_batch_rows=3))
+    whole = generate(model, PROMPTS, params, return_routing=True,
+                     engine=dataclasses.replace(STATIC, max_batch_rows=None))
+    chunked = generate(model, PROMPTS, params, return_routing=True,
+                       engine=dataclasses.replace(STATIC, max_batch_rows=3))
     for field in ("tokens", "lengths", "routing", "prompt_routing", "prompt_mask"):
         np.testing.assert_array_equal(np.asarray(getattr(chunked, field)), np.asarray(getattr(whole, field)))
     # (log-probs to round-off: the batch size changes the matmuls' summation order)
@@ -215,43 +230,44 @@ def test_row_ids_make_a_rows_samples_independent_of_its_position(dense):
     params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_p=0.9, seed=5, eos_token_ids=(2,),
                             num_samples=2)
     ids = np.array([7, 2**32 - 1, 40_000, 3, 0, 123_456_789, 11, 12])
-    whole = generate(model, PROMPTS, params, row_ids=ids)
+    whole = generate(model, PROMPTS, params, row_ids=ids, engine=STATIC)
     order = np.array([5, 0, 7, 2, 6, 1, 3, 4])
     rows = [PROMPTS[i // 2] for i in order]
     moved = generate(model, rows, dataclasses.replace(params, num_samples=1), row_ids=ids[order],
-                     engine=EngineConfig(max_batch_rows=3))
+                     engine=dataclasses.replace(STATIC, max_batch_rows=3))
     np.testing.assert_array_equal(np.asarray(moved.tokens), np.asarray(whole.tokens)[order])
     np.testing.assert_array_equal(np.asarray(moved.lengths), np.asarray(whole.lengths)[order])
     np.testing.assert_allclose(np.asarray(moved.logprobs), np.asarray(whole.logprobs)[order], atol=1e-5)
     # Without ids a row is seeded by its index: the default is row_ids = 0..rows-1, and other ids give
     # other samples.
-    default = generate(model, PROMPTS, params)
-    by_index = generate(model, PROMPTS, params, row_ids=np.arange(8))
+    default = generate(model, PROMPTS, params, engine=STATIC)
+    by_index = generate(model, PROMPTS, params, row_ids=np.arange(8), engine=STATIC)
     np.testing.assert_array_equal(np.asarray(default.tokens), np.asarray(by_index.tokens))
     assert not np.array_equal(np.asarray(default.tokens), np.asarray(whole.tokens))
-    with pytest.raises(ValueError, match=r"row_ids has shape \(4,\); expected \(8,\)"):
-        generate(model, PROMPTS, params, row_ids=[0, 1, 2, 3])
-    with pytest.raises(ValueError, match=r"in \[0, 2\*\*32\)"):
-        generate(model, PROMPTS, params, row_ids=[-1] + [0] * 7)
+    for engine in (STATIC, CONTINUOUS):  # refused before either engine runs
+        with pytest.raises(ValueError, match=r"row_ids has shape \(4,\); expected \(8,\)"):
+            generate(model, PROMPTS, params, row_ids=[0, 1, 2, 3], engine=engine)
+        with pytest.raises(ValueError, match=r"in \[0, 2\*\*32\)"):
+            generate(model, PROMPTS, params, row_ids=[-1] + [0] * 7, engine=engine)
 
 
 def test_compile_generate_compiles_every_program_of_a_bucket_ahead(moe):
     # Decode in two segments with a cache that grows between them, and routing capture: every program
     # generate runs for a prompt bucket is compiled ahead, so generating at that bucket compiles nothing.
     model, params = moe[1], dataclasses.replace(MOE_PARAMS, max_new_tokens=6)
-    engine = EngineConfig(prompt_bucket=8, decode_chunk_size=4, cache_bucket=4)
+    engine = EngineConfig(scheduler="static", prompt_bucket=8, decode_chunk_size=4, cache_bucket=4)
     compile_generate(model, 24, 2, params, return_routing=True, engine=engine)
     before = compilation_totals()
     generate(model, [p + [3] * 10 for p in PROMPTS[:2]], params, return_routing=True, engine=engine)  # 21: 24
     assert (compilation_totals() - before).compiles == 0
     with pytest.raises(ValueError, match="prompt_len >= 1"):
-        compile_generate(model, 0, 1, params)
+        compile_generate(model, 0, 1, params, engine=engine)
 
 
 def test_decoding_stops_when_every_row_is_done(dense, monkeypatch):
-    # Count the decode loop's steps on the device (each feeds one token per row through the model's
-    # forward): with every row done after its first EOS, the loop runs until the longest response ends,
-    # not for max_new_tokens.
+    # Count the static engine's decode steps on the device (each feeds one token per row through the
+    # model's forward): with every row done after its first EOS or at its own budget, the loop runs
+    # until the longest response ends, not for max_new_tokens.
     steps = []
     forward = qwen3.Qwen3ForCausalLM.forward
 
@@ -264,11 +280,18 @@ def test_decoding_stops_when_every_row_is_done(dense, monkeypatch):
     hf, model = dense
     eos = _hf_greedy(hf, [PROMPTS[0]], eos=None)[0][2]
     params = SamplingParams(max_new_tokens=200, temperature=0.0, eos_token_ids=(eos,))
-    out = generate(model, [PROMPTS[0], PROMPTS[0]], params)
+    out = generate(model, [PROMPTS[0], PROMPTS[0]], params, engine=STATIC)
     jax.effects_barrier()
     # one single-token forward per generated token: the prompt's last token gives the first, each
     # decode step the next; none after the last row's EOS
     assert int(np.asarray(out.lengths).max()) == 3 and len(steps) == 3
+    steps.clear()
+    capped = generate(model, [PROMPTS[0], PROMPTS[0]], params, engine=STATIC, row_max_new_tokens=[1, 2])
+    jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(capped.lengths), [1, 2])
+    first = np.asarray(out.tokens)[0, :2]  # both rows have the same prompt: the same greedy tokens
+    np.testing.assert_array_equal(np.asarray(capped.tokens)[:, :2], [[first[0], eos], first])
+    assert len(steps) == 2
 
 
 def test_routing_equals_teacher_forced_routing(moe, moe_sampled):
@@ -294,30 +317,64 @@ def test_routing_when_every_row_stops_in_an_early_decode_segment(moe):
     hf, model = moe
     eos = _hf_greedy(hf, [PROMPTS[0]], eos=None)[0][2]
     params = SamplingParams(max_new_tokens=NEW, temperature=0.0, eos_token_ids=(eos,))
-    out = generate(model, [PROMPTS[0]], params, return_routing=True, engine=EngineConfig(decode_chunk_size=4))
+    out = generate(model, [PROMPTS[0]], params, return_routing=True,
+                   engine=dataclasses.replace(STATIC, decode_chunk_size=4))
     n = int(out.lengths[0])
     assert n <= 3
     routing = _teacher_forced_routing(model, [PROMPTS[0] + np.asarray(out.tokens[0, :n]).tolist()])
     np.testing.assert_array_equal(np.asarray(out.routing[:, 0, :n]), routing[:, 0, len(PROMPTS[0]) :])
 
 
+@pytest.mark.parametrize("scheduler", ["static", "continuous"])
 @pytest.mark.parametrize(
-    "prompts,params,engine,match",
+    "prompts,params,kwargs,match",
     [
         ([], dict(max_new_tokens=4), {}, "prompts is empty"),
         ([[1, 2], []], dict(max_new_tokens=4), {}, "prompt 1 is empty"),
         ([[1, 500]], dict(max_new_tokens=4), {}, r"expected \[0, 128\)"),
         ([[1] * 200], dict(max_new_tokens=100), {}, "max_position_embeddings"),
+        ([[1]], dict(max_new_tokens=2), dict(return_routing=True), "MoE"),
+        ([[1], [2]], dict(max_new_tokens=4, num_samples=2), dict(row_max_new_tokens=[1, 2, 3]),
+         r"row_max_new_tokens has shape \(3,\) \(int64\); expected \(4,\) integers"),
+        ([[1], [2]], dict(max_new_tokens=4), dict(row_max_new_tokens=[1.0, 2.0]),
+         r"expected \(2,\) integers"),
+        ([[1], [2]], dict(max_new_tokens=4), dict(row_max_new_tokens=[0, 4]),
+         r"must lie in \[1, max_new_tokens=4\]; got \[0, 4\]"),
+        ([[1], [2]], dict(max_new_tokens=4), dict(row_max_new_tokens=[4, 5]),
+         r"must lie in \[1, max_new_tokens=4\]; got \[4, 5\]"),
     ],
 )
-def test_bad_generate_inputs_raise(dense, prompts, params, engine, match):
+def test_bad_generate_inputs_raise(dense, prompts, params, kwargs, match, scheduler):
+    # refused before anything compiles, whichever engine was asked for
     with pytest.raises(ValueError, match=match):
-        generate(dense[1], prompts, SamplingParams(**params), engine=EngineConfig(**engine))
+        generate(dense[1], prompts, SamplingParams(**params), engine=EngineConfig(scheduler=scheduler),
+                 **kwargs)
 
 
-def test_return_routing_on_a_dense_model_raises(dense):
-    with pytest.raises(ValueError, match="MoE"):
-        generate(dense[1], [[1]], SamplingParams(max_new_tokens=2), return_routing=True)
+def test_row_budgets_cut_rows_and_both_engines_draw_the_same_samples(dense):
+    # Reference: the static engine's samples without EOS and budgets (a row's draws depend on neither).
+    # With an EOS id that some rows sample and budgets that cut others first, each row is that sample
+    # up to its first EOS or its budget, whichever comes first, in the static and the continuous engine.
+    model = dense[1]
+    params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_p=0.9, seed=21, num_samples=2)
+    full = generate(model, PROMPTS, params, engine=STATIC)
+    full_tokens, full_logprobs = np.asarray(full.tokens), np.asarray(full.logprobs)
+    eos = int(full_tokens[3, 5])
+    params = dataclasses.replace(params, eos_token_ids=(eos,))
+    ends = np.array([np.flatnonzero(row == eos)[0] + 1 if (row == eos).any() else NEW for row in full_tokens])
+    budgets = np.array([1, NEW, 3, NEW, 7, 2, NEW, 4])
+    want = np.minimum(ends, budgets)
+    assert (ends < budgets).any() and (budgets < ends).any()  # EOS stops some rows, budgets others
+    static = generate(model, PROMPTS, params, engine=STATIC, row_max_new_tokens=budgets)
+    continuous = generate(model, PROMPTS, params, engine=CONTINUOUS, row_max_new_tokens=budgets)
+    for out in (static, continuous):
+        tokens, lengths, logprobs = (np.asarray(a) for a in (out.tokens, out.lengths, out.logprobs))
+        np.testing.assert_array_equal(lengths, want)
+        for row, n in enumerate(want):
+            np.testing.assert_array_equal(tokens[row, :n], full_tokens[row, :n])
+            np.testing.assert_array_equal(tokens[row, n:], eos)  # pad id: the first EOS id
+            np.testing.assert_allclose(logprobs[row, :n], full_logprobs[row, :n], atol=1e-5)
+            np.testing.assert_array_equal(logprobs[row, n:], 0.0)
 
 
 @pytest.mark.parametrize(
@@ -342,6 +399,8 @@ def test_bad_sampling_params_raise(kwargs, match):
 
 
 def test_bad_engine_config_raises():
+    with pytest.raises(ValueError, match="scheduler must be one of continuous, static; got 'paged'"):
+        EngineConfig(scheduler="paged")
     with pytest.raises(ValueError, match="prefill_chunk_size"):
         EngineConfig(prefill_chunk_size=0)
     with pytest.raises(ValueError, match="decode_chunk_size"):

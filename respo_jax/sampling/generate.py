@@ -1,20 +1,28 @@
-"""Rollout generation: prefill ragged prompts into a preallocated KV cache, then decode in one jitted loop.
+"""Rollout generation: `generate` and `compile_generate`, and the static engine behind
+`EngineConfig(scheduler="static")`: prefill ragged prompts into a preallocated KV cache, then decode in
+one jitted loop.
 
 The rollouts feed the off-policy update of the paper (Sec. 4.1: G samples per prompt, reused for N
 mini-batches), so besides tokens the sampler returns pi_old(o_t | q, o_<t): the log-prob of each
 sampled token under the distribution it was drawn from (see `logits_processing`), and, for MoE
 models, the routed experts of every generated token (for Routing Replay).
 
-Layout. Prompts are left-padded to a bucketed length P (pads are masked and never attended; a real
-token's position is its index within its own prompt), so a row's result does not depend on the other
-rows. A batch larger than `EngineConfig.max_batch_rows` is generated in equal chunks of rows, one
+Engines. `generate` dispatches on `EngineConfig.scheduler`: "continuous" (the default) runs the
+continuous-batching engine over a paged KV cache (`respo_jax.sampling.paged_decode`), "static" the
+batch below. Both take the same arguments, seed rows alike and return the same `GenerateOutput`, so
+for one seed they give the same samples (up to float round-off ties); they differ in speed and memory.
+
+Static engine. Prompts are left-padded to a bucketed length P (pads are masked and never attended;
+a real token's position is its index within its own prompt), so a row's result does not depend on the
+other rows. A batch larger than `EngineConfig.max_batch_rows` is generated in equal chunks of rows, one
 after the other, each stopping when its own rows are done; the samples are those of one batch. The
 cache holds P + max_new_tokens slots rounded up to a bucket. The prefill writes the prompt (in
 `EngineConfig.prefill_chunk_size` pieces if set) and then its last token alone, so logits are
 computed for that token only. Decode is a `lax.while_loop` that stops once every row has emitted an
-EOS or the length limit is reached; nothing syncs with the host per token. With
-`EngineConfig.decode_chunk_size` the loop runs in segments whose cache grows with the responses, so
-attention reads the slots generated so far (rounded up to a segment) instead of the whole limit.
+EOS or reached its own budget (`row_max_new_tokens`, else max_new_tokens); nothing syncs with the
+host per token. With `EngineConfig.decode_chunk_size` the loop runs in segments whose cache grows
+with the responses, so attention reads the slots generated so far (rounded up to a segment) instead
+of the whole limit.
 The loops run the model's own forward over its own parameters (its layer loop is the config's
 `scan_layers`, chosen for the platform where the model was built): no second copy of the weights.
 
@@ -26,7 +34,8 @@ with ids of its own (the evaluation's (benchmark, problem, sample)) not on its p
 seed and the ids are traced arguments, so new ones do not recompile.
 
 Output conventions. `tokens[r, t]` for t >= lengths[r] holds `SamplingParams.pad_token_id` (the first
-EOS id, or 0 without EOS ids) and `logprobs[r, t]` holds 0 there; `lengths` counts the EOS token.
+EOS id, or 0 without EOS ids) and `logprobs[r, t]` holds 0 there; `lengths` counts the EOS token and
+is at most the row's budget.
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ class GenerateOutput:
 
     Attributes:
       tokens: `[batch, max_new_tokens]` int32 generated tokens; pad id after EOS.
-      lengths: `[batch]` int32 number of generated tokens, EOS included.
+      lengths: `[batch]` int32 number of generated tokens, EOS included (at most the row's budget).
       logprobs: `[batch, max_new_tokens]` float32 log-prob of each token under the sampling
         distribution (0 after EOS, and 0 everywhere for greedy decoding).
       routing: `[num_moe_layers, batch, max_new_tokens, top_k]` int32 routed experts of each generated
@@ -82,6 +91,7 @@ class _DecodeState:
     tokens: jax.Array  # [batch, max_new_tokens] int32
     logprobs: jax.Array  # [batch, max_new_tokens] float32
     lengths: jax.Array  # [batch] int32
+    budget: jax.Array  # [batch] int32, the most tokens each row may generate (row_max_new_tokens)
     done: jax.Array  # [batch] bool
     prompt_lengths: jax.Array  # [batch] int32, real (unpadded) prompt lengths
     row_keys: jax.Array  # [batch] typed PRNG keys
@@ -153,13 +163,15 @@ def left_pad(prompts: list[list[int]], length: int, num_rows: int) -> tuple[np.n
 
 
 def _record(state: _DecodeState, tokens, token_logprobs, params: SamplingParams) -> _DecodeState:
-    """Write the tokens sampled at `state.step` (pad/0 for rows already done) and advance."""
+    """Write the tokens sampled at `state.step` (pad/0 for rows already done) and advance; a row is
+    done after an EOS or once it holds its budget of tokens."""
     was_done = state.done
     tokens = jnp.where(was_done, params.pad_token_id, tokens).astype(jnp.int32)
     token_logprobs = jnp.where(was_done, 0.0, token_logprobs).astype(jnp.float32)
     is_eos = jnp.zeros_like(was_done)
     for eos in () if params.ignore_eos else params.eos_token_ids:  # ignore_eos: rows run to the limit
         is_eos = is_eos | (tokens == eos)
+    lengths = state.lengths + (~was_done).astype(jnp.int32)
     return state.replace(
         step=state.step + 1,
         last_tokens=tokens,
@@ -167,8 +179,8 @@ def _record(state: _DecodeState, tokens, token_logprobs, params: SamplingParams)
         logprobs=jax.lax.dynamic_update_slice_in_dim(
             state.logprobs, token_logprobs[:, None], state.step, axis=1
         ),
-        lengths=state.lengths + (~was_done).astype(jnp.int32),
-        done=was_done | is_eos,
+        lengths=lengths,
+        done=was_done | is_eos | (lengths >= state.budget),
     )
 
 
@@ -222,12 +234,13 @@ def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, retu
     ),
 )
 def _prefill_and_decode(
-    graphdef, model_state, input_ids, positions, attention_mask, active, seed, row_ids,
+    graphdef, model_state, input_ids, positions, attention_mask, active, row_ids, budgets, seed,
     *, params, cache_len, stop, prefill_chunk, cache_dtype, return_routing, capture_last,
 ):
     """Prefill `[batch, P]` prompts, sample the first token and decode until `stop` (jitted once per
     shape/params). `row_ids`: `[batch]` uint32 ids that seed the rows' keys
-    (by default the rows' indices in the whole batch). Returns the loop state and the prompt routing
+    (by default the rows' indices in the whole batch); `budgets`: `[batch]` int32 tokens each row may
+    generate (traced: new budgets do not recompile). Returns the loop state and the prompt routing
     (or None)."""
     model = nnx.merge(graphdef, model_state)
     batch, prompt_len = input_ids.shape
@@ -267,6 +280,7 @@ def _prefill_and_decode(
         tokens=jnp.full((batch, params.max_new_tokens), params.pad_token_id, jnp.int32),
         logprobs=jnp.zeros((batch, params.max_new_tokens), jnp.float32),
         lengths=jnp.zeros((batch,), jnp.int32),
+        budget=budgets,
         done=~active,
         prompt_lengths=jnp.sum(attention_mask, axis=1).astype(jnp.int32),
         row_keys=row_keys,
@@ -327,9 +341,17 @@ def compile_generate(
     is `prompt_len` tokens (every decode segment included), so the later call finds them compiled.
 
     Why: a trainer knows the prompt buckets its data can need before its first rollout; compiling
-    them then keeps compilation out of the run's later iterations (`RLTrainer.compile_ahead`)."""
+    them then keeps compilation out of the run's later iterations (`RLTrainer.compile_ahead`).
+    Dispatches on `engine.scheduler` as `generate` does."""
+    _check_engine(engine)
     if prompt_len < 1 or num_prompts < 1:
         raise ValueError(f"need prompt_len >= 1 and num_prompts >= 1, got {prompt_len} and {num_prompts}")
+    if engine.scheduler == "continuous":
+        from respo_jax.sampling import paged_decode  # not at the top: paged_decode builds on this module
+
+        paged_decode.compile_continuous(model, prompt_len, num_prompts, params, engine=engine,
+                                        return_routing=return_routing)
+        return
     _generate(model, [[0] * prompt_len] * num_prompts, params, return_routing, engine, compile_only=True)
 
 
@@ -341,6 +363,7 @@ def generate(
     return_routing: bool = False,
     engine: EngineConfig = EngineConfig(),
     row_ids: Sequence[int] | None = None,
+    row_max_new_tokens: Sequence[int] | None = None,
 ) -> GenerateOutput:
     """Sample `params.num_samples` continuations of every prompt.
 
@@ -349,10 +372,15 @@ def generate(
       prompts: token-id lists of any (non-zero) lengths.
       params: sampling distribution and limits (static: a new value compiles once).
       return_routing: also return the routed experts of prompt and generated tokens (MoE only).
-      engine: buckets, prefill/decode chunking and row chunks.
+      engine: which engine runs (`EngineConfig.scheduler`: "continuous" by default, or "static") and
+        its memory layout: slots, pages, buckets, chunking.
       row_ids: `[len(prompts) * num_samples]` ints in [0, 2**32), one per output row (prompt-major),
         that seed the rows' random draws instead of their row indices (the default): a row with the
         same id, prompt and params gets the same sample wherever it sits in the batch.
+      row_max_new_tokens: `[len(prompts) * num_samples]` ints in [1, params.max_new_tokens], each
+        row's own budget (vLLM's per-request max_tokens; None: max_new_tokens for every row). A row
+        stops at its budget as at an EOS: pad tokens and log-prob 0 after it. A row's draws do not
+        depend on its budget, so a shorter budget gives a prefix of the longer one's sample.
     The sampler runs under the model config's `mesh` and `rules` (`respo_jax.sharding`), as the
     trainer does: prompts, sampled tokens, log-probs and routing split their batch dimension by the
     `batch` rule (rows padded with inactive filler rows to a multiple of those axes' size), the KV
@@ -363,7 +391,50 @@ def generate(
     Returns:
       GenerateOutput with rows in prompt-major order (`len(prompts) * num_samples` rows).
     """
-    return _generate(model, prompts, params, return_routing, engine, compile_only=False, row_ids=row_ids)
+    _check_engine(engine)
+    if engine.scheduler == "continuous":
+        _check_call(model, prompts, params, return_routing, row_ids, row_max_new_tokens)
+        from respo_jax.sampling.paged_decode import generate_continuous  # (see compile_generate)
+
+        # return_routing is passed only when asked for: the engine's MoE path takes it.
+        routing = {"return_routing": True} if return_routing else {}
+        return generate_continuous(model, prompts, params, engine=engine,
+                                   row_max_new_tokens=row_max_new_tokens, row_ids=row_ids, **routing)
+    return _generate(model, prompts, params, return_routing, engine, compile_only=False, row_ids=row_ids,
+                     row_max_new_tokens=row_max_new_tokens)
+
+
+def _check_engine(engine) -> None:
+    if not isinstance(engine, EngineConfig):
+        raise ValueError(f"engine must be an EngineConfig, got {type(engine).__name__}")
+
+
+def _check_call(model, prompts, params, return_routing: bool, row_ids, row_max_new_tokens):
+    """The checks of a `generate` call that do not depend on the engine (ValueError, one line);
+    returns (the model config, the prompts as int lists, the row ids, the row budgets)."""
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+    cfg = _model_config(model)
+    prompts = _validate_prompts(prompts, getattr(cfg, "vocab_size", None))
+    if return_routing and not getattr(cfg, "num_experts", 0):
+        raise ValueError("return_routing=True needs an MoE model (config.num_experts > 0)")
+    rows = len(prompts) * params.num_samples
+    return (cfg, prompts, _validate_row_ids(row_ids, rows),
+            _validate_row_budgets(row_max_new_tokens, rows, params.max_new_tokens))
+
+
+def _validate_row_budgets(budgets, rows: int, max_new_tokens: int) -> np.ndarray:
+    """`row_max_new_tokens` as `[rows]` int32, each in [1, max_new_tokens] (None: max_new_tokens)."""
+    if budgets is None:
+        return np.full(rows, max_new_tokens, np.int32)
+    caps = np.asarray(budgets)
+    if caps.shape != (rows,) or not np.issubdtype(caps.dtype, np.integer):
+        raise ValueError(f"row_max_new_tokens has shape {caps.shape} ({caps.dtype}); expected ({rows},) "
+                         "integers: one per output row (len(prompts) * num_samples)")
+    if rows and (caps.min() < 1 or caps.max() > max_new_tokens):
+        raise ValueError(f"row_max_new_tokens must lie in [1, max_new_tokens={max_new_tokens}]; got "
+                         f"[{caps.min()}, {caps.max()}]")
+    return caps.astype(np.int32)
 
 
 def _validate_row_ids(row_ids, rows: int) -> np.ndarray:
@@ -381,15 +452,11 @@ def _validate_row_ids(row_ids, rows: int) -> np.ndarray:
 
 
 def _generate(model, prompts, params: SamplingParams, return_routing: bool, engine: EngineConfig,
-              compile_only: bool, row_ids=None) -> GenerateOutput | None:
-    """`generate`, or with `compile_only` the compilation of its programs (returns None)."""
-    if not isinstance(params, SamplingParams):
-        raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-    cfg = _model_config(model)
-    vocab_size = getattr(cfg, "vocab_size", None)
-    prompts = _validate_prompts(prompts, vocab_size)
-    if return_routing and not getattr(cfg, "num_experts", 0):
-        raise ValueError("return_routing=True needs an MoE model (config.num_experts > 0)")
+              compile_only: bool, row_ids=None, row_max_new_tokens=None) -> GenerateOutput | None:
+    """The static engine's `generate`, or with `compile_only` the compilation of its programs (returns
+    None)."""
+    cfg, prompts, ids, budgets = _check_call(model, prompts, params, return_routing, row_ids,
+                                             row_max_new_tokens)
 
     longest = max(len(p) for p in prompts)
     max_positions = getattr(cfg, "max_position_embeddings", None)
@@ -405,7 +472,6 @@ def _generate(model, prompts, params: SamplingParams, return_routing: bool, engi
         return _round_up(prompt_len + stop, engine.cache_bucket)
 
     rows = [p for p in prompts for _ in range(params.num_samples)]
-    ids = _validate_row_ids(row_ids, len(rows))
     chunk_rows = _round_up(_chunk_rows(len(rows), engine.max_batch_rows), _batch_shards(cfg))
     graphdef, model_state = nnx.split(model)
     run = functools.partial(
@@ -414,9 +480,10 @@ def _generate(model, prompts, params: SamplingParams, return_routing: bool, engi
         cache_dtype=getattr(cfg, "dtype", "float32"), compile_only=compile_only,
     )
     if compile_only:  # equal chunks: the first one's programs are every chunk's
-        run(rows[:chunk_rows], ids[:chunk_rows], 0, chunk_rows)
+        run(rows[:chunk_rows], ids[:chunk_rows], budgets[:chunk_rows], 0, chunk_rows)
         return None
-    outputs = [run(rows[first:first + chunk_rows], ids[first:first + chunk_rows], first, chunk_rows)
+    outputs = [run(rows[first:first + chunk_rows], ids[first:first + chunk_rows],
+                   budgets[first:first + chunk_rows], first, chunk_rows)
                for first in range(0, len(rows), chunk_rows)]
     return outputs[0] if len(outputs) == 1 else _concatenate(outputs)
 
@@ -446,13 +513,14 @@ def _abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
 
 
-def _generate_chunk(rows, ids, first_row, num_rows, *, graphdef, model_state, params, engine,
+def _generate_chunk(rows, ids, budgets, first_row, num_rows, *, graphdef, model_state, params, engine,
                     prompt_len, cache_slots, return_routing, cfg, cache_dtype,
                     compile_only) -> GenerateOutput | None:
-    """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch, seeded by their `ids`)
-    as one jitted batch of `num_rows` rows (filler rows past `len(rows)`, dropped from the output; their
-    ids continue the row indices, as without ids; an inactive row's draws are unused). `compile_only`:
-    compile the programs of every decode segment instead (the loop state stays abstract), return None."""
+    """Generate `rows` (prompt token lists, rows `first_row`… of the whole batch, seeded by their `ids`,
+    each at most its entry of `budgets` tokens) as one jitted batch of `num_rows` rows (filler rows
+    past `len(rows)`, dropped from the output; their ids continue the row indices, as without ids; an
+    inactive row's draws are unused). `compile_only`: compile the programs of every decode segment
+    instead (the loop state stays abstract), return None."""
 
     def call(program, *args, **kwargs):
         if not compile_only:
@@ -465,17 +533,19 @@ def _generate_chunk(rows, ids, first_row, num_rows, *, graphdef, model_state, pa
     host_arrays = left_pad([rows[i] for i in part if i < len(rows)], prompt_len, len(part))  # filler last
     chunk_ids = first_row + np.arange(num_rows, dtype=np.uint32)
     chunk_ids[: len(rows)] = ids
-    host_arrays += (chunk_ids[part],)
+    chunk_budgets = np.full(num_rows, params.max_new_tokens, np.int32)  # filler rows: inactive anyway
+    chunk_budgets[: len(rows)] = budgets
+    host_arrays += (chunk_ids[part], chunk_budgets[part])
     device_arrays = [rows_from_process(_batch_sharding(cfg, a.ndim), a, num_rows) for a in host_arrays]
-    input_ids, positions, attention_mask, active, row_ids = device_arrays
+    input_ids, positions, attention_mask, active, row_ids, row_budgets = device_arrays
 
     total = params.max_new_tokens
     chunk = engine.decode_chunk_size or total
     stop = min(chunk, total)
     static_params = dataclasses.replace(params, seed=0)  # the seed is traced: no recompile per seed
     state, prompt_routing = call(
-        _prefill_and_decode, graphdef, model_state, input_ids, positions, attention_mask, active,
-        np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32), row_ids,
+        _prefill_and_decode, graphdef, model_state, input_ids, positions, attention_mask, active, row_ids,
+        row_budgets, np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32),
         params=static_params, cache_len=cache_slots(stop), stop=stop,
         prefill_chunk=engine.prefill_chunk_size, cache_dtype=cache_dtype, return_routing=return_routing,
         capture_last=return_routing and stop == total,

@@ -1,10 +1,10 @@
 """What to sample and how much: the frozen, validated parameters of one `generate` call.
 
 `SamplingParams` describes the sampling *distribution* (temperature, top-k, top-p) and the rollout
-shape (max new tokens, EOS ids, samples per prompt, seed).  `EngineConfig` describes how the sampler
-lays out memory (cache/prompt buckets, prefill and decode chunking, row chunks); it changes speed and memory,
-never the result.  Both are hashable, so they serve as static arguments of the jitted sampler: one
-compilation per distinct value.
+shape (max new tokens, EOS ids, samples per prompt, seed).  `EngineConfig` describes which engine
+runs the rollout (continuous batching over a paged KV cache, or a static batch) and how it lays out
+memory; it changes speed and memory, never the result.  Both are hashable, so they serve as static
+arguments of the jitted sampler: one compilation per distinct value.
 """
 
 from __future__ import annotations
@@ -97,12 +97,22 @@ class SamplingParams:
 # each one runs on (None: every platform).
 PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
 
+# The engines `generate` dispatches to (`EngineConfig.scheduler`).
+SCHEDULERS = ("continuous", "static")
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Memory layout of the sampler (buckets limit recompilation; none of this changes the samples).
+    """Which engine samples, and its memory layout (buckets limit recompilation; none of this changes
+    the samples: for one seed both engines draw the same tokens, up to float round-off ties).
 
     Attributes:
+      scheduler: "continuous" (the default): rows are admitted into `max_slots` decode slots as others
+        finish, K/V in a paged pool (`respo_jax.sampling.paged_decode`); work and memory follow the
+        tokens rows actually generate, which matters when lengths are long-tailed (RL rollouts).
+        "static": the batch (in `max_batch_rows` chunks) decodes until its longest row ends, over a
+        dense cache sized for `max_new_tokens` (`respo_jax.sampling.generate`). Each engine reads its
+        own fields below; `prompt_bucket` and `prefill_chunk_size` both.
       prompt_bucket: the padded prompt length is the longest prompt rounded up to a multiple of this.
       cache_bucket: the KV-cache length (padded prompt + max_new_tokens) is rounded up to a multiple of
         this. Keep it small: every decode step attends over every slot (with max_new_tokens fixed, the
@@ -117,6 +127,7 @@ class EngineConfig:
         runs as equal chunks one after the other (same samples), which bounds the KV cache, the
         prefill activations and the [rows, vocab] logits of a decode step. None: one chunk.
 
+    Static engine only: `cache_bucket`, `decode_chunk_size`, `max_batch_rows`.
     Continuous-batching engine (`respo_jax.sampling.scheduler`, `paged_cache`, `paged_attention`):
       max_slots: decode slots: rows decoded together; a finished row's slot is refilled.
       steps_per_schedule: decode steps of one jitted segment between two scheduling decisions.
@@ -128,6 +139,7 @@ class EngineConfig:
         accelerator kernel "pallas_tpu" / "pallas_gpu", refused on any other platform.
     """
 
+    scheduler: str = "continuous"
     prompt_bucket: int = 16
     cache_bucket: int = 16
     prefill_chunk_size: int | None = None
@@ -141,6 +153,8 @@ class EngineConfig:
     paged_attention_impl: str = "gather"
 
     def __post_init__(self):
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}; got {self.scheduler!r}")
         _check_int("prompt_bucket", self.prompt_bucket, 1)
         _check_int("cache_bucket", self.cache_bucket, 1)
         if self.prefill_chunk_size is not None:
