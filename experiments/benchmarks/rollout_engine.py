@@ -184,8 +184,18 @@ def engine_pool_pages(prompt_lengths, max_new_tokens: int, engine, model: dict, 
 
 
 def _peak_rss_mib() -> float:
+    """Peak RSS of this process's own address space, MiB: /proc's VmHWM. Not `ru_maxrss`, which a spawned
+    side inherits from the parent (exec keeps the forked copy's high-water mark), so every side would
+    report at least the parent's peak."""
     from experiments.benchmarks.common import peak_rss_mib
 
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     return peak_rss_mib()
 
 
