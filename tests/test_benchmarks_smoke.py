@@ -217,7 +217,8 @@ def test_rollout_engine_scheduler_replay_matches_closed_forms():
 
     prompt_lengths, budgets, page = [5, 9, 16], np.array([7, 1, 12]), 4
     need = [-(-(n + b) // page) for n, b in zip(prompt_lengths, budgets)]
-    for slots, peak, decoded, segments in ((3, sum(need), 3 + 3 * 11, 1), (1, max(need), int(budgets.sum()), 3)):
+    cases = ((3, sum(need), 3 + 3 * 11, 1), (1, max(need), int(budgets.sum()), 3))
+    for slots, peak, decoded, segments in cases:
         engine = EngineConfig(max_slots=slots, page_size=page, steps_per_schedule=16)
         replay = rollout_engine.continuous_schedule(prompt_lengths, 1, budgets, 16, engine, num_pages=64)
         assert replay == {"peak_pages": peak, "decoded_tokens": decoded, "segments": segments}, slots
@@ -241,21 +242,26 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     with open(tmp_path / "rollout_engine_micro.json", encoding="utf-8") as f:
         report = json.load(f)
     budgets = np.array(report["workload"]["budgets"])
-    assert len(budgets) == report["workload"]["rows"] == 8 and report["workload"]["useful_tokens"] == budgets.sum()
+    assert len(budgets) == report["workload"]["rows"] == 8
+    assert report["workload"]["useful_tokens"] == budgets.sum()
     for kind in ("static", "continuous", "transformers"):
         side = report[kind]
         for key in ("useful_tokens_per_s", "seconds", "peak_rss_mb", "peak_kv_bytes"):
-            assert isinstance(side[key], (int, float)) and math.isfinite(side[key]) and side[key] > 0, (kind, key)
+            value = side[key]
+            assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (kind, key)
         assert side["useful_tokens"] == side["generated_tokens"] == budgets[: side["rows"]].sum(), kind
-        assert side["useful_tokens_per_s"] == pytest.approx(side["useful_tokens"] / side["seconds"], rel=1e-12)
+        assert side["useful_tokens_per_s"] == pytest.approx(side["useful_tokens"] / side["seconds"],
+                                                            rel=1e-12)
         assert side["seconds"] == pytest.approx(float(np.median(side["times_s"])), rel=1e-12)
     assert report["transformers"]["rows"] == 2
     for kind in ("static", "continuous"):
         assert report[kind]["compiles_warmup"] > 0 and report[kind]["compiles_timed"] == 0
     continuous, static, hf = report["continuous"], report["static"], report["transformers"]
-    assert report["speedup_vs_static"] == pytest.approx(continuous["useful_tokens_per_s"] / static["useful_tokens_per_s"])
-    assert report["kv_bytes_vs_static"] == pytest.approx(continuous["peak_kv_bytes"] / static["peak_kv_bytes"])
-    assert report["speedup_vs_transformers"] == pytest.approx(continuous["useful_tokens_per_s"] / hf["useful_tokens_per_s"])
+    tokens_per_s = "useful_tokens_per_s"
+    assert report["speedup_vs_static"] == pytest.approx(continuous[tokens_per_s] / static[tokens_per_s])
+    kv = "peak_kv_bytes"
+    assert report["kv_bytes_vs_static"] == pytest.approx(continuous[kv] / static[kv])
+    assert report["speedup_vs_transformers"] == pytest.approx(continuous[tokens_per_s] / hf[tokens_per_s])
     assert report["samples_identical"] is True
     model, defaults = rl_iteration.MICRO_MODEL, EngineConfig()
     token_bytes = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * 4

@@ -3,7 +3,7 @@
 
     python -m experiments.benchmarks.rollout_engine                  # rollout_engine.json / .md in results/
     python -m experiments.benchmarks.rollout_engine --max-slots 16 --steps-per-schedule 8 --out DIR
-    python -m experiments.benchmarks.rollout_engine --micro          # pipeline check on a micro model (seconds)
+    python -m experiments.benchmarks.rollout_engine --micro          # pipeline check on a micro model
     python -m experiments.benchmarks.rollout_engine --render results/rollout_engine.json   # the table only
 
 Workload. Tab. 4 of the paper (N = 32) gives the response-length deciles 371, 483, 596, 711, 856, 1,057,
@@ -59,7 +59,8 @@ TAB4_DECILES = (371, 483, 596, 711, 856, 1_057, 1_421, 2_732, 16_383, 16_384)
 TAB4_CAP = 16_384
 SIDES = ("static", "continuous", "transformers")
 JAX_SIDES = ("static", "continuous")
-CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "num_pages")  # the CLI's EngineConfig fields
+# The continuous engine's EngineConfig fields the command line sets.
+CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "num_pages")
 HF_ATTENTION = ("sdpa", "paged|eager")  # transformers' continuous-batching attention choices on CPU
 
 
@@ -116,8 +117,8 @@ def static_cache(prompt_lengths, budgets, max_new_tokens: int, engine) -> dict:
     `cache_bucket`, `max_batch_rows`, `decode_chunk_size`): rows run in equal chunks of at most
     `max_batch_rows`, each into a cache of (the batch's longest prompt, bucketed) + the steps it decodes
     (rounded up to `decode_chunk_size` segments, at most `max_new_tokens`), and each decodes until its
-    longest row ends. `prompt_lengths`: [prompts] tokens; `budgets`: [rows] each row's budget. Returns {chunk_rows, cache_len (the largest), decoded_tokens
-    (rows × steps summed over chunks)}."""
+    longest row ends. `prompt_lengths`: [prompts] tokens; `budgets`: [rows] each row's budget.
+    Returns {chunk_rows, cache_len (the largest), decoded_tokens (rows × steps summed over chunks)}."""
     budgets = np.asarray(budgets)
     rows = len(budgets)
     chunks = 1 if engine.max_batch_rows is None else math.ceil(rows / engine.max_batch_rows)
@@ -177,7 +178,8 @@ def engine_pool_pages(prompt_lengths, max_new_tokens: int, engine, model: dict, 
         return pool_pages_for_bytes(engine.kv_cache_bytes, num_layers=model["num_hidden_layers"],
                                     kv_heads=model["num_key_value_heads"], head_dim=model["head_dim"],
                                     page_size=engine.page_size, itemsize=itemsize)
-    return default_num_pages(prompt_lengths, max_new_tokens, max_slots=engine.max_slots, page_size=engine.page_size)
+    return default_num_pages(prompt_lengths, max_new_tokens, max_slots=engine.max_slots,
+                             page_size=engine.page_size)
 
 
 # ------------------------------------------------------------------------------------------------ sides
@@ -226,7 +228,8 @@ def _jax_side(conn, kind: str, spec: dict) -> None:
         wall = time.perf_counter() - started
         spent = compilation_totals() - before
         reply = {"wall_s": wall, "compiles": spent.compiles, "compile_seconds": spent.seconds,
-                 "useful_tokens": int(np.minimum(lengths, budgets).sum()), "generated_tokens": int(lengths.sum()),
+                 "useful_tokens": int(np.minimum(lengths, budgets).sum()),
+                 "generated_tokens": int(lengths.sum()),
                  "peak_rss_mb": _peak_rss_mib()}
         if request == "run_and_return_tokens":
             reply["tokens"], reply["lengths"] = np.asarray(tokens), np.asarray(lengths)
@@ -258,17 +261,19 @@ def _hf_side(conn, spec: dict) -> None:
                       "peak_rss_mb": _peak_rss_mib()}))
 
     def one_round():
-        batching = transformers.ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks,
-                                                         seed=spec["params"]["seed"], auto_switch_to_flash=False)
-        with torch.inference_mode(), model.continuous_batching_context_manager(
-                generation_config=generation_config, continuous_batching_config=batching, block=True) as manager:
+        batching = transformers.ContinuousBatchingConfig(
+            page_size=page_size, num_blocks=num_blocks, seed=spec["params"]["seed"],
+            auto_switch_to_flash=False)
+        manager_context = model.continuous_batching_context_manager(
+            generation_config=generation_config, continuous_batching_config=batching, block=True)
+        with torch.inference_mode(), manager_context as manager:
             ids = [manager.add_request(list(p), request_id=f"row{i}", max_new_tokens=b, eos_token_id=-1)
                    for i, (p, b) in enumerate(zip(prompts, budgets))]
             results = {}
             while len(results) < len(ids):
                 result = manager.get_result(timeout=1)
                 if result is None and not manager.is_running():
-                    raise RuntimeError("transformers' generation thread stopped before every request finished")
+                    raise RuntimeError("transformers' generation thread stopped before all requests finished")
                 if result is not None and result.is_finished():
                     if result.error is not None:
                         raise RuntimeError(f"transformers request {result.request_id} failed: {result.error}")
@@ -319,8 +324,9 @@ def summarize_side(records: list[dict], warmup: int, rows: int, load: dict) -> d
 
     timed, first = records[warmup:], records[:warmup]
     seconds = median([r["wall_s"] for r in timed])
-    out = {"rows": rows, "useful_tokens": timed[-1]["useful_tokens"], "generated_tokens": timed[-1]["generated_tokens"],
-           "seconds": seconds, "useful_tokens_per_s": timed[-1]["useful_tokens"] / seconds,
+    out = {"rows": rows, "useful_tokens": timed[-1]["useful_tokens"],
+           "generated_tokens": timed[-1]["generated_tokens"], "seconds": seconds,
+           "useful_tokens_per_s": timed[-1]["useful_tokens"] / seconds,
            "times_s": [r["wall_s"] for r in timed], "warmup_s": [r["wall_s"] for r in first],
            "peak_rss_mb": max(r["peak_rss_mb"] for r in records), "process": load}
     if "compiles" in records[0]:  # a JAX side: it compiles in the warm-up, never in a timed round
@@ -398,9 +404,10 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
                     if "tokens" in record:
                         tokens[kind] = {"tokens": record.pop("tokens"), "lengths": record.pop("lengths")}
                     records[kind].append(record)
-                    log(f"[rollout_engine] {'warm-up' if index < settings['warmup'] else 'round'} {index + 1} "
-                        f"{kind}: {record['wall_s']:.2f} s, {record['useful_tokens']} useful tokens"
-                        + (f", {record['compiles']} compilations" if "compiles" in record else ""), flush=True)
+                    stage = "warm-up" if index < settings["warmup"] else "round"
+                    compiled = f", {record['compiles']} compilations" if "compiles" in record else ""
+                    log(f"[rollout_engine] {stage} {index + 1} {kind}: {record['wall_s']:.2f} s, "
+                        f"{record['useful_tokens']} useful tokens{compiled}", flush=True)
         finally:
             for side in sides.values():
                 side.close()
@@ -463,8 +470,9 @@ def markdown(report: dict) -> str:
             f"Continuous vs static: {show(report['speedup_vs_static'], '×')} useful tokens/s, "
             f"{show(report['kv_bytes_vs_static'])} of the peak KV bytes; vs transformers: "
             f"{show(report['speedup_vs_transformers'], '×')} (tokens/s; transformers runs the first "
-            f"{report.get('transformers', {}).get('rows', 'n/a')} rows). Samples identical (static vs continuous, "
-            f"one seed): {report['samples_identical']}. Workload: {w['prompts']} prompts × G = {w['group_size']}, "
+            f"{report.get('transformers', {}).get('rows', 'n/a')} rows). Samples identical (static vs "
+            f"continuous, one seed): {report['samples_identical']}. Workload: {w['prompts']} prompts × "
+            f"G = {w['group_size']}, "
             f"Tab. 4 deciles scaled to {w['max_new_tokens']} new tokens, {w['useful_tokens']} budget tokens; "
             f"medians of {report['rounds']} alternated rounds after {report['warmup']} warm-up.\n")
 
@@ -487,26 +495,31 @@ def main(argv=None) -> int:
                             description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=16, help="DAPO-Math prompts")
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="the cap the Tab. 4 deciles are scaled to")
+    parser.add_argument("--max-new-tokens", type=int, default=512,
+                        help="the cap the Tab. 4 deciles are scaled to")
     parser.add_argument("--seed", type=int, default=0, help="seed of the budgets' draw and of the sampling")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per side (alternated)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per side first (JAX compiles there)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed rounds per side first (JAX compiles there)")
     # Fewer slots than rows is what lets finished rows' slots be refilled. On the default workload (seed 0:
     # 12,572 budget tokens, 19% of the static engine's 65,536 decoded ones) the scheduler's replay decodes
     # 3.5x fewer slot-steps than the static batch with 16 slots (18,544), 2.9x with 32 and 1.8x with 64;
     # 8 steps per schedule instead of 16 saves 3% of them for twice the host round trips.
     parser.add_argument("--max-slots", type=int, default=16, help="continuous engine: decode slots")
-    parser.add_argument("--page-size", type=int, default=16, help="continuous engine (and transformers): page tokens")
+    parser.add_argument("--page-size", type=int, default=16,
+                        help="continuous engine (and transformers): tokens per page")
     parser.add_argument("--steps-per-schedule", type=int, default=16,
                         help="continuous engine: decode steps between two scheduling decisions")
     parser.add_argument("--num-pages", type=int, default=None,
                         help="continuous engine: pool pages (default: every slot can hold a full row)")
-    parser.add_argument("--hf-rows", type=int, default=16, help="transformers: the first rows of the workload it runs")
-    parser.add_argument("--hf-attn", default="sdpa", choices=HF_ATTENTION, help="transformers: attn_implementation")
+    parser.add_argument("--hf-rows", type=int, default=16,
+                        help="transformers: the first rows of the workload it runs")
+    parser.add_argument("--hf-attn", default="sdpa", choices=HF_ATTENTION,
+                        help="transformers: attn_implementation")
     parser.add_argument("--threads", type=int, default=common.DEFAULT_THREADS, help="PyTorch threads")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES), help="which sides run")
     parser.add_argument("--micro", action="store_true",
-                        help="micro model, 2 prompts × G = 4, 64 new tokens, 3 slots, 2 transformers rows, 1 round")
+                        help="micro model, 2 prompts × G = 4, 64 new tokens, 3 slots, 2 transformers rows")
     parser.add_argument("--data-dir", default=rl_iteration.DATA_DIR)
     parser.add_argument("--tokenizer-dir", default=rl_iteration.TOKENIZER_DIR)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -519,13 +532,14 @@ def main(argv=None) -> int:
         with open(args.render, encoding="utf-8") as f:
             print(markdown(json.load(f)))
         return 0
-    command = "python -m experiments.benchmarks.rollout_engine " + " ".join(argv if argv is not None else sys.argv[1:])
+    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
+    command = f"python -m experiments.benchmarks.rollout_engine {argv_text}"
     settings = dict(vars(args), command=command.strip())
     if args.micro:
-        settings.update(prompts=2, group_size=4, max_new_tokens=64, hf_rows=2, rounds=1, warmup=1, max_slots=3,
-                        page_size=4, steps_per_schedule=4)
-    for key in ("prompts", "group_size", "max_new_tokens", "rounds", "max_slots", "page_size", "steps_per_schedule",
-                "hf_rows", "threads"):
+        settings.update(prompts=2, group_size=4, max_new_tokens=64, hf_rows=2, rounds=1, warmup=1,
+                        max_slots=3, page_size=4, steps_per_schedule=4)
+    for key in ("prompts", "group_size", "max_new_tokens", "rounds", "max_slots", "page_size",
+                "steps_per_schedule", "hf_rows", "threads"):
         if settings[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
     if settings["warmup"] < 1:
