@@ -2,18 +2,18 @@
 `transformers`' own continuous batching (issue 24).
 
     python -m experiments.benchmarks.rollout_engine                  # rollout_engine.json / .md in results/
-    python -m experiments.benchmarks.rollout_engine --max-slots 16 --steps-per-schedule 8 --out DIR
+    python -m experiments.benchmarks.rollout_engine --max-slots 32 --steps-per-schedule 8 --out DIR
     python -m experiments.benchmarks.rollout_engine --micro          # pipeline check on a micro model
     python -m experiments.benchmarks.rollout_engine --render results/rollout_engine.json   # the table only
 
 Workload. Tab. 4 of the paper (N = 32) gives the response-length deciles 371, 483, 596, 711, 856, 1,057,
 1,421, 2,732, 16,383 and 16,384 tokens at a 16,384-token cap. Scaled to a cap of `--max-new-tokens`
 (default 512: every decile times cap / 16,384), each row gets a length budget drawn uniformly between two
-consecutive deciles (the first decile from 1 token, the tenth at the cap); the rows are split evenly
-over the ten deciles (stratified) in an order shuffled by `--seed`. The rows are `--prompts` DAPO-Math
-prompts (the first batch the trainer would draw, chat-formatted as the trainer renders them, real Qwen3
-tokenizer) times G = `--group-size` samples, prompt-major, on the e2e race's model (random Qwen3 at the
-real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`). Sampling: temperature 1, no truncation,
+consecutive deciles (the first from 0, rounded up to at least 1 token; the tenth at the cap); the rows
+are split evenly over the ten deciles (stratified) in an order shuffled by `--seed`. The rows are
+`--prompts` DAPO-Math prompts (the first batch the trainer would draw, chat-formatted as the trainer
+renders them, real Qwen3 tokenizer) times G = `--group-size` samples, prompt-major, on the e2e race's
+model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`). Sampling: temperature 1, no truncation,
 `SamplingParams.ignore_eos` and one budget per row (`generate(..., row_max_new_tokens=caps)`), so every
 row generates exactly its budget, as vLLM's throughput benchmark replays a length distribution.
 
@@ -529,8 +529,12 @@ def main(argv=None) -> int:
     if args.render is not None:
         import json
 
-        with open(args.render, encoding="utf-8") as f:
-            print(markdown(json.load(f)))
+        try:
+            with open(args.render, encoding="utf-8") as f:
+                report = json.load(f)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"--render {args.render}: {err}") from None
+        print(markdown(report))
         return 0
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])
     command = f"python -m experiments.benchmarks.rollout_engine {argv_text}"
