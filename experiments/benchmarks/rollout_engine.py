@@ -13,9 +13,10 @@ consecutive deciles (the first from 0, rounded up to at least 1 token; the tenth
 are split evenly over the ten deciles (stratified) in an order shuffled by `--seed`. The rows are
 `--prompts` DAPO-Math prompts (the first batch the trainer would draw, chat-formatted as the trainer
 renders them, real Qwen3 tokenizer) times G = `--group-size` samples, prompt-major, on the e2e race's
-model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`). Sampling: temperature 1, no truncation,
-`SamplingParams.ignore_eos` and one budget per row (`generate(..., row_max_new_tokens=caps)`), so every
-row generates exactly its budget, as vLLM's throughput benchmark replays a length distribution.
+model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`). Sampling:
+temperature 1, no truncation, `SamplingParams.ignore_eos` and one budget per row (`generate(...,
+row_max_new_tokens=budgets)`), so every row generates exactly its budget, as vLLM's throughput
+benchmark replays a length distribution.
 
 Sides, each in its own process (its own allocator, thread pools and peak RSS), loading one checkpoint
 written by `transformers`, alternated round by round after `--warmup` untimed rounds (the JAX sides
