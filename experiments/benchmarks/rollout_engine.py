@@ -41,6 +41,7 @@ the seed).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -62,7 +63,8 @@ SIDES = ("static", "continuous", "transformers")
 JAX_SIDES = ("static", "continuous")
 # The continuous engine's EngineConfig fields the command line sets.
 CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "num_pages")
-HF_ATTENTION = ("sdpa", "paged|eager")  # transformers' continuous-batching attention choices on CPU
+# transformers' continuous-batching attention on CPU ("paged|sdpa" is "sdpa" since transformers 5.23).
+HF_ATTENTION = ("sdpa", "paged|sdpa", "paged|eager")
 
 
 # ---------------------------------------------------------------------------------------------- workload
@@ -421,7 +423,7 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
                      "decile_edges": decile_edges(cap).tolist(), "budgets": budgets.tolist(),
                      "useful_tokens": int(budgets.sum()), "prompt_tokens": prompt_lengths},
         "rounds": settings["rounds"], "warmup": settings["warmup"],
-        "engine": {kind: {**engines[kind], "scheduler": kind} for kind in JAX_SIDES},
+        "engine": {kind: dataclasses.asdict(engine[kind]) for kind in JAX_SIDES},  # every field, defaults too
     }
     for kind in kinds:
         rows_run = settings["hf_rows"] if kind == "transformers" else len(budgets)
@@ -484,7 +486,9 @@ def write(report: dict, out_dir: str, stem: str = "rollout_engine") -> None:
     common.write_json(os.path.join(out_dir, f"{stem}.json"), report)
     common.write_markdown(os.path.join(out_dir, f"{stem}.md"),
                           "Rollout engine: static vs continuous batching vs transformers", [
-                              ("Command", f"`{report['command']}`; engines {report['engine']}"),
+                              ("Command", f"`{report['command']}`; continuous engine "
+                                          + ", ".join(f"{k}={report['engine']['continuous'][k]}"
+                                                      for k in CONTINUOUS_FIELDS)),
                               ("Results", markdown(report))])
 
 
