@@ -281,7 +281,7 @@ def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch
     # that run to their budgets: the replay must see the pages in use and the segments the engine's own
     # run sees (recorded by a Scheduler that logs after each decision), with slots refilled mid-run.
     from respo_jax.models import qwen3
-    from respo_jax.sampling import EngineConfig, SamplingParams, paged_decode, scheduler
+    from respo_jax.sampling import EngineConfig, SamplingParams, generate, paged_decode, scheduler
 
     from experiments.benchmarks import rollout_engine
 
@@ -299,9 +299,9 @@ def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch
     rng = np.random.default_rng(1)
     prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in (5, 9, 3)]
     budgets = rollout_engine.draw_budgets(9, 24, seed=3)
-    engine = EngineConfig(max_slots=2, steps_per_schedule=4, page_size=4)
+    engine = EngineConfig(scheduler="continuous", max_slots=2, steps_per_schedule=4, page_size=4)
     params = SamplingParams(max_new_tokens=24, seed=0, num_samples=3, ignore_eos=True, eos_token_ids=(1,))
-    out = paged_decode.generate_continuous(model, prompts, params, engine=engine, row_max_new_tokens=budgets)
+    out = generate(model, prompts, params, engine=engine, row_max_new_tokens=budgets)
     np.testing.assert_array_equal(np.asarray(out.lengths), budgets)
     dims = {"num_hidden_layers": cfg.num_hidden_layers, "num_key_value_heads": cfg.num_key_value_heads,
             "head_dim": cfg.head_dim}
