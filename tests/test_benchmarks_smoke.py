@@ -236,3 +236,127 @@ def test_accelerator_mode_runs_on_cpu_with_a_tiny_preset():
     assert result["train"]["flops"]["total"] > 0
     (decode,) = result["decode"]
     assert decode["batch"] == 1 and decode["step_bytes"] > 0 and decode["bandwidth_utilization"] > 0
+
+
+# ------------------------------------------------------------------------ rollout engine (issue 24)
+
+
+def test_rollout_engine_budgets_follow_the_tab4_deciles():
+    # Stratified over the ten deciles: the rows of decile k lie between its scaled edges (rounded up), so
+    # at most the rows of the deciles below k fall under edge k, at least those rows lie at or below its
+    # ceiling, and the tenth decile sits at the cap.
+    from experiments.benchmarks import rollout_engine
+
+    rows, cap = 128, 512
+    budgets = rollout_engine.draw_budgets(rows, cap, seed=0)
+    edges = np.asarray(rollout_engine.TAB4_DECILES) * cap / rollout_engine.TAB4_CAP
+    assert budgets.shape == (rows,) and budgets.min() >= 1 and budgets.max() == cap
+    per_decile = np.arange(rows) * 10 // rows
+    for k in range(1, 10):
+        below = int(np.sum(per_decile < k))
+        assert np.sum(budgets < edges[k - 1]) <= below <= np.sum(budgets <= np.ceil(edges[k - 1])), k
+    assert np.sum(budgets == cap) >= np.sum(per_decile == 9)
+    np.testing.assert_array_equal(budgets, rollout_engine.draw_budgets(rows, cap, seed=0))
+    assert not np.array_equal(budgets, rollout_engine.draw_budgets(rows, cap, seed=1))
+
+
+def test_rollout_engine_scheduler_replay_matches_closed_forms():
+    # One sample per prompt, a segment long enough for every budget: with a slot per row every row runs in
+    # the first segment and holds its prompt + budget pages at once; with one slot the rows run one after
+    # another and the peak is the largest row.
+    from experiments.benchmarks import rollout_engine
+    from respo_jax.sampling import EngineConfig
+
+    prompt_lengths, budgets, page = [5, 9, 16], np.array([7, 1, 12]), 4
+    need = [-(-(n + b) // page) for n, b in zip(prompt_lengths, budgets)]
+    cases = ((3, sum(need), 3 + 3 * 11, 1), (1, max(need), int(budgets.sum()), 3))
+    for slots, peak, decoded, segments in cases:
+        engine = EngineConfig(max_slots=slots, page_size=page, steps_per_schedule=16)
+        replay = rollout_engine.continuous_schedule(prompt_lengths, 1, budgets, 16, engine, num_pages=64)
+        assert replay == {"peak_pages": peak, "decoded_tokens": decoded, "segments": segments}, slots
+
+
+@pytest.mark.slow
+def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
+    # The whole benchmark on a micro model: three side processes, the JSON contract's keys, and numbers
+    # that agree with each other (every row generates exactly its budget; ratios are quotients of the
+    # side values; the static engine's KV bytes are its dense cache). Data: the first 32 DAPO-Math rows.
+    import pyarrow.parquet as pq
+
+    from experiments.benchmarks import rollout_engine
+    from respo_jax.data.records import resolve_data_file
+    from respo_jax.sampling import EngineConfig
+
+    data = tmp_path / "data" / "dapo_math_17k.parquet"
+    data.parent.mkdir()
+    pq.write_table(pq.read_table(resolve_data_file("dapo_math", rl_iteration.DATA_DIR)[0]).slice(0, 32), data)
+    assert rollout_engine.main(["--micro", "--data-dir", str(data), "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "rollout_engine_micro.json", encoding="utf-8") as f:
+        report = json.load(f)
+    budgets = np.array(report["workload"]["budgets"])
+    assert len(budgets) == report["workload"]["rows"] == 8
+    assert report["workload"]["useful_tokens"] == budgets.sum()
+    for kind in ("static", "continuous", "transformers"):
+        side = report[kind]
+        for key in ("useful_tokens_per_s", "seconds", "peak_rss_mb", "peak_kv_bytes"):
+            value = side[key]
+            assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (kind, key)
+        assert side["useful_tokens"] == side["generated_tokens"] == budgets[: side["rows"]].sum(), kind
+        assert side["useful_tokens_per_s"] == pytest.approx(side["useful_tokens"] / side["seconds"],
+                                                            rel=1e-12)
+        assert side["seconds"] == pytest.approx(float(np.median(side["times_s"])), rel=1e-12)
+    assert report["transformers"]["rows"] == 2
+    for kind in ("static", "continuous"):
+        assert report[kind]["compiles_warmup"] > 0 and report[kind]["compiles_timed"] == 0
+    continuous, static, hf = report["continuous"], report["static"], report["transformers"]
+    tokens_per_s = "useful_tokens_per_s"
+    assert report["speedup_vs_static"] == pytest.approx(continuous[tokens_per_s] / static[tokens_per_s])
+    kv = "peak_kv_bytes"
+    assert report["kv_bytes_vs_static"] == pytest.approx(continuous[kv] / static[kv])
+    assert report["speedup_vs_transformers"] == pytest.approx(continuous[tokens_per_s] / hf[tokens_per_s])
+    assert report["samples_identical"] is True
+    model, defaults = rl_iteration.MICRO_MODEL, EngineConfig()
+    token_bytes = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * 4
+    prompts = report["workload"]["prompt_tokens"]
+    padded = -(-max(prompts) // defaults.prompt_bucket) * defaults.prompt_bucket
+    cache = -(-(padded + 64) // defaults.cache_bucket) * defaults.cache_bucket
+    assert static["peak_kv_bytes"] == 8 * cache * token_bytes  # one chunk of all 8 rows
+    assert 0 < continuous["peak_kv_bytes"] <= continuous["pool_kv_bytes"]
+    rows = [n for n in prompts for _ in range(4)][:2]
+    assert hf["peak_kv_bytes"] >= sum(n + b for n, b in zip(rows, budgets[:2])) * token_bytes
+    markdown = (tmp_path / "rollout_engine_micro.md").read_text(encoding="utf-8")
+    assert "| continuous | 8 |" in markdown and "useful tokens/s" in markdown
+
+
+def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch):
+    # The benchmark's peak KV bytes of the continuous engine come from replaying its scheduler for rows
+    # that run to their budgets: the replay must see the pages in use and the segments the engine's own
+    # run sees (recorded by a Scheduler that logs after each decision), with slots refilled mid-run.
+    from respo_jax.models import qwen3
+    from respo_jax.sampling import EngineConfig, SamplingParams, generate, paged_decode, scheduler
+
+    from experiments.benchmarks import rollout_engine
+
+    seen = []
+
+    class Recording(scheduler.Scheduler):
+        def schedule(self):
+            plan = super().schedule()
+            seen.append(self.cache.pages_in_use)
+            return plan
+
+    monkeypatch.setattr(paged_decode, "Scheduler", Recording)
+    cfg = qwen3.Qwen3Config.preset("tiny")
+    model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in (5, 9, 3)]
+    budgets = rollout_engine.draw_budgets(9, 24, seed=3)
+    engine = EngineConfig(scheduler="continuous", max_slots=2, steps_per_schedule=4, page_size=4)
+    params = SamplingParams(max_new_tokens=24, seed=0, num_samples=3, ignore_eos=True, eos_token_ids=(1,))
+    out = generate(model, prompts, params, engine=engine, row_max_new_tokens=budgets)
+    np.testing.assert_array_equal(np.asarray(out.lengths), budgets)
+    dims = {"num_hidden_layers": cfg.num_hidden_layers, "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim}
+    pool = rollout_engine.engine_pool_pages([len(p) for p in prompts], 24, engine, dims, 4)
+    replay = rollout_engine.continuous_schedule([len(p) for p in prompts], 3, budgets, 24, engine, pool)
+    assert len(seen) > 2 and (replay["peak_pages"], replay["segments"]) == (max(seen), len(seen))

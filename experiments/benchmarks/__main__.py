@@ -5,6 +5,7 @@
     python -m experiments.benchmarks --parts moe        # one part of the full run: full_moe.json / .md / full_moe_scaling.png
     python -m experiments.benchmarks --accelerator      # GPU/TPU: Qwen3-1.7B bf16 MFU + decode bandwidth
     python -m experiments.benchmarks.rl_iteration       # end-to-end RL iterations vs TRL (its own module)
+    python -m experiments.benchmarks.rollout_engine     # static vs continuous engine vs transformers (its own module)
 
 On a machine whose default JAX backend is a GPU or TPU the accelerator mode runs by default (the PyTorch
 comparisons need both frameworks on the same CPU; force them there with JAX_PLATFORMS=cpu).

@@ -1,0 +1,572 @@
+"""The rollout engine on the paper's length distribution: static batch vs continuous batching vs
+`transformers`' own continuous batching (issue 24).
+
+    python -m experiments.benchmarks.rollout_engine                  # rollout_engine.json / .md in results/
+    python -m experiments.benchmarks.rollout_engine --max-slots 32 --steps-per-schedule 8 --out DIR
+    python -m experiments.benchmarks.rollout_engine --micro          # pipeline check on a micro model
+    python -m experiments.benchmarks.rollout_engine --render results/rollout_engine.json   # the table only
+
+Workload. Tab. 4 of the paper (N = 32) gives the response-length deciles 371, 483, 596, 711, 856, 1,057,
+1,421, 2,732, 16,383 and 16,384 tokens at a 16,384-token cap. Scaled to a cap of `--max-new-tokens`
+(default 512: every decile times cap / 16,384), each row gets a length budget drawn uniformly between two
+consecutive deciles (the first from 0, rounded up to at least 1 token; the tenth at the cap); the rows
+are split evenly over the ten deciles (stratified) in an order shuffled by `--seed`. The rows are
+`--prompts` DAPO-Math prompts (the first batch the trainer would draw, chat-formatted as the trainer
+renders them, real Qwen3 tokenizer) times G = `--group-size` samples, prompt-major, on the e2e race's
+model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`). Sampling:
+temperature 1, no truncation, `SamplingParams.ignore_eos` and one budget per row (`generate(...,
+row_max_new_tokens=budgets)`), so every row generates exactly its budget, as vLLM's throughput
+benchmark replays a length distribution.
+
+Sides, each in its own process (its own allocator, thread pools and peak RSS), loading one checkpoint
+written by `transformers`, alternated round by round after `--warmup` untimed rounds (the JAX sides
+compile there; the compilation is reported separately, and the timed rounds must compile nothing):
+- static: `generate` with `EngineConfig(scheduler="static")` and its default chunking (every chunk of
+  rows decodes until its longest row ends, into a dense cache of rows × (prompt + max_new_tokens)).
+- continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule)`.
+- transformers: `generate_batch`'s engine (`ContinuousBatchingManager`, `attn_implementation="sdpa"`,
+  what "paged|sdpa" means since transformers 5.23), PyTorch CPU with as many threads as XLA's pool
+  (`common.configure_threads`), one request per row with its own `max_new_tokens` and EOS off. It is
+  slow on CPU, so it runs the first `--hf-rows` rows (whole prompts with their budgets): compare tokens/s.
+
+Reported per side: `useful_tokens_per_s` (tokens inside each row's budget / median seconds), `seconds`,
+`peak_rss_mb` (MiB), `peak_kv_bytes` (static: the dense cache of one chunk, rows × cache length ×
+layers × 2 × kv_heads × head_dim × itemsize; continuous: the pages in use at the scheduler's peak ×
+bytes per page, replayed with the engine's own `Scheduler`, next to the allocated pool
+`pool_kv_bytes`; transformers: its paged cache's allocated bytes); top level `speedup_vs_static`,
+`kv_bytes_vs_static`, `speedup_vs_transformers` (quotients of the continuous side's values over the
+other side's) and `samples_identical` (the static and continuous engines sample the same tokens for
+the seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+from experiments.benchmarks.common import SpawnedSide
+from experiments.cli import ArgumentParser, run_cli
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+# Tab. 4 (N = 32): response-length deciles at the paper's 16,384-token cap.
+TAB4_DECILES = (371, 483, 596, 711, 856, 1_057, 1_421, 2_732, 16_383, 16_384)
+TAB4_CAP = 16_384
+SIDES = ("static", "continuous", "transformers")
+JAX_SIDES = ("static", "continuous")
+# The continuous engine's EngineConfig fields the command line sets.
+CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "num_pages")
+# transformers' continuous-batching attention on CPU ("paged|sdpa" is "sdpa" since transformers 5.23).
+HF_ATTENTION = ("sdpa", "paged|sdpa", "paged|eager")
+
+
+# ---------------------------------------------------------------------------------------------- workload
+
+
+def decile_edges(cap: int) -> np.ndarray:
+    """`[11]` float64 edges of the ten length bins at `cap` new tokens: 0, then the Tab. 4 deciles scaled
+    by cap / 16,384 (the last one is the cap itself)."""
+    scaled = np.asarray(TAB4_DECILES, np.float64) * cap / TAB4_CAP
+    return np.concatenate([[0.0], scaled])
+
+
+def draw_budgets(rows: int, cap: int, seed: int) -> np.ndarray:
+    """`[rows]` int64 length budgets in [1, cap]: rows split evenly over the ten deciles (row order
+    shuffled by `seed`), each uniform between its decile's edges and rounded up (so at least 1 token: a
+    response has one); the tenth decile (16,383 to 16,384 at the paper's cap) is the cap."""
+    if rows < 1 or cap < 1:
+        raise ValueError(f"need rows >= 1 and cap >= 1; got rows={rows}, cap={cap}")
+    rng = np.random.default_rng(seed)
+    deciles = rng.permutation(np.arange(rows) * 10 // rows)
+    edges = decile_edges(cap)
+    lengths = np.ceil(rng.uniform(edges[deciles], edges[deciles + 1]))
+    lengths[deciles == 9] = cap
+    return np.clip(lengths, 1, cap).astype(np.int64)
+
+
+def workload_prompts(config, count: int) -> list[list[int]]:
+    """Token ids of the first `count` prompts the trainer draws for `config` (its first prompt batch, in
+    order), rendered and encoded as the trainer does."""
+    from respo_jax.data.batches import PromptBatches
+    from respo_jax.data.prompts import encode_prompt
+    from respo_jax.training.tasks import load_task
+
+    tokenizer, fmt, train, _, _ = load_task(config)
+    batch = next(PromptBatches(train, batch_size=count, seed=config.task.seed))
+    return [encode_prompt(record["problem"], tokenizer, fmt) for record in batch]
+
+
+# ---------------------------------------------------------------------------------- memory and work models
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def kv_bytes_per_token(model: dict, itemsize: int) -> int:
+    """K and V bytes of one cached token over all layers."""
+    return model["num_hidden_layers"] * 2 * model["num_key_value_heads"] * model["head_dim"] * itemsize
+
+
+def static_cache(prompt_lengths, budgets, max_new_tokens: int, engine) -> dict:
+    """The static engine's dense cache and decode work (`EngineConfig` fields `prompt_bucket`,
+    `cache_bucket`, `max_batch_rows`, `decode_chunk_size`): rows run in equal chunks of at most
+    `max_batch_rows`, each into a cache of (the batch's longest prompt, bucketed) + the steps it decodes
+    (rounded up to `decode_chunk_size` segments, at most `max_new_tokens`), and each decodes until its
+    longest row ends. `prompt_lengths`: [prompts] tokens; `budgets`: [rows] each row's budget.
+    Returns {chunk_rows, cache_len (the largest), decoded_tokens (rows × steps summed over chunks)}."""
+    budgets = np.asarray(budgets)
+    rows = len(budgets)
+    chunks = 1 if engine.max_batch_rows is None else math.ceil(rows / engine.max_batch_rows)
+    chunk_rows = math.ceil(rows / chunks)
+    prompt_len = _round_up(max(prompt_lengths), engine.prompt_bucket)
+    step = engine.decode_chunk_size or max_new_tokens
+    cache_len, decoded = 0, 0
+    for first in range(0, rows, chunk_rows):
+        longest = int(budgets[first:first + chunk_rows].max())
+        stop = min(_round_up(longest, step), max_new_tokens)
+        cache_len = max(cache_len, _round_up(prompt_len + stop, engine.cache_bucket))
+        decoded += chunk_rows * longest
+    return {"chunk_rows": chunk_rows, "cache_len": cache_len, "decoded_tokens": decoded}
+
+
+def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_tokens: int, engine,
+                        num_pages: int) -> dict:
+    """Replays the continuous engine's host scheduler (`respo_jax.sampling.scheduler.Scheduler`) for rows
+    that each generate exactly their budget (`ignore_eos`): a row admitted into a slot samples its first
+    token there, every segment decodes all slots for `steps_per_schedule` steps or until no row is live.
+    Returns {peak_pages (pages in use at the peak, prompt pages included), segments, decoded_tokens (slots
+    × steps of every segment, plus the first token of every row)}."""
+    from respo_jax.sampling.scheduler import Scheduler
+
+    budgets = np.asarray(budgets, np.int64)
+    sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max_new_tokens,
+                      max_slots=engine.max_slots, steps_per_schedule=engine.steps_per_schedule,
+                      page_size=engine.page_size, num_pages=num_pages)
+    slots = len(sched.slot_row)
+    generated = np.zeros(slots, np.int64)
+    peak = segments = 0
+    decoded = len(budgets)
+    while not sched.finished:
+        plan = sched.schedule()
+        peak = max(peak, sched.cache.pages_in_use)
+        for admission in plan.admissions:
+            generated[admission.slot] = 1
+        busy = sched.slot_row >= 0
+        budget = np.where(busy, budgets[np.maximum(sched.slot_row, 0)], 0)
+        steps = min(engine.steps_per_schedule, int(np.max(budget - generated, initial=0)))
+        generated = np.where(busy, np.minimum(generated + steps, budget), 0)
+        decoded += slots * steps
+        segments += 1
+        sched.retire(generated, busy & (generated >= budget))
+    return {"peak_pages": peak, "segments": segments, "decoded_tokens": decoded}
+
+
+def engine_pool_pages(prompt_lengths, max_new_tokens: int, engine, model: dict, itemsize: int) -> int:
+    """Pages of the continuous engine's pool, as the engine sizes it (`num_pages`, `kv_cache_bytes`, or
+    room for every slot to hold a row of the longest prompt and `max_new_tokens`)."""
+    from respo_jax.sampling.paged_cache import pool_pages_for_bytes
+    from respo_jax.sampling.scheduler import default_num_pages
+
+    if engine.num_pages is not None:
+        return engine.num_pages
+    if engine.kv_cache_bytes is not None:
+        return pool_pages_for_bytes(engine.kv_cache_bytes, num_layers=model["num_hidden_layers"],
+                                    kv_heads=model["num_key_value_heads"], head_dim=model["head_dim"],
+                                    page_size=engine.page_size, itemsize=itemsize)
+    return default_num_pages(prompt_lengths, max_new_tokens, max_slots=engine.max_slots,
+                             page_size=engine.page_size)
+
+
+# ------------------------------------------------------------------------------------------------ sides
+
+
+def _peak_rss_mib() -> float:
+    """Peak RSS of this process's own address space, MiB: /proc's VmHWM. Not `ru_maxrss`, which a spawned
+    side inherits from the parent (exec keeps the forked copy's high-water mark), so every side would
+    report at least the parent's peak."""
+    from experiments.benchmarks.common import peak_rss_mib
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return peak_rss_mib()
+
+
+def _jax_side(conn, kind: str, spec: dict) -> None:
+    from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
+
+    configure_host_allocator()  # as experiments/train.py does (run.host_allocator=true)
+    import jax
+    import jax.numpy as jnp
+
+    from respo_jax.models import qwen3
+    from respo_jax.sampling import EngineConfig, SamplingParams, generate
+    from respo_jax.training.compilation import compilation_totals
+
+    compilation_totals()  # starts counting
+    model = qwen3.from_pretrained(spec["checkpoint"])
+    params = SamplingParams(**spec["params"])
+    engine = EngineConfig(scheduler=kind, **spec["engine"][kind])
+    budgets = np.asarray(spec["budgets"], np.int64)
+    conn.send(("ok", {"host_allocator": host_allocator_settings(), "backend": jax.default_backend(),
+                      "dtype": str(model.config.dtype), "kv_itemsize": jnp.dtype(model.config.dtype).itemsize,
+                      "peak_rss_mb": _peak_rss_mib()}))
+    while (request := conn.recv()) in ("run", "run_and_return_tokens"):
+        before = compilation_totals()
+        started = time.perf_counter()
+        out = generate(model, spec["prompts"], params, engine=engine, row_max_new_tokens=budgets)
+        tokens, lengths = jax.device_get((out.tokens, out.lengths))  # blocks until done
+        wall = time.perf_counter() - started
+        spent = compilation_totals() - before
+        reply = {"wall_s": wall, "compiles": spent.compiles, "compile_seconds": spent.seconds,
+                 "useful_tokens": int(np.minimum(lengths, budgets).sum()),
+                 "generated_tokens": int(lengths.sum()),
+                 "peak_rss_mb": _peak_rss_mib()}
+        if request == "run_and_return_tokens":
+            reply["tokens"], reply["lengths"] = np.asarray(tokens), np.asarray(lengths)
+        conn.send(("ok", reply))
+
+
+def _hf_side(conn, spec: dict) -> None:
+    from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
+
+    configure_host_allocator(jax_dispatch=False)  # the same malloc settings; this process runs no JAX
+    import torch
+    import transformers
+
+    from experiments.benchmarks.common import configure_threads
+
+    threads = configure_threads(spec["threads"])
+    hf = spec["transformers"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        spec["checkpoint"], dtype=torch.float32, attn_implementation=hf["attn_implementation"]).eval()
+    prompts, budgets = spec["prompts"][: hf["rows"]], [int(b) for b in spec["budgets"][: hf["rows"]]]
+    page_size = spec["engine"]["continuous"]["page_size"]
+    # Room for every request at once (prompt + its budget), so the engine never waits or offloads.
+    num_blocks = sum(-(-(len(p) + b) // page_size) for p, b in zip(prompts, budgets))
+    generation_config = transformers.GenerationConfig(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(budgets), eos_token_id=-1,
+        pad_token_id=spec["pad_token_id"])
+    conn.send(("ok", {"host_allocator": host_allocator_settings(), "threads": threads,
+                      "transformers": transformers.__version__, "torch": torch.__version__,
+                      "peak_rss_mb": _peak_rss_mib()}))
+
+    def one_round():
+        batching = transformers.ContinuousBatchingConfig(
+            page_size=page_size, num_blocks=num_blocks, seed=spec["params"]["seed"],
+            auto_switch_to_flash=False)
+        manager_context = model.continuous_batching_context_manager(
+            generation_config=generation_config, continuous_batching_config=batching, block=True)
+        with torch.inference_mode(), manager_context as manager:
+            ids = [manager.add_request(list(p), request_id=f"row{i}", max_new_tokens=b, eos_token_id=-1)
+                   for i, (p, b) in enumerate(zip(prompts, budgets))]
+            results = {}
+            while len(results) < len(ids):
+                result = manager.get_result(timeout=1)
+                if result is None and not manager.is_running():
+                    raise RuntimeError("transformers' generation thread stopped before all requests finished")
+                if result is not None and result.is_finished():
+                    if result.error is not None:
+                        raise RuntimeError(f"transformers request {result.request_id} failed: {result.error}")
+                    results[result.request_id] = result
+            kv_bytes = int(manager.batch_processor.cache.cache_tensor.nbytes)
+        lengths = np.array([len(results[i].generated_tokens) for i in ids])
+        if np.any(lengths != budgets):
+            raise RuntimeError(f"transformers generated {lengths.tolist()} tokens; the budgets are {budgets}")
+        return lengths, kv_bytes
+
+    while conn.recv() in ("run", "run_and_return_tokens"):
+        started = time.perf_counter()
+        lengths, kv_bytes = one_round()
+        conn.send(("ok", {"wall_s": time.perf_counter() - started, "peak_kv_bytes": kv_bytes,
+                          "useful_tokens": int(np.minimum(lengths, budgets).sum()),
+                          "generated_tokens": int(lengths.sum()), "peak_rss_mb": _peak_rss_mib()}))
+
+
+def _side_main(conn, kind: str, spec: dict) -> None:
+    try:
+        if kind == "transformers":
+            _hf_side(conn, spec)
+        else:
+            _jax_side(conn, kind, spec)
+    except Exception:  # noqa: BLE001 (reported to the parent)
+        conn.send(("error", traceback.format_exc()))
+
+
+class Side(SpawnedSide):
+    """A side's process; `run()` generates the workload once there and returns its record."""
+
+    def __init__(self, kind: str, spec: dict, timeout_s: float = 3600.0):
+        super().__init__(kind, _side_main, (kind, spec), timeout_s=timeout_s)
+        self.load = self._reply()
+
+    def run(self, return_tokens: bool = False) -> dict:
+        self._conn.send("run_and_return_tokens" if return_tokens else "run")
+        return self._reply()
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+def summarize_side(records: list[dict], warmup: int, rows: int, load: dict) -> dict:
+    """One side's entry of the report from its per-round records (the first `warmup` untimed): the median
+    seconds of the timed rounds and the useful tokens per second at that median."""
+    from experiments.benchmarks.common import median
+
+    timed, first = records[warmup:], records[:warmup]
+    seconds = median([r["wall_s"] for r in timed])
+    out = {"rows": rows, "useful_tokens": timed[-1]["useful_tokens"],
+           "generated_tokens": timed[-1]["generated_tokens"], "seconds": seconds,
+           "useful_tokens_per_s": timed[-1]["useful_tokens"] / seconds,
+           "times_s": [r["wall_s"] for r in timed], "warmup_s": [r["wall_s"] for r in first],
+           "peak_rss_mb": max(r["peak_rss_mb"] for r in records), "process": load}
+    if "compiles" in records[0]:  # a JAX side: it compiles in the warm-up, never in a timed round
+        out["compiles_warmup"] = sum(r["compiles"] for r in first)
+        out["compile_seconds_warmup"] = sum(r["compile_seconds"] for r in first)
+        out["compiles_timed"] = sum(r["compiles"] for r in timed)
+    if "peak_kv_bytes" in records[0]:  # transformers: its paged cache's allocated bytes
+        out["peak_kv_bytes"] = max(r["peak_kv_bytes"] for r in records)
+    return out
+
+
+def kv_model(kind: str, prompt_lengths, num_samples: int, budgets, max_new_tokens: int, engine, model: dict,
+             itemsize: int) -> dict:
+    """A JAX side's `peak_kv_bytes` and decode work: the static engine's dense cache of one chunk, or the
+    continuous engine's pages in use at its scheduler's peak (and its allocated pool)."""
+    token_bytes = kv_bytes_per_token(model, itemsize)
+    if kind == "static":
+        dense = static_cache(prompt_lengths, budgets, max_new_tokens, engine)
+        return {**dense, "peak_kv_bytes": dense["chunk_rows"] * dense["cache_len"] * token_bytes}
+    pool = engine_pool_pages(prompt_lengths, max_new_tokens, engine, model, itemsize)
+    schedule = continuous_schedule(prompt_lengths, num_samples, budgets, max_new_tokens, engine, pool)
+    page_bytes = engine.page_size * token_bytes
+    return {**schedule, "pool_pages": pool, "peak_kv_bytes": schedule["peak_pages"] * page_bytes,
+            "pool_kv_bytes": pool * page_bytes}
+
+
+def ratios(report: dict) -> dict:
+    """The headline ratios: the continuous side's useful tokens/s over the static and the transformers
+    side's, and its peak KV bytes over the static side's (None where a side did not run)."""
+    def quotient(key: str, other: str):
+        if "continuous" not in report or other not in report:
+            return None
+        return report["continuous"][key] / report[other][key]
+
+    return {"speedup_vs_static": quotient("useful_tokens_per_s", "static"),
+            "kv_bytes_vs_static": quotient("peak_kv_bytes", "static"),
+            "speedup_vs_transformers": quotient("useful_tokens_per_s", "transformers")}
+
+
+def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
+    """Runs the benchmark described by `settings` (see `main`); returns the JSON-ready report."""
+    from experiments.benchmarks import common, rl_iteration
+    from respo_jax.data.tokenizer import load_tokenizer
+    from respo_jax.sampling import EngineConfig
+    from respo_jax.training.config import apply_overrides
+
+    kinds = tuple(k for k in SIDES if k in settings["sides"])
+    prompts_n, group, cap = settings["prompts"], settings["group_size"], settings["max_new_tokens"]
+    case = rl_iteration.RaceCase(prompts_n, group_size=group, max_new_tokens=cap, micro=settings["micro"])
+    budgets = draw_budgets(prompts_n * group, cap, settings["seed"])
+    engines = {"static": {}, "continuous": {k: settings[k] for k in CONTINUOUS_FIELDS}}
+    engine = {kind: EngineConfig(scheduler=kind, **fields) for kind, fields in engines.items()}
+    with tempfile.TemporaryDirectory() as checkpoint:
+        rl_iteration.write_checkpoint(checkpoint, case, tokenizer_dir)
+        config = apply_overrides(rl_iteration.trainer_config(case, checkpoint, data_dir, tokenizer_dir),
+                                 ["task.chat_template=true"])  # the trainer's default rendering for dapo_math
+        prompts = workload_prompts(config, prompts_n)
+        rows = [p for p in prompts for _ in range(group)]
+        eos = load_tokenizer(tokenizer_dir).eos_id
+        spec = {"checkpoint": checkpoint, "prompts": prompts, "budgets": budgets.tolist(), "engine": engines,
+                "params": dict(max_new_tokens=cap, temperature=1.0, top_p=1.0, top_k=0, seed=settings["seed"],
+                               eos_token_ids=(eos,), num_samples=group, ignore_eos=True),
+                "pad_token_id": eos, "threads": settings["threads"],
+                "transformers": {"rows": settings["hf_rows"], "attn_implementation": settings["hf_attn"]}}
+        spec_hf = {**spec, "prompts": rows}  # transformers takes one request per row
+        sides: dict[str, Side] = {}
+        records: dict[str, list[dict]] = {k: [] for k in kinds}
+        tokens: dict[str, dict] = {}
+        try:  # one side at a time: loading them together would time their start-ups against each other
+            for kind in kinds:
+                sides[kind] = Side(kind, spec_hf if kind == "transformers" else spec)
+            for index in range(settings["warmup"] + settings["rounds"]):
+                for kind, side in sides.items():
+                    record = side.run(return_tokens=index == 0 and kind in JAX_SIDES)
+                    if "tokens" in record:
+                        tokens[kind] = {"tokens": record.pop("tokens"), "lengths": record.pop("lengths")}
+                    records[kind].append(record)
+                    stage = "warm-up" if index < settings["warmup"] else "round"
+                    compiled = f", {record['compiles']} compilations" if "compiles" in record else ""
+                    log(f"[rollout_engine] {stage} {index + 1} {kind}: {record['wall_s']:.2f} s, "
+                        f"{record['useful_tokens']} useful tokens{compiled}", flush=True)
+        finally:
+            for side in sides.values():
+                side.close()
+
+    prompt_lengths = [len(p) for p in prompts]
+    report: dict = {
+        "command": settings["command"], "model": case.model,
+        "workload": {"prompts": prompts_n, "group_size": group, "rows": len(budgets), "max_new_tokens": cap,
+                     "seed": settings["seed"], "deciles_tab4": list(TAB4_DECILES),
+                     "decile_edges": decile_edges(cap).tolist(), "budgets": budgets.tolist(),
+                     "useful_tokens": int(budgets.sum()), "prompt_tokens": prompt_lengths},
+        "rounds": settings["rounds"], "warmup": settings["warmup"],
+        "engine": {kind: dataclasses.asdict(engine[kind]) for kind in JAX_SIDES},  # every field, defaults too
+    }
+    for kind in kinds:
+        rows_run = settings["hf_rows"] if kind == "transformers" else len(budgets)
+        report[kind] = summarize_side(records[kind], settings["warmup"], rows_run, sides[kind].load)
+        report[kind]["budget_tokens"] = int(budgets[:rows_run].sum())
+        if kind in JAX_SIDES:
+            report[kind].update(kv_model(kind, prompt_lengths, group, budgets, cap, engine[kind], case.model,
+                                         sides[kind].load["kv_itemsize"]))
+            report[kind]["useful_fraction"] = report[kind]["useful_tokens"] / report[kind]["decoded_tokens"]
+    report.update(ratios(report))
+    if set(JAX_SIDES) <= set(tokens):
+        static, continuous = tokens["static"], tokens["continuous"]
+        report["samples_identical"] = bool(np.array_equal(static["tokens"], continuous["tokens"])
+                                           and np.array_equal(static["lengths"], continuous["lengths"]))
+        report["rows_differing"] = int(np.sum(np.any(static["tokens"] != continuous["tokens"], axis=1)))
+    else:
+        report["samples_identical"] = None
+    report["environment"] = common.environment()
+    return report
+
+
+# --------------------------------------------------------------------------------------------- markdown
+
+
+def markdown(report: dict) -> str:
+    """The results table of a report (`rollout_engine.json`), one row per side, then the ratios."""
+    from experiments.benchmarks.common import markdown_table
+
+    rows = []
+    for kind in SIDES:
+        side = report.get(kind)
+        if side is None:
+            continue
+        compile_s = side.get("compile_seconds_warmup")
+        rows.append([kind, side["rows"], side["useful_tokens"], side["seconds"], side["useful_tokens_per_s"],
+                     side["peak_kv_bytes"] / 2**20, side["peak_rss_mb"],
+                     "n/a" if compile_s is None else compile_s,
+                     f"{100 * side['useful_fraction']:.0f}%" if "useful_fraction" in side else "n/a"])
+    table = markdown_table(["side", "rows", "useful tokens", "seconds", "useful tokens/s", "peak KV MiB",
+                            "peak RSS MiB", "compile s (warm-up)", "useful / decoded"], rows)
+
+    def show(value, unit=""):
+        return "n/a" if value is None else f"{value:.2f}{unit}"
+
+    w = report["workload"]
+    return (f"{table}\n\n"
+            f"Continuous vs static: {show(report['speedup_vs_static'], '×')} useful tokens/s, "
+            f"{show(report['kv_bytes_vs_static'])} of the peak KV bytes; vs transformers: "
+            f"{show(report['speedup_vs_transformers'], '×')} (tokens/s; transformers runs the first "
+            f"{report.get('transformers', {}).get('rows', 'n/a')} rows). Samples identical (static vs "
+            f"continuous, one seed): {report['samples_identical']}. Workload: {w['prompts']} prompts × "
+            f"G = {w['group_size']}, "
+            f"Tab. 4 deciles scaled to {w['max_new_tokens']} new tokens, {w['useful_tokens']} budget tokens; "
+            f"medians of {report['rounds']} alternated rounds after {report['warmup']} warm-up.\n")
+
+
+def write(report: dict, out_dir: str, stem: str = "rollout_engine") -> None:
+    from experiments.benchmarks import common
+
+    common.write_json(os.path.join(out_dir, f"{stem}.json"), report)
+    common.write_markdown(os.path.join(out_dir, f"{stem}.md"),
+                          "Rollout engine: static vs continuous batching vs transformers", [
+                              ("Command", f"`{report['command']}`; continuous engine "
+                                          + ", ".join(f"{k}={report['engine']['continuous'][k]}"
+                                                      for k in CONTINUOUS_FIELDS)),
+                              ("Results", markdown(report))])
+
+
+def main(argv=None) -> int:
+    from experiments.benchmarks import common, rl_iteration
+    from respo_jax.training.config import ConfigError
+
+    parser = ArgumentParser(prog="python -m experiments.benchmarks.rollout_engine",
+                            description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=16, help="DAPO-Math prompts")
+    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
+    parser.add_argument("--max-new-tokens", type=int, default=512,
+                        help="the cap the Tab. 4 deciles are scaled to")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the budgets' draw and of the sampling")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per side (alternated)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed rounds per side first (JAX compiles there)")
+    # Fewer slots than rows is what lets finished rows' slots be refilled. On the default workload (seed 0:
+    # 12,572 budget tokens, 19% of the static engine's 65,536 decoded ones) the scheduler's replay decodes
+    # 3.5x fewer slot-steps than the static batch with 16 slots (18,544), 2.9x with 32 and 1.8x with 64;
+    # 8 steps per schedule instead of 16 saves 3% of them for twice the host round trips.
+    parser.add_argument("--max-slots", type=int, default=16, help="continuous engine: decode slots")
+    parser.add_argument("--page-size", type=int, default=16,
+                        help="continuous engine (and transformers): tokens per page")
+    parser.add_argument("--steps-per-schedule", type=int, default=16,
+                        help="continuous engine: decode steps between two scheduling decisions")
+    parser.add_argument("--num-pages", type=int, default=None,
+                        help="continuous engine: pool pages (default: every slot can hold a full row)")
+    parser.add_argument("--hf-rows", type=int, default=16,
+                        help="transformers: the first rows of the workload it runs")
+    parser.add_argument("--hf-attn", default="sdpa", choices=HF_ATTENTION,
+                        help="transformers: attn_implementation")
+    parser.add_argument("--threads", type=int, default=common.DEFAULT_THREADS, help="PyTorch threads")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES), help="which sides run")
+    parser.add_argument("--micro", action="store_true",
+                        help="micro model, 2 prompts × G = 4, 64 new tokens, 3 slots, 2 transformers rows")
+    parser.add_argument("--data-dir", default=rl_iteration.DATA_DIR)
+    parser.add_argument("--tokenizer-dir", default=rl_iteration.TOKENIZER_DIR)
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--render", metavar="JSON", default=None,
+                        help="print the results table of an existing rollout_engine.json and exit")
+    args = parser.parse_args(argv)
+    if args.render is not None:
+        import json
+
+        try:
+            with open(args.render, encoding="utf-8") as f:
+                report = json.load(f)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"--render {args.render}: {err}") from None
+        print(markdown(report))
+        return 0
+    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
+    command = f"python -m experiments.benchmarks.rollout_engine {argv_text}"
+    settings = dict(vars(args), command=command.strip())
+    if args.micro:
+        settings.update(prompts=2, group_size=4, max_new_tokens=64, hf_rows=2, rounds=1, warmup=1,
+                        max_slots=3, page_size=4, steps_per_schedule=4)
+    for key in ("prompts", "group_size", "max_new_tokens", "rounds", "max_slots", "page_size",
+                "steps_per_schedule", "hf_rows", "threads"):
+        if settings[key] < 1:
+            raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
+    if settings["warmup"] < 1:
+        raise ConfigError(f"--warmup must be >= 1 (the JAX sides compile in it); got {settings['warmup']}")
+    try:  # the engine's own validation, as one line
+        from respo_jax.sampling import EngineConfig
+
+        EngineConfig(scheduler="continuous", **{k: settings[k] for k in CONTINUOUS_FIELDS})
+    except ValueError as err:
+        raise ConfigError(f"continuous engine: {err}") from None
+    if settings["hf_rows"] > settings["prompts"] * settings["group_size"]:
+        raise ConfigError(f"--hf-rows {settings['hf_rows']} exceeds the workload's "
+                          f"{settings['prompts'] * settings['group_size']} rows")
+    report = run(settings, args.data_dir, args.tokenizer_dir)
+    write(report, args.out, "rollout_engine_micro" if args.micro else "rollout_engine")
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":  # a bad flag: one line, exit status 2 (experiments.cli)
+    sys.exit(run_cli(main, sys.argv[1:]))
