@@ -51,7 +51,7 @@ import traceback
 
 import numpy as np
 
-from experiments.benchmarks.common import SpawnedSide
+from experiments.benchmarks.common import SpawnedSide, peak_rss_mib
 from experiments.cli import ArgumentParser, run_cli
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -188,22 +188,6 @@ def engine_pool_pages(prompt_lengths, max_new_tokens: int, engine, model: dict, 
 # ------------------------------------------------------------------------------------------------ sides
 
 
-def _peak_rss_mib() -> float:
-    """Peak RSS of this process's own address space, MiB: /proc's VmHWM. Not `ru_maxrss`, which a spawned
-    side inherits from the parent (exec keeps the forked copy's high-water mark), so every side would
-    report at least the parent's peak."""
-    from experiments.benchmarks.common import peak_rss_mib
-
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return peak_rss_mib()
-
-
 def _jax_side(conn, kind: str, spec: dict) -> None:
     from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
 
@@ -222,7 +206,7 @@ def _jax_side(conn, kind: str, spec: dict) -> None:
     budgets = np.asarray(spec["budgets"], np.int64)
     conn.send(("ok", {"host_allocator": host_allocator_settings(), "backend": jax.default_backend(),
                       "dtype": str(model.config.dtype), "kv_itemsize": jnp.dtype(model.config.dtype).itemsize,
-                      "peak_rss_mb": _peak_rss_mib()}))
+                      "peak_rss_mb": peak_rss_mib()}))
     while (request := conn.recv()) in ("run", "run_and_return_tokens"):
         before = compilation_totals()
         started = time.perf_counter()
@@ -233,7 +217,7 @@ def _jax_side(conn, kind: str, spec: dict) -> None:
         reply = {"wall_s": wall, "compiles": spent.compiles, "compile_seconds": spent.seconds,
                  "useful_tokens": int(np.minimum(lengths, budgets).sum()),
                  "generated_tokens": int(lengths.sum()),
-                 "peak_rss_mb": _peak_rss_mib()}
+                 "peak_rss_mb": peak_rss_mib()}
         if request == "run_and_return_tokens":
             reply["tokens"], reply["lengths"] = np.asarray(tokens), np.asarray(lengths)
         conn.send(("ok", reply))
@@ -261,7 +245,7 @@ def _hf_side(conn, spec: dict) -> None:
         pad_token_id=spec["pad_token_id"])
     conn.send(("ok", {"host_allocator": host_allocator_settings(), "threads": threads,
                       "transformers": transformers.__version__, "torch": torch.__version__,
-                      "peak_rss_mb": _peak_rss_mib()}))
+                      "peak_rss_mb": peak_rss_mib()}))
 
     def one_round():
         batching = transformers.ContinuousBatchingConfig(
@@ -292,7 +276,7 @@ def _hf_side(conn, spec: dict) -> None:
         lengths, kv_bytes = one_round()
         conn.send(("ok", {"wall_s": time.perf_counter() - started, "peak_kv_bytes": kv_bytes,
                           "useful_tokens": int(np.minimum(lengths, budgets).sum()),
-                          "generated_tokens": int(lengths.sum()), "peak_rss_mb": _peak_rss_mib()}))
+                          "generated_tokens": int(lengths.sum()), "peak_rss_mb": peak_rss_mib()}))
 
 
 def _side_main(conn, kind: str, spec: dict) -> None:
