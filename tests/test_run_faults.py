@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import dataclasses
 import os
 import subprocess
 import sys
@@ -178,7 +179,7 @@ def test_limits_are_checked_at_start_up_with_nothing_written(tmp_path, capsys, o
 
 def test_the_kv_cache_is_checked_against_the_devices_memory():
     tiny = qwen3.Qwen3Config.preset("tiny")
-    config = apply_overrides(load_config(DEFAULT_CONFIG), ["rollout.max_new_tokens=1000"])
+    config = apply_overrides(load_config(DEFAULT_CONFIG), ["rollout.max_new_tokens=1000", "rollout.scheduler=static"])
     check_limits(config, tiny, 12, memory_bytes=None)  # memory unknown: only the positions are checked
     r = config.rollout
     rows = min(r.sampler_max_rows, r.reuse * r.prompts_per_minibatch * r.group_size)  # 256
@@ -189,16 +190,43 @@ def test_the_kv_cache_is_checked_against_the_devices_memory():
     with pytest.raises(ConfigError, match=f"^rollout.sampler_max_rows=256: the sampler's KV cache for {rows} "
                                           f"rows of {slots} tokens .* expected at most {rows - 1} rows"):
         check_limits(config, tiny, 12, memory_bytes=rows * slots * per_token - 1)
-    # The paper's 1.7B run (M=32, G=8, N=8, 15,360 new tokens, bf16) fits the memory of eight 141 GB
-    # accelerators, not of one: 256 rows x 16,384 slots x 28 layers x 8 kv heads x 128 x 2 x 2 bytes.
+    # The paper's 1.7B run (M=32, G=8, N=8, 15,360 new tokens, bf16) with the static engine fits the memory
+    # of eight 141 GB accelerators, not of one: 256 rows x 16,384 slots x 28 layers x 8 kv heads x 128 x 2 x 2.
     paper = load_config(os.path.join(ROOT, "experiments", "configs", "qwen3_1p7b_dapo.py"))
+    static = dataclasses.replace(paper, rollout=dataclasses.replace(paper.rollout, scheduler="static"))
     model = qwen3.Qwen3Config.preset("qwen3-1.7b")
     assert kv_cache_bytes(model, 256, 16384, "bfloat16") == 256 * 16384 * 28 * 8 * 128 * 2 * 2
-    check_limits(paper, model, 1024, memory_bytes=8 * 141 * 10**9)
+    check_limits(static, model, 1024, memory_bytes=8 * 141 * 10**9)
     with pytest.raises(ConfigError, match="rollout.sampler_max_rows=256"):
-        check_limits(paper, model, 1024, memory_bytes=141 * 10**9)
+        check_limits(static, model, 1024, memory_bytes=141 * 10**9)
     with pytest.raises(ConfigError, match=r"\(40960\); expected at most 0$"):
         check_limits(paper, model, 40960, memory_bytes=None)
+    # The continuous engine's page pool of the paper config (its kv_cache_bytes) fits one such device.
+    assert paper.rollout.scheduler == "continuous" and paper.rollout.kv_cache_bytes > 0
+    check_limits(paper, model, 1024, memory_bytes=141 * 10**9)
+    with pytest.raises(ConfigError, match=r"^rollout.kv_cache_bytes=\d+: the rollout engine's page pool"):
+        check_limits(paper, model, 1024, memory_bytes=paper.rollout.kv_cache_bytes // 2)
+
+
+def test_the_continuous_engines_pool_is_checked_at_start_up():
+    tiny = qwen3.Qwen3Config.preset("tiny")
+    config = apply_overrides(load_config(DEFAULT_CONFIG), ["rollout.max_new_tokens=1000"])
+    r = config.rollout
+    page = 2 * tiny.num_hidden_layers * tiny.num_key_value_heads * tiny.head_dim * 4 * r.page_size
+    # Default pool: every slot holds a row of the 16-token prompt bucket + 1000 tokens (63 pages), plus
+    # one partial prompt page per slot, plus the scratch page.
+    pool = r.max_slots * (-(-(16 + 1000) // r.page_size) + 1) + 1
+    check_limits(config, tiny, 12, memory_bytes=pool * page)
+    with pytest.raises(ConfigError, match=rf"^rollout.max_slots={r.max_slots}: the rollout engine's page pool"):
+        check_limits(config, tiny, 12, memory_bytes=pool * page - 1)
+    # A pool that cannot hold one row is refused by the engine scheduler's own rule, naming the key.
+    small = apply_overrides(config, ["rollout.num_pages=10"])
+    with pytest.raises(ConfigError, match=r"^rollout.num_pages=10: the page pool \(10 pages of 16 tokens\) is "
+                                          r"too small for row 0"):
+        check_limits(small, tiny, 12, memory_bytes=None)
+    check_limits(apply_overrides(config, ["rollout.num_pages=65"]), tiny, 12, memory_bytes=None)  # 64 + 1 partial
+    with pytest.raises(ConfigError, match=r"^rollout.kv_cache_bytes=1: kv_cache_bytes=1 holds no page"):
+        check_limits(apply_overrides(config, ["rollout.kv_cache_bytes=1"]), tiny, 12, memory_bytes=None)
 
 
 def test_log_problem_finds_a_second_writer_in_the_log():

@@ -4,7 +4,10 @@ A response budget beyond the model's positions, or a sampler chunk whose KV cach
 memory there is, would otherwise fail after warm-up (or grow for minutes first) with a half-made run
 directory behind it. `check_limits` refuses both at start-up (ConfigError, one line naming the key);
 it is deliberately conservative on memory — only a cache larger than the devices' whole memory is
-refused, since the cache grows with the responses and most runs never reach the worst case.
+refused, since the cache grows with the responses and most runs never reach the worst case. The cache
+checked is the engine's: the static engine's dense cache of one row chunk, or the continuous engine's
+page pool (`rollout.num_pages` / `kv_cache_bytes`, or its default of a full row per slot), which must
+also hold one row of the longest prompt (the engine's own rule, `respo_jax.sampling.scheduler`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import os
 import numpy as np
 
 from respo_jax.models.qwen3.kernels import platform
+from respo_jax.sampling.paged_cache import pool_pages_for_bytes
+from respo_jax.sampling.scheduler import Scheduler, default_num_pages
 from respo_jax.training.batch import bucket_length
 from respo_jax.training.config import ConfigError, ExperimentConfig
 
@@ -80,6 +85,9 @@ def check_limits(config: ExperimentConfig, model_cfg, longest_prompt: int, memor
             f"rollout.max_new_tokens={r.max_new_tokens}: the longest prompt ({longest_prompt} tokens) + "
             f"max_new_tokens = {longest_prompt + r.max_new_tokens} exceeds the model's "
             f"max_position_embeddings ({positions}); expected at most {max(positions - longest_prompt, 0)}")
+    if r.scheduler == "continuous":
+        _check_page_pool(config, model_cfg, longest_prompt, memory_bytes)
+        return
     if memory_bytes is None:
         return
     rows = min(r.sampler_max_rows, max(r.reuse * r.prompts_per_minibatch * r.group_size,
@@ -93,3 +101,37 @@ def check_limits(config: ExperimentConfig, model_cfg, longest_prompt: int, memor
             f"{slots} tokens (padded prompt + rollout.max_new_tokens={r.max_new_tokens}) takes "
             f"{needed / 2**30:.1f} GiB, more than the {memory_bytes / 2**30:.1f} GiB of memory of the "
             f"devices; expected at most {fit} rows at this length, or fewer new tokens")
+
+
+def _check_page_pool(config: ExperimentConfig, model_cfg, longest_prompt: int, memory_bytes: int | None) -> None:
+    """The continuous engine's page pool: it holds one row of the longest prompt and max_new_tokens (as
+    the engine's Scheduler counts pages) and fits `memory_bytes` (None: not checked)."""
+    r = config.rollout
+    page_bytes = kv_cache_bytes(model_cfg, 1, r.page_size, config.model.dtype)  # K and V of one page
+    if r.kv_cache_bytes:
+        key = f"rollout.kv_cache_bytes={r.kv_cache_bytes}"
+        try:
+            num_pages = pool_pages_for_bytes(r.kv_cache_bytes, num_layers=model_cfg.num_hidden_layers,
+                                             kv_heads=model_cfg.num_key_value_heads,
+                                             head_dim=model_cfg.head_dim, page_size=r.page_size,
+                                             itemsize=np.dtype(config.model.dtype).itemsize)
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
+    elif r.num_pages:
+        key, num_pages = f"rollout.num_pages={r.num_pages}", r.num_pages
+    else:
+        key = f"rollout.max_slots={r.max_slots}"
+        num_pages = default_num_pages([bucket_length(longest_prompt, r.prompt_bucket)], r.max_new_tokens,
+                                      max_slots=r.max_slots, page_size=r.page_size)
+    try:  # the engine's own rule for a pool too small for one row
+        Scheduler([longest_prompt], r.group_size, [r.max_new_tokens] * r.group_size,
+                  max_new_tokens=r.max_new_tokens, max_slots=r.max_slots, steps_per_schedule=r.steps_per_schedule,
+                  page_size=r.page_size, num_pages=num_pages)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None
+    needed = (num_pages + 1) * page_bytes  # and the scratch page
+    if memory_bytes is not None and needed > memory_bytes:
+        raise ConfigError(
+            f"{key}: the rollout engine's page pool ({num_pages} pages of {r.page_size} tokens) takes "
+            f"{needed / 2**30:.1f} GiB, more than the {memory_bytes / 2**30:.1f} GiB of memory of the devices; "
+            "set a smaller rollout.kv_cache_bytes (admission waits for pages; no row is cut)")
