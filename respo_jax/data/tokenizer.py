@@ -19,6 +19,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import tokenizers
 
+from respo_jax.json_files import read_json
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -58,17 +60,8 @@ def _token_content(value: Any) -> str | None:
 
 
 def _read_json(path: str) -> dict:
-    if not os.path.isfile(path):
-        return {}
-    with open(path, "rb") as handle:
-        data = handle.read()
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: invalid UTF-8 byte {data[err.start]:#04x}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
+    """A tokenizer's optional JSON file ({} when absent), read by the package's one JSON reader."""
+    return read_json(path) if os.path.isfile(path) else {}
 
 
 def _select_template(raw: Any, path: str) -> str | None:
