@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from respo_jax.sharding import MeshConfig, ShardingRules, axis_size, make_mesh
+from respo_jax.sharding import MeshConfig, axis_size, make_mesh
 
 if TYPE_CHECKING:  # the config imports nothing from here
     from respo_jax.models.qwen3.config import Qwen3Config
@@ -55,13 +55,15 @@ def default_kernels(backend: str) -> dict[str, str | bool]:
                 scan_layers=accelerated)
 
 
-def default_lm_head_impl(mesh: jax.sharding.Mesh, rules: ShardingRules) -> str:
-    """The log-prob head (``lm_head.chunked_token_logprobs``) for a mesh and its rules, on every
-    platform: ``vocab_chunks`` (vocabulary blocks with an online log-sum-exp: no [tokens, vocab]
-    logits, cache-sized blocks) unless the vocabulary is split over devices (tensor parallelism), where
-    slicing vocabulary blocks out of the sharded weight would gather it on every device:
-    ``token_chunks`` there (each device's logits over its own part of the vocabulary)."""
-    return "token_chunks" if axis_size(mesh, rules.vocab) > 1 else "vocab_chunks"
+def default_lm_head_impl(platform_name: str, vocab_shards: int) -> str:
+    """The log-prob head (``lm_head.chunked_token_logprobs``) for a platform and the number of devices
+    the vocabulary is split over. ``token_chunks`` (whole-vocabulary logits per token chunk) on CPU,
+    where it measured faster (experiments/benchmarks/lm_head.py: 1.0-1.3x the blocked kernel at 1,024
+    tokens, hidden 256 and 2,048, the real vocabulary), and wherever the vocabulary is split over
+    devices (slicing vocabulary blocks out of the sharded weight would gather it on every device);
+    ``vocab_chunks`` (vocabulary blocks with an online log-sum-exp: no [tokens, vocab] logits beyond a
+    block) on an accelerator with the vocabulary whole, where memory is what the head costs."""
+    return "token_chunks" if platform_name == "cpu" or vocab_shards > 1 else "vocab_chunks"
 
 
 @functools.cache
@@ -77,11 +79,11 @@ def default_mesh() -> jax.sharding.Mesh:
 def resolve_config(cfg: "Qwen3Config", mesh: jax.sharding.Mesh | None = None) -> "Qwen3Config":
     """``cfg`` with a mesh (``mesh``, else its own, else ``default_mesh()``) and every kernel field it
     leaves None set to ``default_kernels`` of that mesh's platform (``lm_head_impl``:
-    ``default_lm_head_impl`` of the mesh and ``cfg.rules``); explicit fields are kept. A
+    ``default_lm_head_impl`` of the platform and the vocabulary's shards under ``cfg.rules``); explicit fields are kept. A
     resolved config comes back unchanged."""
     mesh = mesh if mesh is not None else cfg.mesh if cfg.mesh is not None else default_mesh()
     unset = [name for name in KERNEL_FIELDS if getattr(cfg, name) is None]
     if mesh is cfg.mesh and not unset:
         return cfg
-    defaults = dict(default_kernels(platform(mesh)), lm_head_impl=default_lm_head_impl(mesh, cfg.rules))
+    defaults = dict(default_kernels(platform(mesh)), lm_head_impl=default_lm_head_impl(platform(mesh), axis_size(mesh, cfg.rules.vocab)))
     return cfg.replace(mesh=mesh, **{name: defaults[name] for name in unset})
