@@ -223,8 +223,10 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
                          f"exceeds the model's max_position_embeddings ({cfg.max_position_embeddings})")
     bucket = -(-longest // engine.prompt_bucket) * engine.prompt_bucket
     shards = _batch_shards(cfg)
-    slots = -(-engine.max_slots // shards) * shards
     rows = len(lengths) * params.num_samples
+    # No more slots than rows: a decode step computes every slot, free or not, so a call of fewer rows
+    # than max_slots would pay for the empty ones at every step.
+    slots = -(-min(engine.max_slots, rows) // shards) * shards
     page_size = engine.page_size
     if engine.num_pages is not None:
         num_pages = engine.num_pages
