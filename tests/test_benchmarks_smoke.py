@@ -359,6 +359,6 @@ def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch
     np.testing.assert_array_equal(np.asarray(out.lengths), budgets)
     dims = {"num_hidden_layers": cfg.num_hidden_layers, "num_key_value_heads": cfg.num_key_value_heads,
             "head_dim": cfg.head_dim}
-    pool = rollout_engine.engine_pool_pages([len(p) for p in prompts], 24, engine, dims, 4)
+    pool = rollout_engine.engine_pool_pages([len(p) for p in prompts], 3, 24, engine, dims, 4)
     replay = rollout_engine.continuous_schedule([len(p) for p in prompts], 3, budgets, 24, engine, pool)
     assert len(seen) > 2 and (replay["peak_pages"], replay["segments"]) == (max(seen), len(seen))

@@ -219,6 +219,13 @@ def test_the_continuous_engines_pool_is_checked_at_start_up():
     check_limits(config, tiny, 12, memory_bytes=pool * page)
     with pytest.raises(ConfigError, match=rf"^rollout.max_slots={r.max_slots}: the rollout engine's page pool"):
         check_limits(config, tiny, 12, memory_bytes=pool * page - 1)
+    # Fewer rows than max_slots: the engine runs as many slots as rows (here the 128 held-out problems,
+    # more than the 4 x 1 x 8 rollout rows), and its default pool is sized for those.
+    fewer = apply_overrides(config, ["rollout.prompts_per_minibatch=1"])
+    small_pool = 128 * (-(-(16 + 1000) // r.page_size) + 1) + 1
+    check_limits(fewer, tiny, 12, memory_bytes=small_pool * page)
+    with pytest.raises(ConfigError, match=r"^rollout.max_slots=256: the rollout engine's page pool \(8320 pages"):
+        check_limits(fewer, tiny, 12, memory_bytes=small_pool * page - 1)
     # A pool that cannot hold one row is refused by the engine scheduler's own rule, naming the key.
     small = apply_overrides(config, ["rollout.num_pages=10"])
     with pytest.raises(ConfigError, match=r"^rollout.num_pages=10: the page pool \(10 pages of 16 tokens\) is "

@@ -144,12 +144,13 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
     token there, every segment decodes all slots for `steps_per_schedule` steps or until no row is live.
     Returns {peak_pages (pages in use at the peak, prompt pages included), segments, decoded_tokens (slots
     × steps of every segment, plus the first token of every row)}."""
-    from respo_jax.sampling.scheduler import Scheduler
+    from respo_jax.sampling.scheduler import Scheduler, engine_slots
 
     budgets = np.asarray(budgets, np.int64)
     sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max_new_tokens,
-                      max_slots=engine.max_slots, steps_per_schedule=engine.steps_per_schedule,
-                      page_size=engine.page_size, num_pages=num_pages)
+                      max_slots=engine_slots(engine.max_slots, len(budgets)),
+                      steps_per_schedule=engine.steps_per_schedule, page_size=engine.page_size,
+                      num_pages=num_pages, max_prompt_len=_round_up(max(prompt_lengths), engine.prompt_bucket))
     slots = len(sched.slot_row)
     generated = np.zeros(slots, np.int64)
     peak = segments = 0
@@ -169,20 +170,17 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
     return {"peak_pages": peak, "segments": segments, "decoded_tokens": decoded}
 
 
-def engine_pool_pages(prompt_lengths, max_new_tokens: int, engine, model: dict, itemsize: int) -> int:
-    """Pages of the continuous engine's pool, as the engine sizes it (`num_pages`, `kv_cache_bytes`, or
-    room for every slot to hold a row of the longest prompt and `max_new_tokens`)."""
-    from respo_jax.sampling.paged_cache import pool_pages_for_bytes
-    from respo_jax.sampling.scheduler import default_num_pages
+def engine_pool_pages(prompt_lengths, num_samples: int, max_new_tokens: int, engine, model: dict,
+                      itemsize: int) -> int:
+    """Pages of the continuous engine's pool, sized by the engine's own rule (`scheduler.pool_pages` for
+    its slots, `scheduler.engine_slots`, and its prompt bucket) on one device."""
+    from respo_jax.sampling.scheduler import engine_slots, pool_pages
 
-    if engine.num_pages is not None:
-        return engine.num_pages
-    if engine.kv_cache_bytes is not None:
-        return pool_pages_for_bytes(engine.kv_cache_bytes, num_layers=model["num_hidden_layers"],
-                                    kv_heads=model["num_key_value_heads"], head_dim=model["head_dim"],
-                                    page_size=engine.page_size, itemsize=itemsize)
-    return default_num_pages(prompt_lengths, max_new_tokens, max_slots=engine.max_slots,
-                             page_size=engine.page_size)
+    return pool_pages(engine, bucket=_round_up(max(prompt_lengths), engine.prompt_bucket),
+                      max_new_tokens=max_new_tokens,
+                      slots=engine_slots(engine.max_slots, len(prompt_lengths) * num_samples),
+                      num_layers=model["num_hidden_layers"], kv_heads=model["num_key_value_heads"],
+                      head_dim=model["head_dim"], itemsize=itemsize)
 
 
 # ------------------------------------------------------------------------------------------------ sides
@@ -333,7 +331,7 @@ def kv_model(kind: str, prompt_lengths, num_samples: int, budgets, max_new_token
     if kind == "static":
         dense = static_cache(prompt_lengths, budgets, max_new_tokens, engine)
         return {**dense, "peak_kv_bytes": dense["chunk_rows"] * dense["cache_len"] * token_bytes}
-    pool = engine_pool_pages(prompt_lengths, max_new_tokens, engine, model, itemsize)
+    pool = engine_pool_pages(prompt_lengths, num_samples, max_new_tokens, engine, model, itemsize)
     schedule = continuous_schedule(prompt_lengths, num_samples, budgets, max_new_tokens, engine, pool)
     page_bytes = engine.page_size * token_bytes
     return {**schedule, "pool_pages": pool, "peak_kv_bytes": schedule["peak_pages"] * page_bytes,

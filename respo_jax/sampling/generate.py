@@ -392,8 +392,7 @@ def generate(
       GenerateOutput with rows in prompt-major order (`len(prompts) * num_samples` rows).
     """
     _check_engine(engine)
-    if engine.scheduler == "continuous":
-        _check_call(model, prompts, params, return_routing, row_ids, row_max_new_tokens)
+    if engine.scheduler == "continuous":  # it checks the call as `_generate` does (`_check_call`)
         from respo_jax.sampling.paged_decode import generate_continuous  # (see compile_generate)
 
         return generate_continuous(model, prompts, params, engine=engine,

@@ -40,14 +40,14 @@ from respo_jax.models.qwen3.layers import HIDDEN, constrain, rope_cos_sin
 from respo_jax.sampling.engine_state import PAGE_AXES, EngineState, Layout, constrain_state, init_state
 from respo_jax.sampling.engine_state import is_eos, row_keys
 from respo_jax.sampling.generate import (
-    GenerateOutput, _batch_shards, _model_config, _validate_prompts, _validate_row_ids, left_pad,
+    GenerateOutput, _batch_shards, _check_call, _check_engine, _model_config, left_pad,
 )
 from respo_jax.sampling.logits_processing import sample
 from respo_jax.sampling.paged_attention import check_paged_attention_impl, paged_attention
-from respo_jax.sampling.paged_cache import pages_for, pool_pages_for_bytes
+from respo_jax.sampling.paged_cache import pages_for
 from respo_jax.sampling.paged_prefill import admit_rows, padded_count, prefill_counts, prefill_prompts
 from respo_jax.sampling.params import EngineConfig, SamplingParams
-from respo_jax.sampling.scheduler import Scheduler, default_num_pages
+from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages
 
 
 def _feed(model, state: EngineState, feed: jax.Array, impl: str):
@@ -206,16 +206,12 @@ class _Setup:
 
 def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConfig,
            return_routing: bool) -> _Setup:
-    """Validate the call and fix its shapes: the prompts' bucket (the longest rounded up to
+    """Check the engine against the model and fix the call's shapes (the arguments `_check_call`
+    checked): the prompts' bucket (the longest rounded up to
     `prompt_bucket`, as in `generate`), slots and rows padded to a multiple of the batch shards, the
     pool, the prefill batch sizes."""
-    if not isinstance(params, SamplingParams):
-        raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-    if not isinstance(engine, EngineConfig):
-        raise ValueError(f"engine must be an EngineConfig, got {type(engine).__name__}")
+    _check_engine(engine)
     cfg = _model_config(model)
-    if return_routing and not cfg.is_moe:
-        raise ValueError("return_routing=True needs an MoE model (config.num_experts > 0)")
     check_paged_attention_impl(engine.paged_attention_impl, qwen3.kernels.platform(cfg.mesh))
     longest = max(lengths)
     if longest + params.max_new_tokens > cfg.max_position_embeddings:
@@ -224,18 +220,12 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
     bucket = -(-longest // engine.prompt_bucket) * engine.prompt_bucket
     shards = _batch_shards(cfg)
     rows = len(lengths) * params.num_samples
-    # No more slots than rows: a decode step computes every slot, free or not, so a call of fewer rows
-    # than max_slots would pay for the empty ones at every step.
-    slots = -(-min(engine.max_slots, rows) // shards) * shards
+    slots = engine_slots(engine.max_slots, rows, shards)
     page_size = engine.page_size
-    if engine.num_pages is not None:
-        num_pages = engine.num_pages
-    elif engine.kv_cache_bytes is not None:
-        num_pages = pool_pages_for_bytes(engine.kv_cache_bytes, num_layers=cfg.num_hidden_layers,
-                                         kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                                         page_size=page_size, itemsize=jnp.dtype(cfg.dtype).itemsize)
-    else:  # sized by the bucket, not the prompts: the shapes of a call follow its bucket only
-        num_pages = default_num_pages([bucket], params.max_new_tokens, max_slots=slots, page_size=page_size)
+    # Sized by the bucket, not the prompts: the shapes of a call follow its bucket only.
+    num_pages = pool_pages(engine, bucket=bucket, max_new_tokens=params.max_new_tokens, slots=slots,
+                           num_layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
+                           head_dim=cfg.head_dim, itemsize=jnp.dtype(cfg.dtype).itemsize)
     sizes = prefill_counts(min(slots, len(lengths)), shards)
     layout = Layout(slots=slots, max_pages=pages_for(bucket + params.max_new_tokens, page_size),
                     num_pages=num_pages, page_size=page_size, rows=-(-rows // shards) * shards,
@@ -294,15 +284,11 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
       prompt_mask) with `generate`'s conventions: `tokens[r, t]` for t >= lengths[r] is
       `params.pad_token_id`, `logprobs` and `routing` 0 there.
     """
-    cfg = _model_config(model)
-    prompts = _validate_prompts(prompts, cfg.vocab_size)
+    _, prompts, ids, budgets = _check_call(model, prompts, params, return_routing, row_ids, row_max_new_tokens)
     lengths = [len(p) for p in prompts]
     run = _setup(model, lengths, params, engine, return_routing)
     layout, num_samples = run.layout, params.num_samples
     rows = len(prompts) * num_samples
-    ids = _validate_row_ids(row_ids, rows)
-    budgets = (np.full(rows, params.max_new_tokens) if row_max_new_tokens is None
-               else np.asarray(row_max_new_tokens))
     sched = Scheduler(lengths, num_samples, budgets, max_new_tokens=params.max_new_tokens,
                       max_slots=layout.slots, steps_per_schedule=engine.steps_per_schedule,
                       page_size=layout.page_size, num_pages=layout.num_pages, max_prompt_len=layout.bucket)
@@ -350,6 +336,7 @@ def compile_continuous(model, prompt_len: int, num_prompts: int, params: Samplin
     if prompt_len < 1 or num_prompts < 1:
         raise ValueError(f"need prompt_len >= 1 and num_prompts >= 1, got {prompt_len} and {num_prompts}")
     lengths = [prompt_len] * num_prompts
+    _check_call(model, [[0] * prompt_len] * num_prompts, params, return_routing, None, None)
     run = _setup(model, lengths, params, engine, return_routing)
     layout = run.layout
 

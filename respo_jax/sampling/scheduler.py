@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from respo_jax.sampling.paged_cache import PagedCache, PromptPages, pages_for
+from respo_jax.sampling.paged_cache import PagedCache, PromptPages, pages_for, pool_pages_for_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,3 +176,22 @@ def default_num_pages(prompt_lengths: Sequence[int], max_new_tokens: int, *, max
     one pristine partial prompt page per slot), so admission never waits for pages."""
     longest = max(int(n) for n in prompt_lengths)
     return max_slots * (pages_for(longest + max_new_tokens, page_size) + 1)
+
+
+def engine_slots(max_slots: int, rows: int, shards: int = 1) -> int:
+    """The decode slots of a call of `rows` rows: at most `max_slots` and no more than the rows (a step
+    computes every slot, free or not), rounded up to a multiple of the batch axes' `shards`."""
+    return -(-min(max_slots, rows) // shards) * shards
+
+
+def pool_pages(engine, *, bucket: int, max_new_tokens: int, slots: int, num_layers: int, kv_heads: int,
+               head_dim: int, itemsize: int) -> int:
+    """Pages of the continuous engine's pool (its scratch page not counted), as `EngineConfig` sizes it:
+    `num_pages`; else the pages `kv_cache_bytes` holds; else `default_num_pages` for `slots` slots of
+    rows of `bucket` (the padded longest prompt) + `max_new_tokens` tokens (admission never waits)."""
+    if engine.num_pages is not None:
+        return engine.num_pages
+    if engine.kv_cache_bytes is not None:
+        return pool_pages_for_bytes(engine.kv_cache_bytes, num_layers=num_layers, kv_heads=kv_heads,
+                                    head_dim=head_dim, page_size=engine.page_size, itemsize=itemsize)
+    return default_num_pages([bucket], max_new_tokens, max_slots=slots, page_size=engine.page_size)

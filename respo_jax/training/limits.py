@@ -18,8 +18,7 @@ import os
 import numpy as np
 
 from respo_jax.models.qwen3.kernels import platform
-from respo_jax.sampling.paged_cache import pool_pages_for_bytes
-from respo_jax.sampling.scheduler import Scheduler, default_num_pages
+from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages
 from respo_jax.training.batch import bucket_length
 from respo_jax.training.config import ConfigError, ExperimentConfig
 
@@ -104,32 +103,29 @@ def check_limits(config: ExperimentConfig, model_cfg, longest_prompt: int, memor
 
 
 def _check_page_pool(config: ExperimentConfig, model_cfg, longest_prompt: int, memory_bytes: int | None) -> None:
-    """The continuous engine's page pool: it holds one row of the longest prompt and max_new_tokens (as
-    the engine's Scheduler counts pages) and fits `memory_bytes` (None: not checked)."""
+    """The continuous engine's page pool, sized as the engine sizes it (`scheduler.pool_pages`, for the
+    rollouts' or the held-out evaluation's rows, the more of the two, before rounding the slots up to
+    the batch shards): it holds one row of the longest prompt and max_new_tokens (as the engine's
+    Scheduler counts pages) and fits `memory_bytes` (None: not checked)."""
     r = config.rollout
-    page_bytes = kv_cache_bytes(model_cfg, 1, r.page_size, config.model.dtype)  # K and V of one page
-    if r.kv_cache_bytes:
-        key = f"rollout.kv_cache_bytes={r.kv_cache_bytes}"
-        try:
-            num_pages = pool_pages_for_bytes(r.kv_cache_bytes, num_layers=model_cfg.num_hidden_layers,
-                                             kv_heads=model_cfg.num_key_value_heads,
-                                             head_dim=model_cfg.head_dim, page_size=r.page_size,
-                                             itemsize=np.dtype(config.model.dtype).itemsize)
-        except ValueError as err:
-            raise ConfigError(f"{key}: {err}") from None
-    elif r.num_pages:
-        key, num_pages = f"rollout.num_pages={r.num_pages}", r.num_pages
-    else:
-        key = f"rollout.max_slots={r.max_slots}"
-        num_pages = default_num_pages([bucket_length(longest_prompt, r.prompt_bucket)], r.max_new_tokens,
-                                      max_slots=r.max_slots, page_size=r.page_size)
-    try:  # the engine's own rule for a pool too small for one row
+    key = (f"rollout.kv_cache_bytes={r.kv_cache_bytes}" if r.kv_cache_bytes else
+           f"rollout.num_pages={r.num_pages}" if r.num_pages else f"rollout.max_slots={r.max_slots}")
+    engine = r.engine_config()
+    rows = max(r.reuse * r.prompts_per_minibatch * r.group_size,
+               config.run.eval_problems * max(1, config.run.eval_samples))  # greedy, then sampled
+    slots = engine_slots(r.max_slots, rows)
+    try:
+        num_pages = pool_pages(engine, bucket=bucket_length(longest_prompt, r.prompt_bucket),
+                               max_new_tokens=r.max_new_tokens, slots=slots,
+                               num_layers=model_cfg.num_hidden_layers, kv_heads=model_cfg.num_key_value_heads,
+                               head_dim=model_cfg.head_dim, itemsize=np.dtype(config.model.dtype).itemsize)
+        # the engine's own rule for a pool too small for one row
         Scheduler([longest_prompt], r.group_size, [r.max_new_tokens] * r.group_size,
-                  max_new_tokens=r.max_new_tokens, max_slots=r.max_slots, steps_per_schedule=r.steps_per_schedule,
+                  max_new_tokens=r.max_new_tokens, max_slots=slots, steps_per_schedule=r.steps_per_schedule,
                   page_size=r.page_size, num_pages=num_pages)
     except ValueError as err:
         raise ConfigError(f"{key}: {err}") from None
-    needed = (num_pages + 1) * page_bytes  # and the scratch page
+    needed = (num_pages + 1) * kv_cache_bytes(model_cfg, 1, r.page_size, config.model.dtype)  # + scratch page
     if memory_bytes is not None and needed > memory_bytes:
         raise ConfigError(
             f"{key}: the rollout engine's page pool ({num_pages} pages of {r.page_size} tokens) takes "
