@@ -10,7 +10,7 @@ import pytest
 
 from respo_jax.sampling import EngineConfig, SamplingParams
 from respo_jax.sampling.paged_cache import PagedCache, pool_pages_for_bytes
-from respo_jax.sampling.scheduler import Scheduler, default_num_pages
+from respo_jax.sampling.scheduler import Scheduler, decode_widths, default_num_pages
 
 
 def _prompt_value(prompt: int, position: int) -> int:
@@ -123,6 +123,23 @@ def test_samples_share_the_prompts_full_pages_and_copy_its_partial_page():
     assert len({tables[s, 2] for s in range(3, 6)}) == 3
     sched.retire([10, 3, 3, 3, 3, 3], [False] * 6)  # row 0 reached its budget
     assert sched.cache.refcount(first.pages[0]) == 2
+
+
+def test_decode_widths_and_the_slots_a_segment_decodes():
+    assert decode_widths(64, 16) == (16, 32, 64)
+    assert decode_widths(64, 64) == decode_widths(64, 100) == (64,)
+    assert decode_widths(24, 1) == (1, 3, 6, 12, 24)  # halvings, floored
+    assert decode_widths(24, 1, shards=4) == (4, 8, 12, 24)  # each a multiple of the batch shards
+    sched = Scheduler([3, 5], 4, [2, 9, 2, 2, 2, 2, 2, 9], max_new_tokens=9, max_slots=8,
+                      steps_per_schedule=2, page_size=4, num_pages=64)
+    sched.schedule()  # all 8 rows admitted into slots 0-7
+    np.testing.assert_array_equal(sched.decode_slots((2, 4, 8)), np.arange(8))
+    done = np.isin(np.arange(8), [1, 7], invert=True)  # rows 1 and 7 (budget 9) go on
+    sched.retire(np.full(8, 2), done)
+    sched.schedule()
+    np.testing.assert_array_equal(sched.decode_slots((2, 4, 8)), [1, 7])  # the two occupied slots
+    np.testing.assert_array_equal(sched.decode_slots((4, 8)), [0, 1, 2, 7])  # + the lowest free ones
+    np.testing.assert_array_equal(sched.decode_slots((8,)), np.arange(8))
 
 
 def test_a_pool_too_small_for_one_row_is_a_clear_error():

@@ -3,7 +3,9 @@
 mesh as one process with four devices. In the same launch (one process start and one distributed
 set-up, the slow part) the two processes first run one iteration — writing one run directory together
 (process 0 its files, both the Orbax checkpoint) — and then resume that run from its checkpoint for a
-second iteration; every metric of both iterations equals the uninterrupted one-process run's."""
+second iteration; every metric of both iterations, and every rollout row (the continuous engine, its
+scheduling decisions taken in each process from flags gathered across both), equals the uninterrupted
+one-process run's."""
 
 from __future__ import annotations
 
@@ -18,8 +20,12 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # toy_moe, as small as it gets: 2 warm-up steps, rollout batches of 16 responses used for 1 update each.
+# The rollouts through the continuous engine with fewer slots than the 16 rows, segments of 2 steps and
+# decode widths of 4 or 2 slots: every process refills slots from the done flags gathered across both.
 ARGS = ["--config", "experiments/configs/toy_moe.py", "rollout.reuse=1", "warmup.steps=2",
-        "run.eval_problems=0", "run.progress=false", "mesh.data=2", "mesh.expert=2"]
+        "run.eval_problems=0", "run.progress=false", "mesh.data=2", "mesh.expert=2",
+        "rollout.scheduler=continuous", "rollout.max_slots=4", "rollout.steps_per_schedule=2",
+        "rollout.min_decode_slots=2"]
 # Same compile flags in every process (XLA:CPU's LLVM time dominates these tiny programs).
 FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 # Each of the two processes: one iteration, then the same run resumed from its checkpoint for a second.
@@ -82,3 +88,9 @@ def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path)
     assert steps == ["1", "2"], steps
     assert os.path.isfile(os.path.join(two, "checkpoints", "2", "respo_manifest.json"))
     assert sorted(os.listdir(os.path.join(two, "rollouts"))) == ["iteration_000001.npz", "iteration_000002.npz"]
+    for name in ("iteration_000001.npz", "iteration_000002.npz"):  # the same responses, row by row
+        with np.load(os.path.join(two, "rollouts", name)) as got_rows, \
+                np.load(os.path.join(one, "rollouts", name)) as want_rows:
+            for key in ("length", "reward", "advantage"):
+                np.testing.assert_array_equal(got_rows[key], want_rows[key], err_msg=f"{name}: {key}")
+            np.testing.assert_allclose(got_rows["log_w"], want_rows["log_w"], atol=1e-5, err_msg=name)

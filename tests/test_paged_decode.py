@@ -1,6 +1,6 @@
 """The continuous-batching engine against the static sampler (`generate`, itself tested against
 transformers in test_sampling.py) and a teacher-forced forward: greedy and sampled tokens equal for one
-seed whatever max_slots / page_size / steps_per_schedule / pool size, log-probs those of the
+seed whatever max_slots / page_size / steps_per_schedule / pool size / decode widths, log-probs those of the
 distribution sampled from, per-row budgets and ignore_eos honoured; one prefill and one admission call per
 schedule; MoE tokens and routing equal the static sampler's; compile_continuous compiles every program."""
 
@@ -174,6 +174,33 @@ def test_one_prefill_and_one_admission_call_per_schedule(model, sampled, monkeyp
     assert len(calls["decode_segment"]) <= -(-NEW // 3)  # the longest row's segments at most
 
 
+def test_the_tail_decodes_only_the_occupied_slots_width(model, sampled, monkeypatch):
+    # min_decode_slots=1: 6 slots decode at widths 6, 3 or 1 (the occupied slots and the lowest free
+    # ones); rows of random budgets leave a tail of few live rows. Same samples as every slot decoding.
+    params, _, want = sampled
+    widths = []
+
+    def logged(*args, **kwargs):
+        widths.append(int(args[4].shape[0]))  # run_slots
+        return program(*args, **kwargs)
+
+    program = paged_decode.decode_segment
+    monkeypatch.setattr(paged_decode, "decode_segment", logged)
+    engine = EngineConfig(max_slots=6, page_size=4, steps_per_schedule=2, min_decode_slots=1)
+    _assert_same(generate_continuous(model, PROMPTS, params, engine=engine), want)
+    assert set(widths) <= {1, 3, 6}
+    budgets = np.full(12, 2)
+    budgets[[4, 9]] = NEW  # two long rows: once the others are done, segments decode 3 slots, then 1
+    ignoring = dataclasses.replace(params, ignore_eos=True)
+    widths.clear()
+    out = generate_continuous(model, PROMPTS, ignoring, engine=engine, row_max_new_tokens=budgets)
+    assert widths[:2] == [6, 6] and 3 in widths and widths[-1] == 1  # rows 4 and 9, then the later one
+    wide = generate_continuous(model, PROMPTS, ignoring, engine=dataclasses.replace(engine, min_decode_slots=6),
+                               row_max_new_tokens=budgets)
+    np.testing.assert_array_equal(np.asarray(out.lengths), budgets)
+    _assert_same(out, dict(tokens=np.asarray(wide.tokens), lengths=budgets, logprobs=np.asarray(wide.logprobs)))
+
+
 @pytest.fixture(scope="module")
 def moe_model():
     # initializer_range 0.3: well-separated logits and router scores (no top-k at a near-tie)
@@ -199,7 +226,8 @@ def test_moe_tokens_and_routing_equal_the_static_samplers(moe_model, temperature
     want = _with_eos_routing(full, eos)
     assert want["lengths"].min() < NEW < want["lengths"].max() + 1
     params = dataclasses.replace(params, eos_token_ids=(eos,))
-    got = generate_continuous(moe_model, PROMPTS, params, engine=ENGINE, return_routing=True)
+    narrow = dataclasses.replace(ENGINE, min_decode_slots=1)  # segments of 3 or 1 slots: capture in both
+    got = generate_continuous(moe_model, PROMPTS, params, engine=narrow, return_routing=True)
     _assert_same(got, want)
     np.testing.assert_array_equal(np.asarray(got.routing), want["routing"])
     mask = np.asarray(full.prompt_mask)
@@ -213,8 +241,8 @@ def test_compile_continuous_compiles_every_program_ahead(moe_model):
     # Routing capture, a pool that makes admission wait, prefills of 1 and 2 prompts: every program of a
     # call with these shapes is compiled ahead, so the call compiles nothing.
     params = SamplingParams(max_new_tokens=6, temperature=1.0, num_samples=2, seed=3, eos_token_ids=(2,))
-    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2, prompt_bucket=8)
-    compile_continuous(moe_model, 16, 4, params, engine=engine, return_routing=True)
+    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2, prompt_bucket=8, min_decode_slots=1)
+    compile_continuous(moe_model, 16, 4, params, engine=engine, return_routing=True)  # widths 3 and 1
     before = compilation_totals()
     generate_continuous(moe_model, PROMPTS, params, engine=engine, return_routing=True)  # longest 11: 16
     assert (compilation_totals() - before).compiles == 0

@@ -23,7 +23,8 @@ written by `transformers`, alternated round by round after `--warmup` untimed ro
 compile there; the compilation is reported separately, and the timed rounds must compile nothing):
 - static: `generate` with `EngineConfig(scheduler="static")` and its default chunking (every chunk of
   rows decodes until its longest row ends, into a dense cache of rows × (prompt + max_new_tokens)).
-- continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule)`.
+- continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule,
+  min_decode_slots)`.
 - transformers: `generate_batch`'s engine (`ContinuousBatchingManager`, `attn_implementation="sdpa"`,
   what "paged|sdpa" means since transformers 5.23), PyTorch CPU with as many threads as XLA's pool
   (`common.configure_threads`), one request per row with its own `max_new_tokens` and EOS off. It is
@@ -62,7 +63,7 @@ TAB4_CAP = 16_384
 SIDES = ("static", "continuous", "transformers")
 JAX_SIDES = ("static", "continuous")
 # The continuous engine's EngineConfig fields the command line sets.
-CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "num_pages")
+CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "min_decode_slots", "num_pages")
 # transformers' continuous-batching attention on CPU ("paged|sdpa" is "sdpa" since transformers 5.23).
 HF_ATTENTION = ("sdpa", "paged|sdpa", "paged|eager")
 
@@ -141,10 +142,11 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
                         num_pages: int) -> dict:
     """Replays the continuous engine's host scheduler (`respo_jax.sampling.scheduler.Scheduler`) for rows
     that each generate exactly their budget (`ignore_eos`): a row admitted into a slot samples its first
-    token there, every segment decodes all slots for `steps_per_schedule` steps or until no row is live.
+    token there, every segment decodes its slots (the occupied ones padded to a decode width) for
+    `steps_per_schedule` steps or until no row is live.
     Returns {peak_pages (pages in use at the peak, prompt pages included), segments, decoded_tokens (slots
     × steps of every segment, plus the first token of every row)}."""
-    from respo_jax.sampling.scheduler import Scheduler, engine_slots
+    from respo_jax.sampling.scheduler import Scheduler, decode_widths, engine_slots
 
     budgets = np.asarray(budgets, np.int64)
     sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max_new_tokens,
@@ -152,6 +154,7 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
                       steps_per_schedule=engine.steps_per_schedule, page_size=engine.page_size,
                       num_pages=num_pages, max_prompt_len=_round_up(max(prompt_lengths), engine.prompt_bucket))
     slots = len(sched.slot_row)
+    widths = decode_widths(slots, engine.min_decode_slots)
     generated = np.zeros(slots, np.int64)
     peak = segments = 0
     decoded = len(budgets)
@@ -164,7 +167,7 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
         budget = np.where(busy, budgets[np.maximum(sched.slot_row, 0)], 0)
         steps = min(engine.steps_per_schedule, int(np.max(budget - generated, initial=0)))
         generated = np.where(busy, np.minimum(generated + steps, budget), 0)
-        decoded += slots * steps
+        decoded += len(sched.decode_slots(widths)) * steps
         segments += 1
         sched.retire(generated, busy & (generated >= budget))
     return {"peak_pages": peak, "segments": segments, "decoded_tokens": decoded}
@@ -476,6 +479,7 @@ def write(report: dict, out_dir: str, stem: str = "rollout_engine") -> None:
 
 def main(argv=None) -> int:
     from experiments.benchmarks import common, rl_iteration
+    from respo_jax.sampling import EngineConfig
     from respo_jax.training.config import ConfigError
 
     parser = ArgumentParser(prog="python -m experiments.benchmarks.rollout_engine",
@@ -488,11 +492,16 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per side (alternated)")
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed rounds per side first (JAX compiles there)")
-    # Fewer slots than rows is what lets finished rows' slots be refilled. On the default workload (seed 0:
-    # 12,572 budget tokens, 19% of the static engine's 65,536 decoded ones) the scheduler's replay decodes
-    # 3.5x fewer slot-steps than the static batch with 16 slots (18,544), 2.9x with 32 and 1.8x with 64;
-    # 8 steps per schedule instead of 16 saves 3% of them for twice the host round trips.
-    parser.add_argument("--max-slots", type=int, default=16, help="continuous engine: decode slots")
+    # The engine's own defaults for its slots. Fewer slots than rows is what lets finished rows' slots be
+    # refilled; decoding only the occupied slots' width (min_decode_slots) is what keeps many slots cheap
+    # at the tail. On the default workload (seed 0: 12,572 budget tokens, 19% of the static engine's
+    # 65,536 decoded ones) the scheduler's replay decodes 17,776 slot-steps with 64 slots and widths
+    # 64/32/16 (35,904 at width 64 alone, 18,544 with 16 slots); a decode step's cost is mostly the
+    # [width, vocab] LM head, whose per-row cost falls with the width (1.7 ms a row at 16, ~1 at 64 here).
+    parser.add_argument("--max-slots", type=int, default=EngineConfig().max_slots,
+                        help="continuous engine: decode slots")
+    parser.add_argument("--min-decode-slots", type=int, default=EngineConfig().min_decode_slots,
+                        help="continuous engine: the narrowest decode width (the occupied slots padded)")
     parser.add_argument("--page-size", type=int, default=16,
                         help="continuous engine (and transformers): tokens per page")
     parser.add_argument("--steps-per-schedule", type=int, default=16,
@@ -529,15 +538,13 @@ def main(argv=None) -> int:
     if args.micro:
         settings.update(prompts=2, group_size=4, max_new_tokens=64, hf_rows=2, rounds=1, warmup=1,
                         max_slots=3, page_size=4, steps_per_schedule=4)
-    for key in ("prompts", "group_size", "max_new_tokens", "rounds", "max_slots", "page_size",
-                "steps_per_schedule", "hf_rows", "threads"):
+    for key in ("prompts", "group_size", "max_new_tokens", "rounds", "max_slots", "min_decode_slots",
+                "page_size", "steps_per_schedule", "hf_rows", "threads"):
         if settings[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
     if settings["warmup"] < 1:
         raise ConfigError(f"--warmup must be >= 1 (the JAX sides compile in it); got {settings['warmup']}")
     try:  # the engine's own validation, as one line
-        from respo_jax.sampling import EngineConfig
-
         EngineConfig(scheduler="continuous", **{k: settings[k] for k in CONTINUOUS_FIELDS})
     except ValueError as err:
         raise ConfigError(f"continuous engine: {err}") from None

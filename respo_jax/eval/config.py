@@ -49,10 +49,11 @@ class EvalSettings(_Section):
       or "static" (a call decoded in chunks of max_slots rows, each until its longest row ends). For
       one seed both give the same completions (up to float round-off ties): not part of the protocol.
     max_slots: rows decoded together, in either engine: it bounds the KV cache in memory.
-    steps_per_schedule / page_size / num_pages / kv_cache_bytes / paged_attention_impl: the continuous
-      engine's decode steps between scheduling decisions, tokens per KV page, and pool (num_pages
-      pages or a kv_cache_bytes budget, at most one; 0 for both: every slot can hold a whole row, so
-      admission never waits), and its attention kernel ("gather" everywhere, "pallas_tpu" /
+    steps_per_schedule / min_decode_slots / page_size / num_pages / kv_cache_bytes /
+      paged_attention_impl: the continuous engine's decode steps between scheduling decisions, the
+      fewest slots a segment decodes (the occupied ones padded to a halving of max_slots), tokens per KV
+      page, and pool (num_pages pages or a kv_cache_bytes budget, at most one; 0 for both: every slot
+      can hold a whole row, so admission never waits), and its attention kernel ("gather" everywhere, "pallas_tpu" /
       "pallas_gpu" on their platform only).
     prompt_bucket / decode_chunk_size: the sampler's EngineConfig (fewer compilations / the static
       engine's attention over the slots generated so far); 0 for decode_chunk_size decodes in one loop.
@@ -79,6 +80,7 @@ class EvalSettings(_Section):
     scheduler: str = "continuous"
     max_slots: int = 32
     steps_per_schedule: int = 32
+    min_decode_slots: int = 16
     page_size: int = 64
     num_pages: int = 0  # 0: unset
     kv_cache_bytes: int = 0  # 0: unset

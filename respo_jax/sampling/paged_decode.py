@@ -7,9 +7,10 @@ finished row's slot is refilled between segments by the host `Scheduler`, and K/
 
 Per schedule the host runs at most three jitted programs and one sync: `prefill_prompts` (every prompt
 the schedule starts, one batch), `admit_rows` (every admission, one call; `paged_prefill`) and
-`decode_segment` (a `lax.while_loop` of at most `EngineConfig.steps_per_schedule` steps over every
-slot, no host sync per token); then it reads the slots' token counts and done flags (gathered to every
-process, so all take the same decisions), retires and refills. The decode step runs the model's decoder
+`decode_segment` (a `lax.while_loop` of at most `EngineConfig.steps_per_schedule` steps over the
+occupied slots padded to one of a few widths, `EngineConfig.min_decode_slots`; no host sync per
+token); then it reads the slots' token counts and done flags (gathered to every process, so all take
+the same decisions), retires and refills. The decode step runs the model's decoder
 layers through their public pieces (norms, `Attention.project` / `output`, the dense MLP or the MoE
 module under the model's mesh) with `paged_attention` in place of the dense cache attention.
 
@@ -47,7 +48,7 @@ from respo_jax.sampling.paged_attention import check_paged_attention_impl, paged
 from respo_jax.sampling.paged_cache import pages_for
 from respo_jax.sampling.paged_prefill import admit_rows, padded_count, prefill_counts, prefill_prompts
 from respo_jax.sampling.params import EngineConfig, SamplingParams
-from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages
+from respo_jax.sampling.scheduler import Scheduler, decode_widths, engine_slots, pool_pages
 
 
 def _feed(model, state: EngineState, feed: jax.Array, impl: str):
@@ -149,14 +150,22 @@ def _capture(model, state: EngineState, impl: str) -> EngineState:
     return state.replace(k_pages=k_pages, v_pages=v_pages, captured=state.captured | feed)
 
 
+# The EngineState fields with one entry per slot (a decode segment runs a subset of the slots).
+SLOT_FIELDS = ("page_table", "row", "row_id", "prompt_len", "budget", "generated", "last_token", "done",
+               "captured")
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "params", "impl"), donate_argnames=("state",))
-def decode_segment(graphdef, model_state, state: EngineState, page_table, steps, *, params: SamplingParams,
-                   impl: str):
-    """At most `steps` (traced) decode steps of every slot with `page_table` [slots, max_pages],
-    stopping early once no slot is live; with routing, then the capture of the done rows' last tokens.
-    Returns (state, flags [2, slots] int32: each slot's generated tokens and done flag)."""
+def decode_segment(graphdef, model_state, state: EngineState, page_table, run_slots, steps, *,
+                   params: SamplingParams, impl: str):
+    """At most `steps` (traced) decode steps of the slots `run_slots` ([width] int32, distinct: every
+    occupied slot among them, `Scheduler.decode_slots`) with `page_table` [slots, max_pages], stopping
+    early once none is live; with routing, then the capture of the done rows' last tokens. The other
+    slots (free) are untouched. Returns (state, flags [2, slots] int32: each slot's generated tokens
+    and done flag)."""
     model = nnx.merge(graphdef, model_state)
-    state = state.replace(page_table=page_table)
+    full = state.replace(page_table=page_table)
+    state = full.replace(**{name: getattr(full, name)[run_slots] for name in SLOT_FIELDS})
 
     def cond(carry):
         step, state = carry
@@ -170,6 +179,8 @@ def decode_segment(graphdef, model_state, state: EngineState, page_table, steps,
     if state.routing is not None:
         state = jax.lax.cond(jnp.any(state.done & ~state.captured), lambda s: _capture(model, s, impl),
                              lambda s: s, state)
+    state = state.replace(**{name: getattr(full, name).at[run_slots].set(getattr(state, name))
+                             for name in SLOT_FIELDS})
     state = constrain_state(state, model.config)
     return state, jnp.stack([state.generated, state.done.astype(jnp.int32)])
 
@@ -198,6 +209,7 @@ class _Setup:
 
     layout: Layout
     prefill_sizes: tuple[int, ...]
+    decode_widths: tuple[int, ...]
     graphdef: nnx.GraphDef
     model_state: nnx.State
     params: SamplingParams  # seed 0: the seed is traced (EngineState.seed)
@@ -209,7 +221,7 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
     """Check the engine against the model and fix the call's shapes (the arguments `_check_call`
     checked): the prompts' bucket (the longest rounded up to
     `prompt_bucket`, as in `generate`), slots and rows padded to a multiple of the batch shards, the
-    pool, the prefill batch sizes."""
+    pool, the prefill batch sizes, the decode widths."""
     _check_engine(engine)
     cfg = _model_config(model)
     check_paged_attention_impl(engine.paged_attention_impl, qwen3.kernels.platform(cfg.mesh))
@@ -233,7 +245,8 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
                     bucket=bucket, routing=bool(return_routing))
     graphdef, model_state = nnx.split(model)
     seed = np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32)
-    return _Setup(layout, sizes, graphdef, model_state, dataclasses.replace(params, seed=0), seed)
+    widths = decode_widths(slots, engine.min_decode_slots, shards)
+    return _Setup(layout, sizes, widths, graphdef, model_state, dataclasses.replace(params, seed=0), seed)
 
 
 def _prefill_arrays(layout: Layout, prompts, prefills, count: int, logit_row_of: dict):
@@ -313,8 +326,8 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
                 if pending[adm.prompt] == 0:
                     free_logit_rows.append(logit_row_of.pop(adm.prompt))
         state, flags = decode_segment(run.graphdef, run.model_state, state, plan.page_table,
-                                      np.int32(engine.steps_per_schedule), params=run.params,
-                                      impl=engine.paged_attention_impl)
+                                      sched.decode_slots(run.decode_widths), np.int32(engine.steps_per_schedule),
+                                      params=run.params, impl=engine.paged_attention_impl)
         generated, done = to_host(flags)  # the one sync of a segment, the same flags in every process
         sched.retire(generated, done.astype(bool))
     return finish(state, np.asarray(lengths, np.int32), rows=rows, num_samples=num_samples)
@@ -330,7 +343,8 @@ def compile_continuous(model, prompt_len: int, num_prompts: int, params: Samplin
                        engine: EngineConfig = EngineConfig(), return_routing: bool = False) -> None:
     """Compile, without running, every program `generate_continuous` runs for `num_prompts` prompts
     whose longest is `prompt_len` tokens: the state's creation, the prefill at each padded prompt count,
-    the admission, the decode segment and the output's assembly, so the later call compiles nothing.
+    the admission, the decode segment at each of its widths and the output's assembly, so the later call
+    compiles nothing.
 
     Why: a trainer knows its prompt buckets before its first rollout (`RLTrainer.compile_ahead`)."""
     if prompt_len < 1 or num_prompts < 1:
@@ -352,7 +366,9 @@ def compile_continuous(model, prompt_len: int, num_prompts: int, params: Samplin
     state = compiled(admit_rows, run.graphdef, run.model_state, state,
                      *_admission_arrays(layout, (), zeros, lengths, zeros, {}), params=run.params)
     table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
-    state, _ = compiled(decode_segment, run.graphdef, run.model_state, state, table,
-                        np.int32(engine.steps_per_schedule), params=run.params, impl=engine.paged_attention_impl)
+    for width in run.decode_widths:
+        state, _ = compiled(decode_segment, run.graphdef, run.model_state, state, table,
+                            np.arange(width, dtype=np.int32), np.int32(engine.steps_per_schedule),
+                            params=run.params, impl=engine.paged_attention_impl)
     compiled(finish, state, np.asarray(lengths, np.int32), rows=num_prompts * params.num_samples,
              num_samples=params.num_samples)

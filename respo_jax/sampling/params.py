@@ -131,6 +131,11 @@ class EngineConfig:
     Continuous-batching engine (`respo_jax.sampling.scheduler`, `paged_cache`, `paged_attention`):
       max_slots: decode slots: rows decoded together; a finished row's slot is refilled.
       steps_per_schedule: decode steps of one jitted segment between two scheduling decisions.
+      min_decode_slots: a segment decodes only the occupied slots, padded to the smallest of the slot
+        count's halvings (down to this many slots; `scheduler.decode_widths`) that holds them, one
+        program per width: the tail of a long-tailed batch, where most slots are free, does not pay
+        for the free ones (each slot's step costs a row of the [slots, vocab] LM head). >= max_slots:
+        every segment decodes every slot (one program).
       page_size: tokens per page of the paged KV cache.
       num_pages: pages in the pool; None: from `kv_cache_bytes`, or else enough for every slot to
         hold a row of the longest prompt and `max_new_tokens` at once (admission never waits).
@@ -147,6 +152,7 @@ class EngineConfig:
     max_batch_rows: int | None = 256
     max_slots: int = 64
     steps_per_schedule: int = 32
+    min_decode_slots: int = 16
     page_size: int = 16
     num_pages: int | None = None
     kv_cache_bytes: int | None = None
@@ -165,6 +171,7 @@ class EngineConfig:
             _check_int("max_batch_rows", self.max_batch_rows, 1)
         _check_int("max_slots", self.max_slots, 1)
         _check_int("steps_per_schedule", self.steps_per_schedule, 1)
+        _check_int("min_decode_slots", self.min_decode_slots, 1)
         _check_int("page_size", self.page_size, 1)
         if self.num_pages is not None:
             _check_int("num_pages", self.num_pages, 1)

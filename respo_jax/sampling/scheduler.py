@@ -152,6 +152,15 @@ class Scheduler:
             self.cache.grow(int(slot), self.prompt_lengths[row // self.num_samples] + upto)
         return Schedule(tuple(prefills), tuple(admissions), self.cache.page_table.copy())
 
+    def decode_slots(self, widths: Sequence[int]) -> np.ndarray:
+        """The slots the next segment decodes: every occupied slot and the lowest free ones, as many as
+        the smallest of `widths` (ascending, the last one every slot) that holds the occupied ones:
+        `[width]` int32, ascending."""
+        occupied = np.flatnonzero(self.slot_row >= 0)
+        width = next(w for w in widths if w >= len(occupied))
+        free = np.flatnonzero(self.slot_row < 0)[: width - len(occupied)]
+        return np.sort(np.concatenate([occupied, free])).astype(np.int32)
+
     def retire(self, generated: Sequence[int], done: Sequence[bool]) -> list[int]:
         """Record the segment's result per slot (`generated`: tokens of the slot's row so far; `done`:
         the row ended) and free the finished rows' slots and pages. Returns the retired rows."""
@@ -182,6 +191,20 @@ def engine_slots(max_slots: int, rows: int, shards: int = 1) -> int:
     """The decode slots of a call of `rows` rows: at most `max_slots` and no more than the rows (a step
     computes every slot, free or not), rounded up to a multiple of the batch axes' `shards`."""
     return -(-min(max_slots, rows) // shards) * shards
+
+
+def decode_widths(slots: int, min_slots: int, shards: int = 1) -> tuple[int, ...]:
+    """The slot counts a decode segment runs at (ascending): `slots`, and its halvings while they hold
+    at least `min_slots` slots, each rounded up to a multiple of the batch axes' `shards`.
+
+    Why: a step computes every slot it runs, and at the tail of a long-tailed batch most slots are free;
+    one program per width (vLLM pads its decode batch to the nearest captured CUDA-graph size alike)
+    lets the tail decode only the occupied slots' width. `min_slots >= slots`: one width."""
+    widths, width = {slots}, slots
+    while width // 2 >= max(min_slots, 1):
+        width //= 2
+        widths.add(-(-width // shards) * shards)
+    return tuple(sorted(widths))
 
 
 def pool_pages(engine, *, bucket: int, max_new_tokens: int, slots: int, num_layers: int, kv_heads: int,

@@ -192,6 +192,8 @@ class RolloutConfig(_Section):
       at most this many rows (KV cache, prefill activations and [rows, vocab] logits per decode step).
     - Continuous engine: `max_slots` rows decoded together (the default holds the default run's
       N·M·G = 256 rows at once), `steps_per_schedule` decode steps between two scheduling decisions,
+      `min_decode_slots` (a segment decodes the occupied slots padded to a halving of the slot count
+      of at least this many, one program per width, so a batch's tail pays only for its live rows),
       `page_size` tokens per KV page, the pool as `num_pages` pages or a `kv_cache_bytes` budget
       (at most one; 0 for both: every slot can hold a row of the longest prompt and max_new_tokens,
       so admission never waits), and `paged_attention_impl`: "gather" (every platform) or the
@@ -227,6 +229,7 @@ class RolloutConfig(_Section):
     sampler_max_rows: int = 256
     max_slots: int = 256
     steps_per_schedule: int = 32
+    min_decode_slots: int = 16
     page_size: int = 16
     num_pages: int = 0  # 0: unset (kv_cache_bytes, or enough for every slot)
     kv_cache_bytes: int = 0  # 0: unset
@@ -281,8 +284,8 @@ class RolloutConfig(_Section):
 
 # The rollout engine's fields that `rollout.*` and the evaluation's `eval.*` share (their meaning:
 # `respo_jax.sampling.EngineConfig`); the pool sizes take 0 for "unset".
-ENGINE_FIELDS = ("scheduler", "max_slots", "steps_per_schedule", "page_size", "num_pages", "kv_cache_bytes",
-                 "paged_attention_impl")
+ENGINE_FIELDS = ("scheduler", "max_slots", "steps_per_schedule", "min_decode_slots", "page_size",
+                 "num_pages", "kv_cache_bytes", "paged_attention_impl")
 
 
 def check_engine_fields(section: _Section) -> None:
@@ -290,7 +293,7 @@ def check_engine_fields(section: _Section) -> None:
     from respo_jax.sampling.params import PAGED_ATTENTION_IMPLS, SCHEDULERS
 
     section._need("scheduler", section.scheduler in SCHEDULERS, " or ".join(map(repr, SCHEDULERS)))
-    for name in ("max_slots", "steps_per_schedule", "page_size"):
+    for name in ("max_slots", "steps_per_schedule", "min_decode_slots", "page_size"):
         section._need(name, getattr(section, name) >= 1, "an integer >= 1")
     for name in ("num_pages", "kv_cache_bytes"):
         section._need(name, getattr(section, name) >= 0, "an integer >= 0 (0: unset)")

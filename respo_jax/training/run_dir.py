@@ -62,8 +62,8 @@ RESUMABLE_KEYS = frozenset({
     "run.overwrite", "run.out_dir", "run.host_allocator", "rollout.max_tokens_per_microbatch",
     "rollout.sampler_max_rows", "rollout.compile_ahead", "rollout.max_prompt_buckets",
     "run.compilation_cache_dir", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "run.loggers",
-    "rollout.scheduler", "rollout.max_slots", "rollout.steps_per_schedule", "rollout.page_size",
-    "rollout.num_pages", "rollout.kv_cache_bytes", "rollout.paged_attention_impl",
+    "rollout.scheduler", "rollout.max_slots", "rollout.steps_per_schedule", "rollout.min_decode_slots",
+    "rollout.page_size", "rollout.num_pages", "rollout.kv_cache_bytes", "rollout.paged_attention_impl",
 })
 
 

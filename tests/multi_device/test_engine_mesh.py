@@ -15,8 +15,8 @@ from respo_jax.sampling.paged_decode import generate_continuous
 
 
 def test_continuous_engine_on_a_mesh_equals_the_static_sampler_on_one_device():
-    """(2,2,2,1): 4 batch shards, so 3 slots become 4 and 8 rows take several schedules; kv heads split
-    over tensor. Tokens, log-probs, lengths and the routing of prompt and generated tokens equal the
+    """(2,2,2,1): 4 batch shards, kv heads split over tensor; 8 slots refilled by 16 rows, whose budgets
+    leave a tail that decodes at width 4 (the slots gathered across the batch shards). Tokens, log-probs, lengths and the routing of prompt and generated tokens equal the
     single-device static sampler's; the rows come out split like the batch."""
     # initializer_range 0.3: well-separated logits, so top-k sets are not decided by float rounding
     cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3, scan_layers=True)
@@ -24,10 +24,13 @@ def test_continuous_engine_on_a_mesh_equals_the_static_sampler_on_one_device():
     plain = qwen3.init_model(cfg, seed=0)
     sharded = qwen3.init_model(cfg.replace(mesh=mesh), seed=0)
     prompts = [[5, 9, 17], [3, 1, 4, 1, 5, 9], [100], [8, 8]]
-    params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=2)
-    want = generate(plain, prompts, params, return_routing=True, engine=EngineConfig(scheduler="static"))
-    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2)
-    got = generate_continuous(sharded, prompts, params, engine=engine, return_routing=True)
+    params = SamplingParams(max_new_tokens=5, temperature=1.0, top_k=30, seed=4, num_samples=4)
+    budgets = [5, 1, 2, 5, 1, 1, 2, 5, 2, 1, 1, 1, 2, 1, 5, 1]  # the last rows' tail: width 4 of 8 slots
+    want = generate(plain, prompts, params, return_routing=True, engine=EngineConfig(scheduler="static"),
+                    row_max_new_tokens=budgets)
+    engine = EngineConfig(max_slots=8, page_size=4, steps_per_schedule=2, min_decode_slots=1)
+    got = generate_continuous(sharded, prompts, params, engine=engine, return_routing=True,
+                              row_max_new_tokens=budgets)
     batch_split = jax.sharding.NamedSharding(mesh, P(("data", "fsdp", "expert")))
     assert got.tokens.sharding.is_equivalent_to(batch_split, 2), got.tokens.sharding
     for name in ("tokens", "lengths", "routing", "prompt_mask"):
