@@ -246,6 +246,8 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
     graphdef, model_state = nnx.split(model)
     seed = np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32)
     widths = decode_widths(slots, engine.min_decode_slots, shards)
+    if rows <= slots and engine.steps_per_schedule >= params.max_new_tokens:
+        widths = (slots,)  # every row admitted at once ends in the first segment: no tail to narrow to
     return _Setup(layout, sizes, widths, graphdef, model_state, dataclasses.replace(params, seed=0), seed)
 
 
