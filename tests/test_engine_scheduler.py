@@ -10,7 +10,8 @@ import pytest
 
 from respo_jax.sampling import EngineConfig, SamplingParams
 from respo_jax.sampling.paged_cache import PagedCache, pool_pages_for_bytes
-from respo_jax.sampling.scheduler import Scheduler, decode_widths, default_num_pages
+from respo_jax.sampling.scheduler import (Scheduler, decode_widths, default_num_pages, first_prefill_step,
+                                         prefill_steps)
 
 
 def _prompt_value(prompt: int, position: int) -> int:
@@ -140,6 +141,28 @@ def test_decode_widths_and_the_slots_a_segment_decodes():
     np.testing.assert_array_equal(sched.decode_slots((2, 4, 8)), [1, 7])  # the two occupied slots
     np.testing.assert_array_equal(sched.decode_slots((4, 8)), [0, 1, 2, 7])  # + the lowest free ones
     np.testing.assert_array_equal(sched.decode_slots((8,)), np.arange(8))
+
+
+def test_a_long_prompts_prefill_takes_a_step_per_schedule_while_rows_decode():
+    assert prefill_steps(8, None) == [[(0, 7), (7, 8)]]  # one call: all but the last token, then it
+    assert prefill_steps(9, 4) == [[(0, 4)], [(4, 8), (8, 9)]]
+    assert prefill_steps(1, 4) == [[(0, 1)]]
+    assert [first_prefill_step(n, 24, 4) for n in (1, 3, 4, 20, 24)] == [5, 5, 5, 1, 0]  # pads skipped
+    # Bucket 24, pieces of 4: 6 steps. Prompt 0 (3 tokens) needs its last step only: admitted at once;
+    # prompt 1 (20 tokens) starts at step 1 and is admitted in the schedule of step 5, while row 0 decodes.
+    budgets = np.array([12, 4])
+    sched = Scheduler([3, 20], 1, budgets, max_new_tokens=12, max_slots=2, steps_per_schedule=2, page_size=4,
+                      num_pages=64, max_prompt_len=24, prefill_chunk=4)
+    log = []
+    while not sched.finished:
+        plan = sched.schedule()
+        log.append(([(p.prompt, p.step, p.last) for p in plan.prefills], [a.row for a in plan.admissions]))
+        running = sched.slot_row >= 0  # a segment of 2 steps, no EOS
+        sched.retire(np.where(running, np.minimum(sched.generated + 2, budgets[sched.slot_row]), 0),
+                     np.zeros(2, bool))
+    assert log[:5] == [([(0, 5, True), (1, 1, False)], [0]), ([(1, 2, False)], []), ([(1, 3, False)], []),
+                       ([(1, 4, False)], []), ([(1, 5, True)], [1])]
+    assert all(not prefills for prefills, _ in log[5:])
 
 
 def test_a_pool_too_small_for_one_row_is_a_clear_error():

@@ -201,6 +201,30 @@ def test_the_tail_decodes_only_the_occupied_slots_width(model, sampled, monkeypa
     _assert_same(out, dict(tokens=np.asarray(wide.tokens), lengths=budgets, logprobs=np.asarray(wide.logprobs)))
 
 
+def test_a_long_prompts_prefill_is_spread_over_schedules_while_rows_decode(model, sampled, monkeypatch):
+    # prefill_chunk_size=2: the 11-token prompt (bucket 16) takes 6 prefill steps, one per schedule,
+    # started when a slot frees; the rows in the other slots decode between its steps. Same samples.
+    params, _, want = sampled
+    events = []
+
+    def logged(name, program):
+        def call(*args, **kwargs):
+            events.append((name, kwargs.get("step")))
+            return program(*args, **kwargs)
+        return call
+
+    for name in ("prefill_prompts", "decode_segment"):
+        monkeypatch.setattr(paged_decode, name, logged(name, getattr(paged_decode, name)))
+    engine = dataclasses.replace(ENGINE, prefill_chunk_size=2)
+    _assert_same(generate_continuous(model, PROMPTS, params, engine=engine), want)
+    last = 7  # steps [0, 2) ... [12, 14), [14, 15) + the last token
+    steps = [step for name, step in events if name == "prefill_prompts"]
+    assert {2, 3, 4, 5, 6, 7} <= set(steps) and max(steps) == last  # the 11-token prompt: steps 2 to 7
+    between = [events[i + 1][0] for i, (name, step) in enumerate(events[:-1])
+               if name == "prefill_prompts" and step < last]
+    assert "decode_segment" in between  # decoding went on during a long prefill
+
+
 @pytest.fixture(scope="module")
 def moe_model():
     # initializer_range 0.3: well-separated logits and router scores (no top-k at a near-tie)
@@ -226,9 +250,11 @@ def test_moe_tokens_and_routing_equal_the_static_samplers(moe_model, temperature
     want = _with_eos_routing(full, eos)
     assert want["lengths"].min() < NEW < want["lengths"].max() + 1
     params = dataclasses.replace(params, eos_token_ids=(eos,))
-    narrow = dataclasses.replace(ENGINE, min_decode_slots=1)  # segments of 3 or 1 slots: capture in both
+    # segments of 3 or 1 slots (capture in both); sampled: prefills spread over schedules (the routing of
+    # the prompt tokens written step by step)
+    narrow = dataclasses.replace(ENGINE, min_decode_slots=1, prefill_chunk_size=2 if temperature else None)
     got = generate_continuous(moe_model, PROMPTS, params, engine=narrow, return_routing=True)
-    _assert_same(got, want)
+    _assert_same(got, want, logprob_tol=2e-5)  # pieces of 2 prompt tokens: sums in another order
     np.testing.assert_array_equal(np.asarray(got.routing), want["routing"])
     mask = np.asarray(full.prompt_mask)
     np.testing.assert_array_equal(np.asarray(got.prompt_mask), mask)
@@ -241,8 +267,9 @@ def test_compile_continuous_compiles_every_program_ahead(moe_model):
     # Routing capture, a pool that makes admission wait, prefills of 1 and 2 prompts: every program of a
     # call with these shapes is compiled ahead, so the call compiles nothing.
     params = SamplingParams(max_new_tokens=6, temperature=1.0, num_samples=2, seed=3, eos_token_ids=(2,))
-    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2, prompt_bucket=8, min_decode_slots=1)
-    compile_continuous(moe_model, 16, 4, params, engine=engine, return_routing=True)  # widths 3 and 1
+    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2, prompt_bucket=8, min_decode_slots=1,
+                          prefill_chunk_size=4)
+    compile_continuous(moe_model, 16, 4, params, engine=engine, return_routing=True)  # widths 3, 1; 4 steps
     before = compilation_totals()
     generate_continuous(moe_model, PROMPTS, params, engine=engine, return_routing=True)  # longest 11: 16
     assert (compilation_totals() - before).compiles == 0

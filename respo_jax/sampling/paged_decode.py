@@ -5,8 +5,9 @@ Why: with a static batch every chunk decodes until its longest row ends (see `ge
 finished row's slot is refilled between segments by the host `Scheduler`, and K/V live in the pages
 `PagedCache` hands out, so work and memory follow the tokens rows actually generate.
 
-Per schedule the host runs at most three jitted programs and one sync: `prefill_prompts` (every prompt
-the schedule starts, one batch), `admit_rows` (every admission, one call; `paged_prefill`) and
+Per schedule the host runs a few jitted programs and one sync: `prefill_prompts` (one batch per
+prefill step the schedule runs: the prompts it starts, and at most one long prompt's next piece,
+`EngineConfig.prefill_chunk_size`), `admit_rows` (every admission, one call; `paged_prefill`) and
 `decode_segment` (a `lax.while_loop` of at most `EngineConfig.steps_per_schedule` steps over the
 occupied slots padded to one of a few widths, `EngineConfig.min_decode_slots`; no host sync per
 token); then it reads the slots' token counts and done flags (gathered to every process, so all take
@@ -48,7 +49,7 @@ from respo_jax.sampling.paged_attention import check_paged_attention_impl, paged
 from respo_jax.sampling.paged_cache import pages_for
 from respo_jax.sampling.paged_prefill import admit_rows, padded_count, prefill_counts, prefill_prompts
 from respo_jax.sampling.params import EngineConfig, SamplingParams
-from respo_jax.sampling.scheduler import Scheduler, decode_widths, engine_slots, pool_pages
+from respo_jax.sampling.scheduler import Scheduler, decode_widths, engine_slots, pool_pages, prefill_steps
 
 
 def _feed(model, state: EngineState, feed: jax.Array, impl: str):
@@ -255,11 +256,13 @@ def _prefill_arrays(layout: Layout, prompts, prefills, count: int, logit_row_of:
     """The host arrays of `prefill_prompts` for `prefills` (`Prefill`s) padded to `count` prompts."""
     input_ids, positions, mask, _ = left_pad([prompts[p.prompt] for p in prefills], layout.bucket, count)
     pages = np.full((count, pages_for(layout.bucket, layout.page_size)), layout.num_pages, np.int32)
-    logit_rows = np.full(count, layout.logit_rows, np.int32)  # filler: out of bounds
+    logit_rows = np.full(count, layout.logit_rows, np.int32)  # filler (and steps before the last): dropped
     index = np.full(count, layout.num_prompts, np.int32)
     for i, prefill in enumerate(prefills):
         pages[i, : len(prefill.pages)] = prefill.pages
-        logit_rows[i], index[i] = logit_row_of[prefill.prompt], prefill.prompt
+        index[i] = prefill.prompt
+        if prefill.last:
+            logit_rows[i] = logit_row_of[prefill.prompt]
     return input_ids, positions, mask, pages, logit_rows, index
 
 
@@ -306,19 +309,22 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
     rows = len(prompts) * num_samples
     sched = Scheduler(lengths, num_samples, budgets, max_new_tokens=params.max_new_tokens,
                       max_slots=layout.slots, steps_per_schedule=engine.steps_per_schedule,
-                      page_size=layout.page_size, num_pages=layout.num_pages, max_prompt_len=layout.bucket)
+                      page_size=layout.page_size, num_pages=layout.num_pages, max_prompt_len=layout.bucket,
+                      prefill_chunk=engine.prefill_chunk_size)
     state = init_state(run.graphdef, run.model_state, run.seed, layout=layout, pad_token_id=params.pad_token_id)
     free_logit_rows = list(range(layout.logit_rows))[::-1]  # the lowest first (pop)
     logit_row_of, pending = {}, [num_samples] * len(prompts)
     while not sched.finished:
         plan = sched.schedule()
-        if plan.prefills:
-            for prefill in plan.prefills:
-                logit_row_of[prefill.prompt] = free_logit_rows.pop()
-            count = padded_count(len(plan.prefills), run.prefill_sizes)
+        for step in sorted({prefill.step for prefill in plan.prefills}):  # one call per prefill step
+            group = [prefill for prefill in plan.prefills if prefill.step == step]
+            for prefill in group:
+                if prefill.last:
+                    logit_row_of[prefill.prompt] = free_logit_rows.pop()
+            count = padded_count(len(group), run.prefill_sizes)
             state = prefill_prompts(run.graphdef, run.model_state, state,
-                                    *_prefill_arrays(layout, prompts, plan.prefills, count, logit_row_of),
-                                    chunk=engine.prefill_chunk_size)
+                                    *_prefill_arrays(layout, prompts, group, count, logit_row_of),
+                                    chunk=engine.prefill_chunk_size, step=step)
         if plan.admissions:
             state = admit_rows(run.graphdef, run.model_state, state,
                                *_admission_arrays(layout, plan.admissions, ids, lengths, budgets, logit_row_of),
@@ -327,6 +333,8 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
                 pending[adm.prompt] -= 1
                 if pending[adm.prompt] == 0:
                     free_logit_rows.append(logit_row_of.pop(adm.prompt))
+        if not sched.decoding:
+            continue  # a long prompt's prefill goes on, no row runs yet
         state, flags = decode_segment(run.graphdef, run.model_state, state, plan.page_table,
                                       sched.decode_slots(run.decode_widths), np.int32(engine.steps_per_schedule),
                                       params=run.params, impl=engine.paged_attention_impl)
@@ -362,8 +370,10 @@ def compile_continuous(model, prompt_len: int, num_prompts: int, params: Samplin
     state = compiled(init_state, run.graphdef, run.model_state, run.seed, layout=layout,
                      pad_token_id=params.pad_token_id)
     for count in run.prefill_sizes:
-        state = compiled(prefill_prompts, run.graphdef, run.model_state, state,
-                         *_prefill_arrays(layout, [], (), count, {}), chunk=engine.prefill_chunk_size)
+        for step in range(len(prefill_steps(layout.bucket, engine.prefill_chunk_size))):
+            state = compiled(prefill_prompts, run.graphdef, run.model_state, state,
+                             *_prefill_arrays(layout, [], (), count, {}), chunk=engine.prefill_chunk_size,
+                             step=step)
     zeros = np.zeros(num_prompts * params.num_samples, np.int64)
     state = compiled(admit_rows, run.graphdef, run.model_state, state,
                      *_admission_arrays(layout, (), zeros, lengths, zeros, {}), params=run.params)

@@ -6,8 +6,9 @@ takes a fraction of a second, so a dispatch per prompt or per row would cost mor
 `prefill_prompts` runs every prompt a schedule prefills as one `[P, bucket]` batch (P padded to one of
 a few sizes, `prefill_counts`; filler prompts write only the scratch page), `admit_rows` every admission
 of the schedule as arrays padded to the slot count (filler entries point out of bounds and are
-dropped). Shapes depend only on the call's `Layout`, the bucket and P, so each program compiles once
-per (bucket, P).
+dropped). Shapes depend only on the call's `Layout`, the bucket, P and the prefill step, so each
+program compiles once per (bucket, P, step). A long prompt's prefill runs one step per schedule
+(`scheduler.prefill_steps`), so admissions of its rows wait for it but decoding does not.
 
 One prefill per prompt: the G rows of a prompt share its pages (`PagedCache`) and its last token's
 logits (`EngineState.prompt_logits`, one row per prompt with rows still to admit); each row draws its
@@ -26,6 +27,7 @@ from respo_jax.models import qwen3
 from respo_jax.sampling.engine_state import EngineState, constrain_state, is_eos, row_keys
 from respo_jax.sampling.logits_processing import sample
 from respo_jax.sampling.params import SamplingParams
+from respo_jax.sampling.scheduler import prefill_steps
 
 
 def prefill_counts(max_prompts: int, shards: int) -> tuple[int, ...]:
@@ -47,52 +49,70 @@ def padded_count(count: int, sizes: tuple[int, ...]) -> int:
     raise ValueError(f"{count} prompts exceed the largest prefill batch {sizes[-1]}")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk", "step"), donate_argnames=("state",))
 def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positions, attention_mask, pages,
-                    logit_rows, prompt_index, *, chunk: int | None) -> EngineState:
-    """Prefill P prompts and scatter their K/V into their pages.
+                    logit_rows, prompt_index, *, chunk: int | None, step: int = 0) -> EngineState:
+    """Step `step` of the prefill of P prompts, its K/V scattered into their pages.
 
     input_ids, positions, attention_mask: [P, bucket] int32, left-padded (`generate.left_pad`; filler
     rows hold one token); pages: [P, pages_for(bucket)] int32 pool pages of each prompt's tokens in
     order (the scratch page past the prompt's own, and everywhere for filler); logit_rows: [P] int32
-    rows of `state.prompt_logits` to write the last token's logits to; prompt_index: [P] int32 the
-    prompts' indices (routing). Filler entries of both are out of bounds: dropped. As in `generate`,
-    all but the last token run in pieces of at most `chunk` tokens (`EngineConfig.prefill_chunk_size`;
-    None: one piece) and the last token alone, so logits are computed for it only.
+    rows of `state.prompt_logits` to write the last token's logits to (at the last step); prompt_index:
+    [P] int32 the prompts' indices (routing). Filler entries of both are out of bounds: dropped. As in
+    `generate`, all but the last token run in pieces of at most `chunk` tokens
+    (`EngineConfig.prefill_chunk_size`; None: one piece) and the last token alone, so logits are
+    computed for it only; the step runs the pieces `scheduler.prefill_steps` gives it. A step after a
+    prompt's first reads the K/V of the earlier pieces back from its pages into the dense cache the
+    pieces attend over (the pads' slots zero and masked, as a piece of pads alone leaves them), so the
+    values are those of one call running every piece.
     """
     model = nnx.merge(graphdef, model_state)
     cfg = model.config
     batch, bucket = input_ids.shape
+    pieces = prefill_steps(bucket, chunk)[step]
+    begin, end = pieces[0][0], pieces[-1][1]
+    page_size = state.k_pages.shape[3]
+    pad = bucket - jnp.sum(attention_mask, axis=1).astype(jnp.int32)                   # [P]
+    prompt = jnp.arange(batch, dtype=jnp.int32)[:, None]
     cache = qwen3.init_cache(cfg, batch, bucket, dtype=state.k_pages.dtype)
+    if begin:
+        position = jnp.arange(begin, dtype=jnp.int32)[None, :] - pad[:, None]          # [P, begin] per slot
+        real = position >= 0
+        position = jnp.maximum(position, 0)
+        page, offset = pages[prompt, position // page_size], position % page_size
+
+        def restore(cached, pool):  # pool [layers, kv, pages, page_size, d] -> slots [0, begin) of the cache
+            values = jnp.where(real[None, None, :, :, None], pool[:, :, page, offset], 0)
+            return cached.at[:, :, :begin].set(values.transpose(0, 2, 3, 1, 4).astype(cached.dtype))
+
+        cache = cache.replace(k=restore(cache.k, state.k_pages), v=restore(cache.v, state.v_pages),
+                              valid=cache.valid.at[:, :begin].set(attention_mask[:, :begin] > 0),
+                              index=jnp.int32(begin))
     routing = state.prompt_routing is not None
-    step = chunk or bucket
-    bounds = [(start, min(start + step, bucket - 1)) for start in range(0, bucket - 1, step)]
-    pieces = []
-    for start, end in bounds + [(bucket - 1, bucket)]:  # static unroll: few pieces
-        out = model.forward(input_ids[:, start:end], positions[:, start:end], attention_mask[:, start:end],
+    routed = []
+    for start, stop in pieces:  # static unroll: few pieces
+        out = model.forward(input_ids[:, start:stop], positions[:, start:stop], attention_mask[:, start:stop],
                             cache, return_routing=routing)
         cache = out.cache
         if routing:
-            pieces.append(out.routing.astype(jnp.int32))
-    page_size = state.k_pages.shape[3]
+            routed.append(out.routing.astype(jnp.int32))
     position = jnp.arange(pages.shape[1] * page_size, dtype=jnp.int32)                 # [T]
-    pad = bucket - jnp.sum(attention_mask, axis=1).astype(jnp.int32)                   # [P]
     source = jnp.minimum(position[None, :] + pad[:, None], bucket - 1)  # cache slot of each position
-    prompt = jnp.arange(batch, dtype=jnp.int32)[:, None]
-    page = pages[prompt, (position // page_size)[None, :]]                             # [P, T]
+    # positions whose slot this step wrote; the others' pages stay (out of bounds: dropped)
+    page = jnp.where((source >= begin) & (source < end), pages[prompt, (position // page_size)[None, :]],
+                     state.k_pages.shape[2])                                            # [P, T]
     offset = jnp.broadcast_to(position % page_size, page.shape)
 
     def scatter(pool, cached):  # cached: [layers, P, bucket, kv_heads, head_dim]
         values = cached[:, prompt, source]                                              # [layers, P, T, kv, d]
-        return pool.at[:, :, page, offset].set(values.transpose(0, 3, 1, 2, 4).astype(pool.dtype))
+        return pool.at[:, :, page, offset].set(values.transpose(0, 3, 1, 2, 4).astype(pool.dtype), mode="drop")
 
-    state = state.replace(
-        k_pages=scatter(state.k_pages, cache.k), v_pages=scatter(state.v_pages, cache.v),
-        prompt_logits=state.prompt_logits.at[logit_rows].set(out.logits[:, -1], mode="drop"),
-    )
+    state = state.replace(k_pages=scatter(state.k_pages, cache.k), v_pages=scatter(state.v_pages, cache.v))
+    if end == bucket:
+        state = state.replace(prompt_logits=state.prompt_logits.at[logit_rows].set(out.logits[:, -1], mode="drop"))
     if routing:
-        state = state.replace(prompt_routing=state.prompt_routing.at[:, prompt_index].set(
-            jnp.concatenate(pieces, axis=2), mode="drop"))
+        state = state.replace(prompt_routing=state.prompt_routing.at[:, prompt_index, begin:end].set(
+            jnp.concatenate(routed, axis=2), mode="drop"))
     return constrain_state(state, cfg)
 
 

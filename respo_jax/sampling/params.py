@@ -119,7 +119,8 @@ class EngineConfig:
         distinct cache lengths follow the prompt buckets anyway).
       prefill_chunk_size: prefill the padded prompt in pieces of at most this many tokens (bounds the
         activation memory of long prompts); None prefills in one pass. Either way the vocabulary
-        projection runs for the last prompt token only.
+        projection runs for the last prompt token only. The continuous engine runs one piece per
+        schedule, so the running rows decode between the pieces of a long prompt.
       decode_chunk_size: decode in segments of this many steps, growing the cache by as much between
         segments (one host sync and one compilation per segment length), so attention reads only the
         slots a segment can reach; None decodes in one loop over a cache sized for max_new_tokens.

@@ -13,8 +13,10 @@ prompt-major order into the lowest free slot, and admission stops at the first r
 (it waits; no later row overtakes it). Every process fed the same flags takes the same decisions.
 
 Rows and prompts. Row r is sample r % G of prompt r // G (G = `num_samples`). A prompt is prefilled
-once, when its first row is admitted; its pages stay held while any of its rows waits, so rows of one
-prompt admitted in different segments share the same prefill.
+once, starting when its first row could be admitted: in one step, or with `prefill_chunk` in one step
+per schedule (`prefill_steps`), its rows admitted with the last one while running rows go on
+decoding; its pages stay held while any of its rows waits, so rows of one prompt admitted in
+different segments share the same prefill.
 """
 
 from __future__ import annotations
@@ -30,11 +32,34 @@ from respo_jax.sampling.paged_cache import PagedCache, PromptPages, pages_for, p
 
 @dataclasses.dataclass(frozen=True)
 class Prefill:
-    """Prefill prompt `prompt` (`tokens` tokens) into `pages` (in order)."""
+    """Run step `step` of prompt `prompt`'s prefill (`tokens` tokens) into `pages` (in order); `last`:
+    the step that ends it (writes the last token's logits: its rows can be admitted)."""
 
     prompt: int
     tokens: int
     pages: tuple[int, ...]
+    step: int = 0
+    last: bool = True
+
+
+def prefill_steps(bucket: int, chunk: int | None) -> list[list[tuple[int, int]]]:
+    """The pieces `[start, end)` of a prefill of `bucket` (left-padded) tokens, grouped by the engine
+    call (step) that runs them: all but the last token in pieces of at most `chunk` tokens (None: one
+    piece), one piece a step, and the last token alone (its logits only) in the last step.
+
+    Why steps: a long prompt's prefill spread over schedules, one piece per schedule, so the decode
+    segments of running rows go on between its pieces."""
+    size = chunk or bucket
+    steps = [[(start, min(start + size, bucket - 1))] for start in range(0, bucket - 1, size)] or [[]]
+    steps[-1].append((bucket - 1, bucket))
+    return steps
+
+
+def first_prefill_step(prompt_len: int, bucket: int, chunk: int | None) -> int:
+    """The first step of `prefill_steps(bucket, chunk)` holding a real token of a prompt of `prompt_len`
+    tokens left-padded to `bucket`: the steps before it are padding alone (masked: skipped)."""
+    steps = len(prefill_steps(bucket, chunk))
+    return min((bucket - prompt_len) // (chunk or bucket), steps - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,12 +96,16 @@ class Scheduler:
       num_pages: pages in the pool (`default_num_pages` when the engine leaves it open).
       max_prompt_len: the page tables are sized for prompts of up to this many tokens (None: the
         longest prompt); the engine passes its prompt bucket, so the tables' shape follows the bucket.
+      prefill_chunk: `EngineConfig.prefill_chunk_size`: a prompt's prefill runs in the steps of
+        `prefill_steps(max_prompt_len, prefill_chunk)` from its first real one, one step per schedule
+        (None: one step); its rows are admitted in the schedule of its last step, and no later row
+        overtakes them meanwhile, while running rows go on decoding.
     A row's cache holds its prompt and its response: `prompt + budget` tokens at most.
     """
 
     def __init__(self, prompt_lengths: Sequence[int], num_samples: int, budgets: Sequence[int], *,
                  max_new_tokens: int, max_slots: int, steps_per_schedule: int, page_size: int,
-                 num_pages: int, max_prompt_len: int | None = None):
+                 num_pages: int, max_prompt_len: int | None = None, prefill_chunk: int | None = None):
         self.prompt_lengths = [int(n) for n in prompt_lengths]
         self.num_samples = int(num_samples)
         budgets = np.asarray(budgets)
@@ -90,6 +119,9 @@ class Scheduler:
         self.budgets = budgets.astype(np.int64)
         self.steps_per_schedule = steps_per_schedule
         longest = max(self.prompt_lengths + [max_prompt_len or 0])
+        self.bucket, self.prefill_chunk = longest, prefill_chunk
+        self._last_step = len(prefill_steps(longest, prefill_chunk)) - 1
+        self._prefilling: dict[int, int] = {}  # prompt -> its prefill's next step (started, not ended)
         max_pages = pages_for(longest + max_new_tokens, page_size)
         self.cache = PagedCache(num_pages, page_size, max_slots, max_pages)
         for row in range(rows):
@@ -124,17 +156,24 @@ class Scheduler:
         """Admit waiting rows into free slots (FIFO, while pages allow) and grow every running row's
         pages for the next `steps_per_schedule` steps."""
         prefills, admissions = [], []
+        for prompt, step in list(self._prefilling.items()):  # prefills started in earlier schedules
+            prefills.append(self._prefill(prompt, step))
         free_slots = [int(s) for s in np.flatnonzero(self.slot_row < 0)]
         while self._waiting and free_slots:
             row = self._waiting[0]
             prompt = row // self.num_samples
+            if prompt in self._prefilling:
+                break  # its prefill goes on in the next schedules; no later row overtakes it
             last = self._pending[prompt] == 1
             held = prompt in self._prompts
             if self._row_need(row, held, take_partial=last) > self.cache.available:
                 break  # wait for pages: a row is never dropped or truncated
             if not held:
                 self._prompts[prompt] = self.cache.hold_prompt(self.prompt_lengths[prompt])
-                prefills.append(Prefill(prompt, self.prompt_lengths[prompt], self._prompts[prompt].pages))
+                first = first_prefill_step(self.prompt_lengths[prompt], self.bucket, self.prefill_chunk)
+                prefills.append(self._prefill(prompt, first))
+                if prompt in self._prefilling:
+                    break  # admitted once its last step ran (the pages it needs stay free: FIFO)
             slot = free_slots.pop(0)
             copy = self.cache.attach(slot, self._prompts[prompt], self._row_tokens(row), take_partial=last)
             self._waiting.popleft()
@@ -144,13 +183,27 @@ class Scheduler:
             self.slot_row[slot] = row
             self.generated[slot] = 0
             admissions.append(Admission(slot, row, prompt, copy))
-        if self._waiting and not admissions and np.all(self.slot_row < 0):  # excluded by __init__'s check
+        if self._waiting and not admissions and not prefills and np.all(self.slot_row < 0):  # see __init__
             raise RuntimeError(f"row {self._waiting[0]} fits no empty pool of {self.cache.num_pages} pages")
         for slot in np.flatnonzero(self.slot_row >= 0):
             row = int(self.slot_row[slot])
             upto = min(int(self.generated[slot]) + self.steps_per_schedule, int(self.budgets[row]))
             self.cache.grow(int(slot), self.prompt_lengths[row // self.num_samples] + upto)
         return Schedule(tuple(prefills), tuple(admissions), self.cache.page_table.copy())
+
+    def _prefill(self, prompt: int, step: int) -> Prefill:
+        """Step `step` of the prompt's prefill; notes the next one unless it is the last."""
+        last = step == self._last_step
+        if last:
+            self._prefilling.pop(prompt, None)
+        else:
+            self._prefilling[prompt] = step + 1
+        return Prefill(prompt, self.prompt_lengths[prompt], self._prompts[prompt].pages, step, last)
+
+    @property
+    def decoding(self) -> bool:
+        """Some slot holds a row (a decode segment has work)."""
+        return bool(np.any(self.slot_row >= 0))
 
     def decode_slots(self, widths: Sequence[int]) -> np.ndarray:
         """The slots the next segment decodes: every occupied slot and the lowest free ones, as many as
