@@ -273,3 +273,20 @@ def test_compile_continuous_compiles_every_program_ahead(moe_model):
     before = compilation_totals()
     generate_continuous(moe_model, PROMPTS, params, engine=engine, return_routing=True)  # longest 11: 16
     assert (compilation_totals() - before).compiles == 0
+
+
+def test_a_call_whose_rows_fit_the_slots_compiles_one_prefill_size_and_one_width(model):
+    # 8 rows in 8 slots, every row ends within the first segment: one prefill of all 4 prompts, one
+    # decode width, so compile_continuous compiles 5 programs (the state, that prefill, the admission,
+    # the segment, the output) and the call none. Bucket 24: shapes no other test compiles.
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, num_samples=2, seed=1)
+    engine = EngineConfig(max_slots=8, page_size=4, steps_per_schedule=4, min_decode_slots=1, prompt_bucket=24)
+    before = compilation_totals()
+    compile_continuous(model, 24, 4, params, engine=engine)
+    assert (compilation_totals() - before).compiles == 5
+    before = compilation_totals()
+    out = generate_continuous(model, PROMPTS, params, engine=engine)
+    assert (compilation_totals() - before).compiles == 0
+    want = generate(model, PROMPTS, params, engine=STATIC)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(want.tokens))
+

@@ -240,6 +240,8 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
                            num_layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
                            head_dim=cfg.head_dim, itemsize=jnp.dtype(cfg.dtype).itemsize)
     sizes = prefill_counts(min(slots, len(lengths)), shards)
+    if rows <= slots:
+        sizes = sizes[-1:]  # every prompt starts in the first schedule (a later, smaller prefill is padded)
     layout = Layout(slots=slots, max_pages=pages_for(bucket + params.max_new_tokens, page_size),
                     num_pages=num_pages, page_size=page_size, rows=-(-rows // shards) * shards,
                     max_new_tokens=params.max_new_tokens, logit_rows=sizes[-1] + 1, num_prompts=len(lengths),
