@@ -194,7 +194,8 @@ def test_eval_engine_fields_map_into_the_samplers_engine_config():
         "eval.decode_chunk_size=0", "eval.min_decode_slots=3"]).eval
     assert changed.engine_config() == EngineConfig(
         scheduler="static", prompt_bucket=128, decode_chunk_size=None, max_batch_rows=6, max_slots=6,
-        steps_per_schedule=2, page_size=8, num_pages=50, paged_attention_impl="pallas_tpu", min_decode_slots=3)
+        steps_per_schedule=2, page_size=8, num_pages=50, paged_attention_impl="pallas_tpu",
+        min_decode_slots=3)
     budget = apply_overrides(EvalConfig(), ["eval.checkpoint=x", "eval.kv_cache_bytes=123456"]).eval
     assert (budget.engine_config().kv_cache_bytes, budget.engine_config().num_pages) == (123456, None)
 

@@ -195,10 +195,11 @@ def test_the_tail_decodes_only_the_occupied_slots_width(model, sampled, monkeypa
     widths.clear()
     out = generate_continuous(model, PROMPTS, ignoring, engine=engine, row_max_new_tokens=budgets)
     assert widths[:2] == [6, 6] and 3 in widths and widths[-1] == 1  # rows 4 and 9, then the later one
-    wide = generate_continuous(model, PROMPTS, ignoring, engine=dataclasses.replace(engine, min_decode_slots=6),
-                               row_max_new_tokens=budgets)
+    wide = generate_continuous(model, PROMPTS, ignoring, row_max_new_tokens=budgets,
+                               engine=dataclasses.replace(engine, min_decode_slots=6))
     np.testing.assert_array_equal(np.asarray(out.lengths), budgets)
-    _assert_same(out, dict(tokens=np.asarray(wide.tokens), lengths=budgets, logprobs=np.asarray(wide.logprobs)))
+    _assert_same(out, dict(tokens=np.asarray(wide.tokens), lengths=budgets,
+                           logprobs=np.asarray(wide.logprobs)))
 
 
 def test_a_long_prompts_prefill_is_spread_over_schedules_while_rows_decode(model, sampled, monkeypatch):
@@ -280,7 +281,8 @@ def test_a_call_whose_rows_fit_the_slots_compiles_one_prefill_size_and_one_width
     # decode width, so compile_continuous compiles 5 programs (the state, that prefill, the admission,
     # the segment, the output) and the call none. Bucket 24: shapes no other test compiles.
     params = SamplingParams(max_new_tokens=4, temperature=1.0, num_samples=2, seed=1)
-    engine = EngineConfig(max_slots=8, page_size=4, steps_per_schedule=4, min_decode_slots=1, prompt_bucket=24)
+    engine = EngineConfig(max_slots=8, page_size=4, steps_per_schedule=4, min_decode_slots=1,
+                          prompt_bucket=24)
     before = compilation_totals()
     compile_continuous(model, 24, 4, params, engine=engine)
     assert (compilation_totals() - before).compiles == 5

@@ -53,8 +53,8 @@ class EvalSettings(_Section):
       paged_attention_impl: the continuous engine's decode steps between scheduling decisions, the
       fewest slots a segment decodes (the occupied ones padded to a halving of max_slots), tokens per KV
       page, and pool (num_pages pages or a kv_cache_bytes budget, at most one; 0 for both: every slot
-      can hold a whole row, so admission never waits), and its attention kernel ("gather" everywhere, "pallas_tpu" /
-      "pallas_gpu" on their platform only).
+      can hold a whole row, so admission never waits), and its attention kernel ("gather" everywhere,
+      "pallas_tpu" / "pallas_gpu" on their platform only).
     prompt_bucket / decode_chunk_size: the sampler's EngineConfig (fewer compilations / the static
       engine's attention over the slots generated so far); 0 for decode_chunk_size decodes in one loop.
     num_workers: Math-Verify worker processes (0: the CPU count, at most 32).

@@ -304,7 +304,8 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
       prompt_mask) with `generate`'s conventions: `tokens[r, t]` for t >= lengths[r] is
       `params.pad_token_id`, `logprobs` and `routing` 0 there.
     """
-    _, prompts, ids, budgets = _check_call(model, prompts, params, return_routing, row_ids, row_max_new_tokens)
+    _, prompts, ids, budgets = _check_call(model, prompts, params, return_routing, row_ids,
+                                           row_max_new_tokens)
     lengths = [len(p) for p in prompts]
     run = _setup(model, lengths, params, engine, return_routing)
     layout, num_samples = run.layout, params.num_samples
@@ -337,9 +338,10 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
                     free_logit_rows.append(logit_row_of.pop(adm.prompt))
         if not sched.decoding:
             continue  # a long prompt's prefill goes on, no row runs yet
-        state, flags = decode_segment(run.graphdef, run.model_state, state, plan.page_table,
-                                      sched.decode_slots(run.decode_widths), np.int32(engine.steps_per_schedule),
-                                      params=run.params, impl=engine.paged_attention_impl)
+        run_slots = sched.decode_slots(run.decode_widths)
+        state, flags = decode_segment(run.graphdef, run.model_state, state, plan.page_table, run_slots,
+                                      np.int32(engine.steps_per_schedule), params=run.params,
+                                      impl=engine.paged_attention_impl)
         generated, done = to_host(flags)  # the one sync of a segment, the same flags in every process
         sched.retire(generated, done.astype(bool))
     return finish(state, np.asarray(lengths, np.int32), rows=rows, num_samples=num_samples)

@@ -105,11 +105,13 @@ def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positi
 
     def scatter(pool, cached):  # cached: [layers, P, bucket, kv_heads, head_dim]
         values = cached[:, prompt, source]                                              # [layers, P, T, kv, d]
-        return pool.at[:, :, page, offset].set(values.transpose(0, 3, 1, 2, 4).astype(pool.dtype), mode="drop")
+        values = values.transpose(0, 3, 1, 2, 4).astype(pool.dtype)
+        return pool.at[:, :, page, offset].set(values, mode="drop")
 
     state = state.replace(k_pages=scatter(state.k_pages, cache.k), v_pages=scatter(state.v_pages, cache.v))
     if end == bucket:
-        state = state.replace(prompt_logits=state.prompt_logits.at[logit_rows].set(out.logits[:, -1], mode="drop"))
+        logits = state.prompt_logits.at[logit_rows].set(out.logits[:, -1], mode="drop")
+        state = state.replace(prompt_logits=logits)
     if routing:
         state = state.replace(prompt_routing=state.prompt_routing.at[:, prompt_index, begin:end].set(
             jnp.concatenate(routed, axis=2), mode="drop"))

@@ -16,8 +16,9 @@ from respo_jax.sampling.paged_decode import generate_continuous
 
 def test_continuous_engine_on_a_mesh_equals_the_static_sampler_on_one_device():
     """(2,2,2,1): 4 batch shards, kv heads split over tensor; 8 slots refilled by 16 rows, whose budgets
-    leave a tail that decodes at width 4 (the slots gathered across the batch shards). Tokens, log-probs, lengths and the routing of prompt and generated tokens equal the
-    single-device static sampler's; the rows come out split like the batch."""
+    leave a tail that decodes at width 4 (the slots gathered across the batch shards). Tokens, log-probs,
+    lengths and the routing of prompt and generated tokens equal the single-device static sampler's; the
+    rows come out split like the batch."""
     # initializer_range 0.3: well-separated logits, so top-k sets are not decided by float rounding
     cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3, scan_layers=True)
     mesh = mesh_of(2, 2, 2, 1)
