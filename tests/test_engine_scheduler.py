@@ -11,7 +11,7 @@ import pytest
 from respo_jax.sampling import EngineConfig, SamplingParams
 from respo_jax.sampling.paged_cache import PagedCache, pool_pages_for_bytes
 from respo_jax.sampling.scheduler import (Scheduler, decode_widths, default_num_pages, first_prefill_step,
-                                         prefill_steps)
+                                         prefill_steps, segment_widths)
 
 
 def _prompt_value(prompt: int, position: int) -> int:
@@ -131,6 +131,10 @@ def test_decode_widths_and_the_slots_a_segment_decodes():
     assert decode_widths(64, 64) == decode_widths(64, 100) == (64,)
     assert decode_widths(24, 1) == (1, 3, 6, 12, 24)  # halvings, floored
     assert decode_widths(24, 1, shards=4) == (4, 8, 12, 24)  # each a multiple of the batch shards
+    engine = EngineConfig(min_decode_slots=16, steps_per_schedule=8)
+    assert segment_widths(engine, slots=64, rows=128, max_new_tokens=8) == (16, 32, 64)
+    assert segment_widths(engine, slots=64, rows=64, max_new_tokens=9) == (16, 32, 64)
+    assert segment_widths(engine, slots=64, rows=64, max_new_tokens=8) == (64,)  # all end in segment 1
     sched = Scheduler([3, 5], 4, [2, 9, 2, 2, 2, 2, 2, 9], max_new_tokens=9, max_slots=8,
                       steps_per_schedule=2, page_size=4, num_pages=64)
     sched.schedule()  # all 8 rows admitted into slots 0-7

@@ -146,15 +146,15 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
     `steps_per_schedule` steps or until no row is live.
     Returns {peak_pages (pages in use at the peak, prompt pages included), segments, decoded_tokens (slots
     × steps of every segment, plus the first token of every row)}."""
-    from respo_jax.sampling.scheduler import Scheduler, decode_widths, engine_slots
+    from respo_jax.sampling.scheduler import Scheduler, engine_slots, segment_widths
 
     budgets = np.asarray(budgets, np.int64)
-    sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max_new_tokens,
-                      max_slots=engine_slots(engine.max_slots, len(budgets)),
+    slots = engine_slots(engine.max_slots, len(budgets))
+    sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max_new_tokens, max_slots=slots,
                       steps_per_schedule=engine.steps_per_schedule, page_size=engine.page_size,
-                      num_pages=num_pages, max_prompt_len=_round_up(max(prompt_lengths), engine.prompt_bucket))
-    slots = len(sched.slot_row)
-    widths = decode_widths(slots, engine.min_decode_slots)
+                      num_pages=num_pages, prefill_chunk=engine.prefill_chunk_size,
+                      max_prompt_len=_round_up(max(prompt_lengths), engine.prompt_bucket))
+    widths = segment_widths(engine, slots=slots, rows=len(budgets), max_new_tokens=max_new_tokens)
     generated = np.zeros(slots, np.int64)
     peak = segments = 0
     decoded = len(budgets)

@@ -49,7 +49,7 @@ from respo_jax.sampling.paged_attention import check_paged_attention_impl, paged
 from respo_jax.sampling.paged_cache import pages_for
 from respo_jax.sampling.paged_prefill import admit_rows, padded_count, prefill_counts, prefill_prompts
 from respo_jax.sampling.params import EngineConfig, SamplingParams
-from respo_jax.sampling.scheduler import Scheduler, decode_widths, engine_slots, pool_pages, prefill_steps
+from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages, prefill_steps, segment_widths
 
 
 def _feed(model, state: EngineState, feed: jax.Array, impl: str):
@@ -248,9 +248,8 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
                     bucket=bucket, routing=bool(return_routing))
     graphdef, model_state = nnx.split(model)
     seed = np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32)
-    widths = decode_widths(slots, engine.min_decode_slots, shards)
-    if rows <= slots and engine.steps_per_schedule >= params.max_new_tokens:
-        widths = (slots,)  # every row admitted at once ends in the first segment: no tail to narrow to
+    widths = segment_widths(engine, slots=slots, rows=rows, max_new_tokens=params.max_new_tokens,
+                            shards=shards)
     return _Setup(layout, sizes, widths, graphdef, model_state, dataclasses.replace(params, seed=0), seed)
 
 

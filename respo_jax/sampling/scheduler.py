@@ -260,6 +260,16 @@ def decode_widths(slots: int, min_slots: int, shards: int = 1) -> tuple[int, ...
     return tuple(sorted(widths))
 
 
+def segment_widths(engine, *, slots: int, rows: int, max_new_tokens: int, shards: int = 1) -> tuple[int, ...]:
+    """The decode widths of a call of `rows` rows in `slots` slots, as `EngineConfig` sets them:
+    `decode_widths(slots, engine.min_decode_slots, shards)`, or the slot count alone when every row fits
+    the slots and ends within the first segment (no tail to narrow to: the narrower programs would be
+    compiled for nothing)."""
+    if rows <= slots and engine.steps_per_schedule >= max_new_tokens:
+        return (slots,)
+    return decode_widths(slots, engine.min_decode_slots, shards)
+
+
 def pool_pages(engine, *, bucket: int, max_new_tokens: int, slots: int, num_layers: int, kv_heads: int,
                head_dim: int, itemsize: int) -> int:
     """Pages of the continuous engine's pool (its scratch page not counted), as `EngineConfig` sizes it:
