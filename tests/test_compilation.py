@@ -89,7 +89,8 @@ def _launch(out_dir: pathlib.Path, cache: pathlib.Path, *overrides: str) -> list
          f"run.compilation_cache_dir={cache}", *overrides],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return records, "compile-ahead skipped" in result.stderr
 
 
 def _entries(cache: pathlib.Path) -> set[str]:
@@ -103,13 +104,16 @@ def _rl(records: list[dict]) -> list[dict]:
 @pytest.mark.slow
 def test_a_second_launch_reads_every_program_from_the_cache_and_a_changed_config_compiles(tmp_path):
     cache = tmp_path / "cache"
-    first = _launch(tmp_path / "first", cache)
+    first, skipped = _launch(tmp_path / "first", cache)
+    assert not skipped  # a cold cache: compiled ahead, and recorded
+    assert len(list((cache / compilation.COMPILED_AHEAD_DIR).iterdir())) == 1
     assert [r["compile_cache_hits"] for r in _rl(first)][0] == 0  # a cold cache serves nothing
     assert _rl(first)[0]["compiles"] > 0
     written = _entries(cache)
     assert written, "the first launch wrote no cache entry"
 
-    second = _launch(tmp_path / "second", cache)
+    second, skipped = _launch(tmp_path / "second", cache)
+    assert skipped  # the record: each program read from the cache when first needed
     for record in _rl(second):  # every program an iteration needed came from the cache ...
         assert record["compile_cache_hits"] == record["compiles"], record
     assert _rl(second)[0]["compiles"] > 0
@@ -117,7 +121,8 @@ def test_a_second_launch_reads_every_program_from_the_cache_and_a_changed_config
     strip = [{k: v for k, v in r.items() if k not in PROCESS_KEYS} for r in first]
     assert [{k: v for k, v in r.items() if k not in PROCESS_KEYS} for r in second] == strip  # same run
 
-    changed = _launch(tmp_path / "changed", cache, "rollout.max_new_tokens=7")
+    changed, skipped = _launch(tmp_path / "changed", cache, "rollout.max_new_tokens=7")
+    assert not skipped  # another configuration's record is not this one's
     first_rl = _rl(changed)[0]
     assert first_rl["compile_cache_hits"] < first_rl["compiles"]  # other programs: compiled, not reused
     assert _entries(cache) > written

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from typing import Iterator
 
@@ -51,7 +52,8 @@ from respo_jax.training.batch import (
     microbatch_size,
     replay_routing,
 )
-from respo_jax.training.compilation import compilation_totals
+from respo_jax.training.compilation import (cache_holds_compile_ahead, compilation_totals, compiled_ahead_key,
+                                            record_compile_ahead)
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.held_out import evaluate_held_out
 from respo_jax.training.iteration_metrics import (
@@ -365,8 +367,27 @@ class RLTrainer:
         pays it once at its start. A mini-batch whose responses all end early (a smaller response
         bucket) still compiles when it first occurs. Nothing runs: the programs are lowered from the
         shapes and shardings of placeholder batches built as `policy_batch` builds real ones."""
+        key = self.compile_ahead_key()
+        if cache_holds_compile_ahead(key):  # a warm cache: each program is read when first needed
+            self.shapes.skip_compile_ahead()
+            print("compile-ahead skipped: the compilation cache holds this configuration's programs "
+                  f"(record {key[:12]}); each is read from it when first needed", file=sys.stderr)
+            return 0
         model = self.model()
-        return self.shapes.compile_ahead(lambda prompt_len: self._compile_bucket(model, prompt_len))
+        buckets = self.shapes.compile_ahead(lambda prompt_len: self._compile_bucket(model, prompt_len))
+        record_compile_ahead(key)
+        return buckets
+
+    def compile_ahead_key(self) -> str:
+        """The key of this run's compile-ahead in the compilation cache (`compiled_ahead_key`): every
+        section of the config but the run's bookkeeping (paths, seeds, logging, evaluation) and the
+        warm-up, and the prompt buckets."""
+        config = self.config.to_dict()
+        run, task = config.pop("run"), config.pop("task")
+        config.pop("warmup")
+        config["run"] = {key: run[key] for key in ("iterations", "policy_updates")}
+        config["task"] = {key: value for key, value in task.items() if key != "seed"}
+        return compiled_ahead_key({"config": config, "prompt_buckets": self.shapes.prompt_buckets()})
 
     def _compile_bucket(self, model: nnx.Module, prompt_len: int) -> None:
         """`compile_ahead` of one prompt bucket."""

@@ -46,6 +46,10 @@ class ShapeTracker:
         self.release_host_memory()  # what compiling freed, before the first step allocates
         return len(buckets)
 
+    def skip_compile_ahead(self) -> None:
+        """Marks the compile-ahead done without compiling (its programs are read when first needed)."""
+        self._compile_ahead_pending = False
+
     def compile_ahead_once(self, compile_ahead: Callable[[], int]) -> None:
         """Calls `compile_ahead` (the caller's, which calls this tracker's) unless a compile-ahead has run
         or none was asked for (`rollout.compile_ahead=false`)."""
