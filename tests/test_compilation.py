@@ -79,7 +79,8 @@ def test_a_test_session_compiles_into_a_fresh_cache_shared_with_the_processes_it
         set(flags.split())
 
 
-def _launch(out_dir: pathlib.Path, cache: pathlib.Path, *overrides: str) -> list[dict]:
+def _launch(out_dir: pathlib.Path, cache: pathlib.Path, *overrides: str) -> tuple[list[dict], bool]:
+    """The run's metrics records, and whether it skipped its compile-ahead (the cache recorded it)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     for name in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):

@@ -201,11 +201,11 @@ def cache_holds_compile_ahead(key: str) -> bool:
 
 def record_compile_ahead(key: str) -> None:
     """Records, in this process's persistent compilation cache (if any), that the compile-ahead of `key`
-    has finished and its programs are in the cache. Atomic (a uniquely named file renamed into place),
-    so concurrent runs may record the same key; an unwritable cache records nothing."""
-    import tempfile
-
+    has finished and its programs are in the cache. Atomic (`respo_jax.runs.atomic_write_bytes`), so
+    concurrent runs may record the same key; an unwritable cache records nothing."""
     import jax
+
+    from respo_jax.runs import atomic_write_bytes
 
     cache = jax.config.jax_compilation_cache_dir
     if not cache:
@@ -213,8 +213,6 @@ def record_compile_ahead(key: str) -> None:
     folder = os.path.join(cache, COMPILED_AHEAD_DIR)
     try:
         os.makedirs(folder, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-        os.close(handle)
-        os.replace(tmp, os.path.join(folder, key))
+        atomic_write_bytes(os.path.join(folder, key), b"")
     except OSError:
         pass  # only a later start's speed depends on the record
