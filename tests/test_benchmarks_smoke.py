@@ -17,6 +17,7 @@ from experiments.benchmarks import __main__ as bench_main
 from experiments.benchmarks import accelerator, common, rl_iteration, roofline, scaling
 from respo_jax import host_allocator
 from respo_jax.models import qwen3
+from respo_jax.sampling.params import padded_prompt_length
 
 QUICK_KEYS = ("train_step_speedup", "train_step_speedup_tiny", "decode_speedup_b1", "decode_speedup_b32",
               "objective_fraction", "mfu", "xla_matmul_peak_gflops")
@@ -320,7 +321,7 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     model, defaults = rl_iteration.MICRO_MODEL, EngineConfig()
     token_bytes = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * 4
     prompts = report["workload"]["prompt_tokens"]
-    padded = -(-max(prompts) // defaults.prompt_bucket) * defaults.prompt_bucket
+    padded = padded_prompt_length(max(prompts), defaults.prompt_bucket, defaults.prompt_buckets)
     cache = -(-(padded + 64) // defaults.cache_bucket) * defaults.cache_bucket
     assert static["peak_kv_bytes"] == 8 * cache * token_bytes  # one chunk of all 8 rows
     assert 0 < continuous["peak_kv_bytes"] <= continuous["pool_kv_bytes"]

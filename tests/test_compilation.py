@@ -133,15 +133,17 @@ def test_a_second_launch_reads_every_program_from_the_cache_and_a_changed_config
 
 @pytest.mark.slow
 def test_a_fine_prompt_bucket_grid_is_refused_at_start_up_naming_a_bucket_that_fits(tmp_path, capsys):
-    """DAPO-Math at the synthetic task's 16-token bucket: 50 prompt buckets, whose programs once crashed the
-    compiler (vm.max_map_count exhausted, ~1,200 mappings per bucket measured for a small model)."""
+    """DAPO-Math at the synthetic task's 16-token bucket with linear buckets: 50 prompt buckets, whose
+    programs once crashed the compiler (vm.max_map_count exhausted, ~1,200 mappings per bucket measured
+    for a small model). The default geometric buckets hold the same prompts in 6."""
     out = tmp_path / "run"
     dapo = ["task.name=dapo_math", f"task.data_dir={SHARED / 'data'}",
             f"task.tokenizer_dir={SHARED / 'tokenizers' / 'qwen3'}", "task.chat_template=false", "warmup.steps=0"]
-    assert cli(TINY + dapo + ["rollout.prompt_bucket=16", f"run.out_dir={out}"]) == 2
+    assert cli(TINY + dapo + ["rollout.prompt_bucket=16", "rollout.prompt_buckets=linear",
+                              f"run.out_dir={out}"]) == 2
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and message.startswith("error: rollout.prompt_bucket=16: ")
-    assert "50 prompt buckets, more than rollout.max_prompt_buckets=16" in message, message
+    assert "50 linear prompt buckets, more than rollout.max_prompt_buckets=16" in message, message
     assert not out.exists()  # refused before anything was written
     fits = int(message.split("set rollout.prompt_bucket=")[1].split()[0])
     config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + dapo)
@@ -150,6 +152,9 @@ def test_a_fine_prompt_bucket_grid_is_refused_at_start_up_naming_a_bucket_that_f
 
     lengths = {len(encode_prompt(rec["problem"], tokenizer, fmt)) for rec in train}
     assert len({bucket_length(n, fits) for n in lengths}) <= 16 < len({bucket_length(n, fits - 16) for n in lengths})
+    # The default (geometric) buckets: 16 · 2^k from the shortest prompt (27 tokens) to the longest (977).
+    geometric = RLTrainer(apply_overrides(config, ["rollout.prompt_bucket=16"]))
+    assert geometric.shapes.prompt_buckets() == [32, 64, 128, 256, 512, 1024]  # accepted
 
 
 @pytest.mark.slow

@@ -12,7 +12,13 @@ import transformers
 
 import jitted_model as jm
 from respo_jax.models import qwen3
-from respo_jax.models.qwen3.attention import attention_mask_from_slots, causal_block_attention, dot_product_attention
+from respo_jax.models.qwen3.attention import (
+    MAX_CAUSAL_BLOCKS,
+    attention_mask_from_slots,
+    causal_block_attention,
+    causal_block_rows,
+    dot_product_attention,
+)
 from respo_jax.models.qwen3.moe import grouped_ffn
 
 
@@ -43,6 +49,33 @@ def test_causal_block_attention_matches_full_attention_on_real_rows():
     g_blocked = jax.jit(jax.grad(real_loss(blocked_fn), (0, 1, 2)))(q, k, v)
     for a, c in zip(g_blocked, g_full):
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)
+
+
+def test_causal_block_rows_bounds_the_number_of_blocks():
+    # Short sequences keep 64-row blocks; a long one gets wider blocks (a multiple of 64), never more
+    # than MAX_CAUSAL_BLOCKS of them, and never fewer rows than it needs.
+    assert causal_block_rows(127) == 64 and causal_block_rows(192) == 64 and causal_block_rows(256) == 64
+    assert causal_block_rows(320) == 128 and causal_block_rows(1088) == 320
+    for seq in range(1, 5000, 37):
+        rows = causal_block_rows(seq)
+        assert rows % 64 == 0 and -(-seq // rows) <= MAX_CAUSAL_BLOCKS
+        assert rows == 64 or -(-seq // (rows - 64)) > MAX_CAUSAL_BLOCKS  # the smallest such multiple
+    with pytest.raises(ValueError):
+        causal_block_rows(10, block=0)
+
+
+def test_default_blocks_of_a_long_sequence_match_full_attention():
+    # 700 tokens: the default rule cuts 4 blocks of 192 rows (the last one shorter).
+    b, s, h, kvh, d = 2, 700, 2, 1, 8
+    keys = jax.random.split(jax.random.key(1), 3)
+    q, k, v = (jax.random.normal(key, (b, s, n, d)) for key, n in zip(keys, (h, kvh, kvh)))
+    pads = np.array([0, 250])
+    valid = jnp.asarray(np.arange(s)[None, :] >= pads[:, None])
+    mask = attention_mask_from_slots(jnp.arange(s), valid)
+    full = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, mask, 0.3))(q, k, v)
+    blocked = jax.jit(lambda q, k, v: causal_block_attention(q, k, v, mask, 0.3))(q, k, v)
+    for row, pad in enumerate(pads):
+        np.testing.assert_allclose(blocked[row, pad:], full[row, pad:], rtol=1e-5, atol=1e-5)
 
 
 def test_long_left_padded_logits_match_transformers():

@@ -256,9 +256,9 @@ def test_compile_generate_compiles_every_program_of_a_bucket_ahead(moe):
     # generate runs for a prompt bucket is compiled ahead, so generating at that bucket compiles nothing.
     model, params = moe[1], dataclasses.replace(MOE_PARAMS, max_new_tokens=6)
     engine = EngineConfig(scheduler="static", prompt_bucket=8, decode_chunk_size=4, cache_bucket=4)
-    compile_generate(model, 24, 2, params, return_routing=True, engine=engine)
+    compile_generate(model, 32, 2, params, return_routing=True, engine=engine)
     before = compilation_totals()
-    generate(model, [p + [3] * 10 for p in PROMPTS[:2]], params, return_routing=True, engine=engine)  # 21: 24
+    generate(model, [p + [3] * 10 for p in PROMPTS[:2]], params, return_routing=True, engine=engine)  # 21: 32
     assert (compilation_totals() - before).compiles == 0
     with pytest.raises(ValueError, match="prompt_len >= 1"):
         compile_generate(model, 0, 1, params, engine=engine)

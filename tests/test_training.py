@@ -27,6 +27,7 @@ from respo_jax.training.batch import (
 )
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
+from respo_jax.sampling.params import padded_prompt_length
 from respo_jax.training.config import ExperimentConfig, apply_overrides
 from respo_jax.training.iteration_metrics import collect_rollout, iteration_record, logprob_metrics
 from respo_jax.training.loop import RLTrainer
@@ -473,8 +474,12 @@ def test_shape_tracker_compiles_ahead_once_and_trims_the_heap_only_for_new_shape
     monkeypatch.setattr(shapes, "host_allocator_settings", lambda: {"applied": True})
     monkeypatch.setattr(shapes, "release_host_memory", lambda: calls.append("release"))
     monkeypatch.setattr(shapes, "drop_programs_near_map_limit", lambda: calls.append("drop"))
-    tracker = shapes.ShapeTracker([3, 16, 17, 40, 5], prompt_bucket=16, compile_ahead=True)
+    linear = functools.partial(padded_prompt_length, bucket=16, scheme="linear")
+    tracker = shapes.ShapeTracker([3, 16, 17, 40, 5], linear, compile_ahead=True)
     assert tracker.prompt_buckets() == [16, 32, 48]
+    geometric = shapes.ShapeTracker([3, 16, 17, 40, 5, 100],
+                                    functools.partial(padded_prompt_length, bucket=16), compile_ahead=True)
+    assert geometric.prompt_buckets() == [16, 32, 64, 128]
     compiled = []
     tracker.compile_ahead_once(lambda: tracker.compile_ahead(compiled.append))
     tracker.compile_ahead_once(lambda: tracker.compile_ahead(compiled.append))  # the second: nothing
@@ -483,7 +488,7 @@ def test_shape_tracker_compiles_ahead_once_and_trims_the_heap_only_for_new_shape
     for shape in [(4, 22), (4, 22), (4, 38), (4, 22)]:
         tracker.batch_shape(shape)
     assert calls == ["drop", "release"] * 2  # once per new shape
-    off = shapes.ShapeTracker([3], prompt_bucket=16, compile_ahead=False)
+    off = shapes.ShapeTracker([3], linear, compile_ahead=False)
     off.compile_ahead_once(lambda: compiled.append("never"))
     assert compiled == [16, 32, 48]
 

@@ -111,6 +111,13 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _padded_prompt(prompt_lengths, engine) -> int:
+    """The engine's padded prompt length for these prompts (its `prompt_bucket` and `prompt_buckets`)."""
+    from respo_jax.sampling.params import padded_prompt_length
+
+    return padded_prompt_length(max(prompt_lengths), engine.prompt_bucket, engine.prompt_buckets)
+
+
 def kv_bytes_per_token(model: dict, itemsize: int) -> int:
     """K and V bytes of one cached token over all layers."""
     return model["num_hidden_layers"] * 2 * model["num_key_value_heads"] * model["head_dim"] * itemsize
@@ -127,7 +134,7 @@ def static_cache(prompt_lengths, budgets, max_new_tokens: int, engine) -> dict:
     rows = len(budgets)
     chunks = 1 if engine.max_batch_rows is None else math.ceil(rows / engine.max_batch_rows)
     chunk_rows = math.ceil(rows / chunks)
-    prompt_len = _round_up(max(prompt_lengths), engine.prompt_bucket)
+    prompt_len = _padded_prompt(prompt_lengths, engine)
     step = engine.decode_chunk_size or max_new_tokens
     cache_len, decoded = 0, 0
     for first in range(0, rows, chunk_rows):
@@ -153,7 +160,7 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
     sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max_new_tokens, max_slots=slots,
                       steps_per_schedule=engine.steps_per_schedule, page_size=engine.page_size,
                       num_pages=num_pages, prefill_chunk=engine.prefill_chunk_size,
-                      max_prompt_len=_round_up(max(prompt_lengths), engine.prompt_bucket))
+                      max_prompt_len=_padded_prompt(prompt_lengths, engine))
     widths = segment_widths(engine, slots=slots, rows=len(budgets), max_new_tokens=max_new_tokens)
     generated = np.zeros(slots, np.int64)
     peak = segments = 0
@@ -179,7 +186,7 @@ def engine_pool_pages(prompt_lengths, num_samples: int, max_new_tokens: int, eng
     its slots, `scheduler.engine_slots`, and its prompt bucket) on one device."""
     from respo_jax.sampling.scheduler import engine_slots, pool_pages
 
-    return pool_pages(engine, bucket=_round_up(max(prompt_lengths), engine.prompt_bucket),
+    return pool_pages(engine, bucket=_padded_prompt(prompt_lengths, engine),
                       max_new_tokens=max_new_tokens,
                       slots=engine_slots(engine.max_slots, len(prompt_lengths) * num_samples),
                       num_layers=model["num_hidden_layers"], kv_heads=model["num_key_value_heads"],

@@ -55,8 +55,9 @@ class EvalSettings(_Section):
       page, and pool (num_pages pages or a kv_cache_bytes budget, at most one; 0 for both: every slot
       can hold a whole row, so admission never waits), and its attention kernel ("gather" everywhere,
       "pallas_tpu" / "pallas_gpu" on their platform only).
-    prompt_bucket / decode_chunk_size: the sampler's EngineConfig (fewer compilations / the static
-      engine's attention over the slots generated so far); 0 for decode_chunk_size decodes in one loop.
+    prompt_bucket / prompt_buckets / decode_chunk_size: the sampler's EngineConfig (fewer compilations:
+      "geometric" buckets of prompt_bucket · 2^k or "linear" multiples / the static engine's attention
+      over the slots generated so far); 0 for decode_chunk_size decodes in one loop.
     num_workers: Math-Verify worker processes (0: the CPU count, at most 32).
     overwrite: discard the outputs already in out_dir and start again (otherwise a rerun resumes, and a
       different protocol in the same out_dir is refused).
@@ -86,6 +87,7 @@ class EvalSettings(_Section):
     kv_cache_bytes: int = 0  # 0: unset
     paged_attention_impl: str = "gather"
     prompt_bucket: int = 128
+    prompt_buckets: str = "geometric"
     decode_chunk_size: int = 1024
     seed: int = 0
     num_workers: int = 0

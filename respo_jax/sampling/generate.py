@@ -53,7 +53,7 @@ from flax import nnx, struct
 from respo_jax.distributed import process_rows, rows_from_process
 from respo_jax.models import qwen3
 from respo_jax.sampling.logits_processing import sample
-from respo_jax.sampling.params import EngineConfig, SamplingParams
+from respo_jax.sampling.params import EngineConfig, SamplingParams, padded_prompt_length
 
 
 @struct.dataclass
@@ -463,7 +463,7 @@ def _generate(model, prompts, params: SamplingParams, return_routing: bool, engi
             f"longest prompt ({longest} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
             f"model's max_position_embeddings ({max_positions})"
         )
-    prompt_len = _round_up(longest, engine.prompt_bucket)
+    prompt_len = padded_prompt_length(longest, engine.prompt_bucket, engine.prompt_buckets)
 
     def cache_slots(stop: int) -> int:
         """Slots for the prompt, `stop` generated tokens and the routing-capture feed of the last one."""

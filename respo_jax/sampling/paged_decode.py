@@ -48,7 +48,7 @@ from respo_jax.sampling.logits_processing import sample
 from respo_jax.sampling.paged_attention import check_paged_attention_impl, paged_attention
 from respo_jax.sampling.paged_cache import pages_for
 from respo_jax.sampling.paged_prefill import admit_rows, padded_count, prefill_counts, prefill_prompts
-from respo_jax.sampling.params import EngineConfig, SamplingParams
+from respo_jax.sampling.params import EngineConfig, SamplingParams, padded_prompt_length
 from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages, prefill_steps, segment_widths
 
 
@@ -230,7 +230,7 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
     if longest + params.max_new_tokens > cfg.max_position_embeddings:
         raise ValueError(f"longest prompt ({longest} tokens) + max_new_tokens ({params.max_new_tokens}) "
                          f"exceeds the model's max_position_embeddings ({cfg.max_position_embeddings})")
-    bucket = -(-longest // engine.prompt_bucket) * engine.prompt_bucket
+    bucket = padded_prompt_length(longest, engine.prompt_bucket, engine.prompt_buckets)
     shards = _batch_shards(cfg)
     rows = len(lengths) * params.num_samples
     slots = engine_slots(engine.max_slots, rows, shards)

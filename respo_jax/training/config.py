@@ -177,8 +177,10 @@ class RolloutConfig(_Section):
 
     Shapes and memory (they change speed and memory, never the result):
     - `prompt_bucket`, `response_bucket`: padded prompt and response lengths are rounded up to
-      multiples of these (responses at most `max_new_tokens`), in the sampler and in the update
+      buckets of these (responses at most `max_new_tokens`), in the sampler and in the update
       batches alike, so each program compiles once per bucket rather than once per batch.
+      `prompt_buckets`: "geometric" (the default: prompt_bucket · 2^k, e.g. 128, 256, 512, 1024) or
+      "linear" (multiples of prompt_bucket), `respo_jax.sampling.params.padded_prompt_length`.
     - `max_tokens_per_microbatch`: a mini-batch (and the recomputation of log π_old) runs in
       micro-batches of whole responses of at most this many prompt + response tokens, whose gradients
       are accumulated exactly; memory then no longer grows with M·G. The default fits the CPU
@@ -223,6 +225,7 @@ class RolloutConfig(_Section):
     minibatch_order: str = "consecutive"
     balance_ranks: int = 1
     prompt_bucket: int = 128
+    prompt_buckets: str = "geometric"
     response_bucket: int = 64
     max_tokens_per_microbatch: int = 16384
     scheduler: str = "continuous"
@@ -277,6 +280,13 @@ class RolloutConfig(_Section):
         except ValueError as err:
             raise ConfigError(f"rollout: {_one_line(err)}") from None
 
+    def padded_prompt_length(self, length: int) -> int:
+        """The padded length of a batch whose longest prompt has `length` tokens (`prompt_bucket`,
+        `prompt_buckets`): the sampler's and the update batches' prompt axis."""
+        from respo_jax.sampling.params import padded_prompt_length
+
+        return padded_prompt_length(length, self.prompt_bucket, self.prompt_buckets)
+
     def engine_config(self):
         """The sampler's `EngineConfig` of the rollouts and of the held-out evaluation."""
         return engine_config(self, prompt_bucket=self.prompt_bucket, max_batch_rows=self.sampler_max_rows)
@@ -285,14 +295,16 @@ class RolloutConfig(_Section):
 # The rollout engine's fields that `rollout.*` and the evaluation's `eval.*` share (their meaning:
 # `respo_jax.sampling.EngineConfig`); the pool sizes take 0 for "unset".
 ENGINE_FIELDS = ("scheduler", "max_slots", "steps_per_schedule", "min_decode_slots", "page_size",
-                 "num_pages", "kv_cache_bytes", "paged_attention_impl")
+                 "num_pages", "kv_cache_bytes", "paged_attention_impl", "prompt_buckets")
 
 
 def check_engine_fields(section: _Section) -> None:
     """The `ENGINE_FIELDS` of a section in range (ConfigError naming `section.field`)."""
-    from respo_jax.sampling.params import PAGED_ATTENTION_IMPLS, SCHEDULERS
+    from respo_jax.sampling.params import PAGED_ATTENTION_IMPLS, PROMPT_BUCKET_SCHEMES, SCHEDULERS
 
     section._need("scheduler", section.scheduler in SCHEDULERS, " or ".join(map(repr, SCHEDULERS)))
+    section._need("prompt_buckets", section.prompt_buckets in PROMPT_BUCKET_SCHEMES,
+                  " or ".join(map(repr, PROMPT_BUCKET_SCHEMES)))
     for name in ("max_slots", "steps_per_schedule", "min_decode_slots", "page_size"):
         section._need(name, getattr(section, name) >= 1, "an integer >= 1")
     for name in ("num_pages", "kv_cache_bytes"):

@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from respo_jax.models.qwen3.kernels import platform
+from respo_jax.sampling.params import padded_prompt_length
 from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages
 from respo_jax.training.batch import bucket_length
 from respo_jax.training.config import ConfigError, ExperimentConfig
@@ -54,22 +55,26 @@ def device_memory_bytes(devices) -> int | None:
     return total
 
 
-def check_prompt_buckets(prompt_lengths, prompt_bucket: int, max_buckets: int) -> None:
-    """The training prompts' lengths fall in at most `max_buckets` buckets of `prompt_bucket` tokens
-    (`rollout.max_prompt_buckets`), else a ConfigError naming a coarser `rollout.prompt_bucket` that fits:
-    each bucket compiles its own programs, and XLA:CPU keeps every program's code mapped."""
+def check_prompt_buckets(prompt_lengths, prompt_bucket: int, max_buckets: int,
+                         scheme: str = "geometric") -> None:
+    """The training prompts' lengths fall in at most `max_buckets` prompt buckets of `prompt_bucket`
+    tokens under `scheme` (`rollout.prompt_buckets`; `rollout.max_prompt_buckets`), else a ConfigError
+    naming a coarser `rollout.prompt_bucket` that fits: each bucket compiles its own programs, and
+    XLA:CPU keeps every program's code mapped."""
     lengths = sorted(prompt_lengths)
-    buckets = len({bucket_length(n, prompt_bucket) for n in lengths})
+    buckets = len({padded_prompt_length(n, prompt_bucket, scheme) for n in lengths})
     if buckets <= max_buckets:
         return
     fits = prompt_bucket
-    while len({bucket_length(n, fits) for n in lengths}) > max_buckets:
+    while len({padded_prompt_length(n, fits, scheme) for n in lengths}) > max_buckets:
         fits += 16
     raise ConfigError(
         f"rollout.prompt_bucket={prompt_bucket}: the training prompts ({lengths[0]}-{lengths[-1]} tokens) "
-        f"fall in {buckets} prompt buckets, more than rollout.max_prompt_buckets={max_buckets} (each bucket "
-        "compiles its own sampler, log pi_old and update programs, and XLA:CPU runs out of memory mappings "
-        f"after a few dozen); set rollout.prompt_bucket={fits} or more")
+        f"fall in {buckets} {scheme} prompt buckets, more than rollout.max_prompt_buckets={max_buckets} "
+        "(each bucket compiles its own sampler, log pi_old and update programs, and XLA:CPU runs out of "
+        "memory mappings "
+        f"after a few dozen); set rollout.prompt_bucket={fits} or more"
+        + (" (or rollout.prompt_buckets=geometric)" if scheme == "linear" else ""))
 
 
 def check_limits(config: ExperimentConfig, model_cfg, longest_prompt: int, memory_bytes: int | None) -> None:
@@ -91,7 +96,7 @@ def check_limits(config: ExperimentConfig, model_cfg, longest_prompt: int, memor
         return
     rows = min(r.sampler_max_rows, max(r.reuse * r.prompts_per_minibatch * r.group_size,
                                        config.run.eval_problems))
-    slots = bucket_length(bucket_length(longest_prompt, r.prompt_bucket) + r.max_new_tokens, CACHE_BUCKET)
+    slots = bucket_length(r.padded_prompt_length(longest_prompt) + r.max_new_tokens, CACHE_BUCKET)
     needed = kv_cache_bytes(model_cfg, rows, slots, config.model.dtype)
     if needed > memory_bytes:
         fit = math.floor(memory_bytes / max(kv_cache_bytes(model_cfg, 1, slots, config.model.dtype), 1))
@@ -115,7 +120,7 @@ def _check_page_pool(config: ExperimentConfig, model_cfg, longest_prompt: int, m
                config.run.eval_problems * max(1, config.run.eval_samples))  # greedy, then sampled
     slots = engine_slots(r.max_slots, rows)
     try:
-        num_pages = pool_pages(engine, bucket=bucket_length(longest_prompt, r.prompt_bucket),
+        num_pages = pool_pages(engine, bucket=r.padded_prompt_length(longest_prompt),
                                max_new_tokens=r.max_new_tokens, slots=slots,
                                num_layers=model_cfg.num_hidden_layers, kv_heads=model_cfg.num_key_value_heads,
                                head_dim=model_cfg.head_dim, itemsize=np.dtype(config.model.dtype).itemsize)

@@ -132,10 +132,11 @@ class RLTrainer:
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.train_records = train_records
         # The training prompts tokenized once (seconds for DAPO-Math): the limits and compile_ahead need them.
-        self.shapes = ShapeTracker((len(self.encode(rec)) for rec in train_records), r.prompt_bucket,
+        self.shapes = ShapeTracker((len(self.encode(rec)) for rec in train_records), r.padded_prompt_length,
                                    compile_ahead=r.compile_ahead)
         # before the model is built: a refusal costs seconds, not minutes
-        check_prompt_buckets(self.shapes.prompt_lengths, r.prompt_bucket, r.max_prompt_buckets)
+        check_prompt_buckets(self.shapes.prompt_lengths, r.prompt_bucket, r.max_prompt_buckets,
+                             r.prompt_buckets)
         self.objective = get_objective(config.objective.name, **config.objective.hparams)
         if self.objective.aggregation == "seq-mean-token-sum-norm" and self.objective.loss_scale_factor is None:
             # Dr.GRPO's constant is the generation budget, not the padded width of a batch.
@@ -423,7 +424,7 @@ class RLTrainer:
         (`RowPlacer`)."""
         r = self.config.rollout
         rows = len(prompts)
-        prompt_len = bucket_length(max(len(p) for p in prompts), r.prompt_bucket)
+        prompt_len = r.padded_prompt_length(max(len(p) for p in prompts))
         response_len = bucket_length(max(int(lengths.max()), 1), r.response_bucket, r.max_new_tokens)
         part = self.placer.rows(rows)
         ids, positions, attention, response_mask, prompt_len = build_sequences(

@@ -15,7 +15,6 @@ import sys
 from typing import Callable, Iterable
 
 from respo_jax.host_allocator import host_allocator_settings, release_host_memory
-from respo_jax.training.batch import bucket_length
 from respo_jax.training.compilation import drop_programs_near_map_limit
 
 
@@ -23,16 +22,19 @@ class ShapeTracker:
     """The prompt lengths of the training prompts, whether compile-ahead is still to run, and the
     policy-batch shapes run so far."""
 
-    def __init__(self, prompt_lengths: Iterable[int], prompt_bucket: int, compile_ahead: bool):
+    def __init__(self, prompt_lengths: Iterable[int], padded_length: Callable[[int], int],
+                 compile_ahead: bool):
+        """`padded_length`: a batch's padded prompt length from its longest prompt's
+        (`RolloutConfig.padded_prompt_length`)."""
         self.prompt_lengths = set(prompt_lengths)
-        self.prompt_bucket = prompt_bucket
+        self.padded_length = padded_length
         self._compile_ahead_pending = compile_ahead
         self._batch_shapes: set[tuple] = set()
 
     def prompt_buckets(self) -> list[int]:
         """The padded prompt lengths the training prompts can need (every batch's longest prompt falls in
         the bucket of one of them), ascending."""
-        return sorted({bucket_length(length, self.prompt_bucket) for length in self.prompt_lengths})
+        return sorted({self.padded_length(length) for length in self.prompt_lengths})
 
     def compile_ahead(self, compile_bucket: Callable[[int], None]) -> int:
         """Runs `compile_bucket(prompt_len)` for every prompt bucket (dropping the compiled programs from

@@ -48,16 +48,31 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 # between 64 and 256; the tiny one (seq 127) is faster at 64 than at 128: two causal blocks skip a quarter
 # of the score FLOPs (experiments/benchmarks/README.md).
 CAUSAL_BLOCK = 64
+# The most query blocks a sequence is cut into. The blocks are unrolled in the program, so its compile
+# time grows with their number: the race's update step at 1,088 tokens (17 blocks of 64) compiled in
+# 15.9 s, at 5 blocks in 8.5 s, and ran faster (3.3 s instead of 3.7 s); the log π_old pass 5.0 s -> 2.2 s.
+MAX_CAUSAL_BLOCKS = 4
+
+
+def causal_block_rows(seq: int, block: int = CAUSAL_BLOCK, max_blocks: int = MAX_CAUSAL_BLOCKS) -> int:
+    """Query rows per block for a sequence of `seq` tokens: `block`, or the smallest multiple of it that
+    cuts the sequence into at most `max_blocks` blocks (so a program's size stays bounded whatever the
+    sequence length)."""
+    if block < 1 or max_blocks < 1 or seq < 0:
+        raise ValueError(f"need block >= 1, max_blocks >= 1 and seq >= 0; got {block}, {max_blocks}, {seq}")
+    per_block = -(-seq // max_blocks)
+    return max(block, -(-per_block // block) * block)
 
 
 def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-                           block: int = CAUSAL_BLOCK) -> jax.Array:
+                           block: int | None = None) -> jax.Array:
     """`dot_product_attention` of a sequence over itself (no cache: key t is query t), in query blocks
     that only score the keys a causal mask can let through: rows [start, end) against keys [0, end).
     Skips ~half of the score/value FLOPs and of the float32 [.., seq, keys] buffers, and runs each
     block as [batch, kv_heads, group·rows, head_dim] matmuls: attention forward + backward ~2× faster
-    on CPU (experiments/benchmarks/README.md). Batch and kv_heads stay separate dimensions, so a mesh
-    can split them (over data and tensor axes) without any resharding.
+    on CPU (experiments/benchmarks/README.md). `block` rows per query block (None: `causal_block_rows`
+    of the sequence, at most `MAX_CAUSAL_BLOCKS` blocks). Batch and kv_heads stay separate dimensions,
+    so a mesh can split them (over data and tensor axes) without any resharding.
 
     q: [batch, seq, heads, head_dim]; k, v: [batch, seq, kv_heads, head_dim]; mask: [batch, seq, seq]
     bool and causal -> [batch, seq, heads, head_dim]. Rows with a visible key equal
@@ -68,6 +83,7 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
     if k.shape[1] != s or mask.shape[-2:] != (s, s):
         raise ValueError(f"causal_block_attention needs keys == queries; got q {q.shape}, k {k.shape}, "
                          f"mask {mask.shape}")
+    block = causal_block_rows(s) if block is None else block
     if s <= block:
         return dot_product_attention(q, k, v, mask, scale)
     kv_heads = k.shape[2]
