@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from experiments.benchmarks import lm_head as lm_head_bench
 from respo_jax.models import qwen3
@@ -185,6 +186,38 @@ def test_the_resolved_kernel_and_bad_arguments():
     for bad, match in bad_arguments:
         with pytest.raises(ValueError, match=match):
             chunked_token_logprobs(jnp.asarray(hidden), jnp.asarray(weight), targets, tied=True, **bad)
+
+
+def test_the_forward_only_kernel_is_resolved_apart_and_gives_the_same_log_probs():
+    """Passes without a gradient (log π_old, entropy) run `lm_head_forward_impl`: `vocab_chunks` with the
+    vocabulary whole on every platform (CPU too), `token_chunks` with it split; a model's forward-only
+    log-probs and entropies equal its differentiated kernel's to float32 round-off."""
+    from respo_jax.models.qwen3.kernels import default_lm_head_forward_impl
+
+    assert [default_lm_head_forward_impl(n) for n in (1, 2)] == ["vocab_chunks", "token_chunks"]
+    cfg = qwen3.Qwen3Config.preset("tiny")
+    resolved = qwen3.resolve_config(cfg)
+    assert cfg.lm_head_forward_impl is None and resolved.lm_head_forward_impl == "vocab_chunks"
+    assert resolved.lm_head_impl == "token_chunks"  # the differentiated head on CPU
+    assert qwen3.resolve_config(cfg.replace(lm_head_forward_impl="token_chunks")).lm_head_forward_impl == \
+        "token_chunks"
+    with pytest.raises(ValueError, match="lm_head_forward_impl must be one of"):
+        cfg.replace(lm_head_forward_impl="fused")
+    model = qwen3.Qwen3ForCausalLM(cfg.replace(vocab_size=5000), rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, 5000, (3, 40)), jnp.int32)
+    graphdef, params = nnx.split(model)
+    run = jax.jit(qwen3.token_logprobs, static_argnames=qwen3.TOKEN_LOGPROBS_STATIC)
+    want = run(graphdef, params, ids[:, :-1], ids[:, 1:], start=10, temperature=0.7, return_entropy=True)
+    got = run(graphdef, params, ids[:, :-1], ids[:, 1:], start=10, temperature=0.7, return_entropy=True,
+              forward_only=True, chunk_size=64)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    def lowered(**kwargs) -> str:
+        return run.lower(graphdef, params, ids[:, :-1], ids[:, 1:], chunk_size=64, **kwargs).as_text()
+
+    # Whole-vocabulary [tokens, 5000] logits in the differentiated kernel only: the blocked one ran.
+    assert "x5000xf32>" in lowered() and "x5000xf32>" not in lowered(forward_only=True)
 
 
 def test_the_side_by_side_benchmark_runs_at_a_tiny_size(tmp_path):

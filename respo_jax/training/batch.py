@@ -159,7 +159,7 @@ def batch_sharding(mesh, rules):
 
 def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: int, temperature: float = 1.0,
                       return_entropy: bool = False, *, chunk_size: int = LOGPROB_CHUNK_TOKENS, routing=None,
-                      return_aux: bool = False):
+                      return_aux: bool = False, forward_only: bool = False):
     """log π(o_t | q, o_<t) of every response slot: [batch, response_len] float32, under the logits divided
     by the rollout ``temperature`` (the distribution the responses were sampled from, before truncation).
 
@@ -168,11 +168,13 @@ def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: i
     ``return_entropy=True``: also the entropy of that full distribution at each slot, (logp, entropy).
     ``routing`` ([batch, num_moe_layers, seq - 1, top_k], `PolicyBatch.routing`): experts to replay.
     ``return_aux=True`` appends the forward's router load-balancing loss (None for dense models).
+    ``forward_only=True``: no gradient will be taken (the model's ``lm_head_forward_impl`` head).
     """
     *values, aux = model.token_logprobs(
         input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1], attention_mask=attention_mask[:, :-1],
         chunk_size=chunk_size, temperature=temperature, return_entropy=return_entropy, start=prompt_len - 1,
         routing=None if routing is None else jnp.swapaxes(routing, 0, 1), return_aux=True,
+        forward_only=forward_only,
     )
     values = tuple(values) if return_entropy else values[0]
     return (values, aux) if return_aux else values

@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from respo_jax.models.qwen3.model import INFERENCE_CHUNK_TOKENS, LOGPROB_CHUNK_TOKENS
+from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS, forward_chunk_tokens
 from respo_jax.objectives import PolicyObjective, RolloutCorrection, rollout_correction_weights
 from respo_jax.objectives.aggregation import safe_divide
 from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches
@@ -207,23 +207,26 @@ def make_policy_step(
 
 
 def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_entropy: bool = False,
-                    chunk_size: int = INFERENCE_CHUNK_TOKENS, shardings: StepShardings | None = None):
+                    chunk_size: int | None = None, shardings: StepShardings | None = None):
     """Jitted `logprobs(params, batch, microbatch_rows=None)`: log π(response | prompt) of a `PolicyBatch`
     under `params`, [batch, response_len] float32 (0 where masked), at the rollout `temperature`;
     `return_entropy`: also the entropy of the full distribution at each response token, `(logp,
     entropy)` — verl logs its token mean from this pass (actor/entropy). `microbatch_rows` (static)
     runs the batch that many rows at a time, so recomputing log π_old needs no more memory than one
     micro-batch. A batch with `routing` replays it (Routing Replay). `shardings`: in/out shardings of
-    the jit (outputs split like the batch)."""
+    the jit (outputs split like the batch). The head runs the model's `lm_head_forward_impl` kernel (no
+    gradient is taken here), `chunk_size` tokens at a time (None: that kernel's
+    `model.forward_chunk_tokens`)."""
 
     def logprobs(params, batch: PolicyBatch, microbatch_rows: int | None = None):
         def of(part: PolicyBatch):
             model = nnx.merge(graphdef, params)
             if shardings is not None:
                 part = jax.lax.with_sharding_constraint(part, shardings.batch)
+            chunk = chunk_size or forward_chunk_tokens(model.config.lm_head_forward_impl)
             return response_logprobs(model, part.input_ids, part.positions, part.attention_mask,
                                      part.prompt_len, temperature=temperature, return_entropy=return_entropy,
-                                     chunk_size=chunk_size, routing=part.routing)
+                                     chunk_size=chunk, routing=part.routing, forward_only=True)
 
         rows = batch.input_ids.shape[0]
         if microbatch_rows is None or microbatch_rows >= rows:

@@ -40,6 +40,7 @@ class Qwen3Config:
     unrolls a Python loop over them: faster on CPU, also for decoding, compile time grows with depth).
 
     Kernels (``attention_impl``, ``moe_impl``, ``moe_dispatch``, the log-prob head ``lm_head_impl``
+    (differentiated: the policy update) and ``lm_head_forward_impl`` (no gradient: log π_old, entropy),
     and the layer loop ``scan_layers``; see ``kernels.default_kernels`` and
     ``kernels.default_lm_head_impl`` for what each does) are explicit fields; ``None`` (the default)
     leaves the choice to ``kernels.resolve_config``, which the entry points (``Qwen3ForCausalLM``,
@@ -82,6 +83,7 @@ class Qwen3Config:
     moe_impl: str | None = None
     moe_dispatch: str | None = None
     lm_head_impl: str | None = None
+    lm_head_forward_impl: str | None = None
     mesh: jax.sharding.Mesh | None = None
     rules: ShardingRules = ShardingRules()
 
@@ -117,7 +119,8 @@ class Qwen3Config:
         if bad:
             raise ValueError(f"mlp_only_layers {bad} outside [0, {self.num_hidden_layers})")
         for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", MOE_IMPLS),
-                              ("moe_dispatch", MOE_DISPATCHES), ("lm_head_impl", LM_HEAD_IMPLS)):
+                              ("moe_dispatch", MOE_DISPATCHES), ("lm_head_impl", LM_HEAD_IMPLS),
+                              ("lm_head_forward_impl", LM_HEAD_IMPLS)):
             if getattr(self, name) not in (*allowed, None):
                 raise ValueError(f"{name} must be one of {allowed} (or None: chosen for the platform), "
                                  f"got {getattr(self, name)!r}")

@@ -36,10 +36,17 @@ from respo_jax.sharding import sharded_init, state_shardings
 
 # Tokens per chunk of the vocabulary projection in ``token_logprobs``: [1024, 151,936] float32 logits
 # are 620 MB. Under a gradient, larger chunks win (fewer [vocab, embed] gradient accumulations); a
-# forward-only pass (log π_old and its entropy) is faster in small chunks, whose logits stay in cache
-# (the measurements are in experiments/benchmarks/README.md, RL iterations).
+# forward-only pass (log π_old and its entropy) with whole-vocabulary logits (``token_chunks``) is
+# faster in small chunks, whose logits stay in cache (the measurements are in
+# experiments/benchmarks/README.md, RL iterations); the vocabulary-blocked kernel keeps only a block in
+# cache whatever the chunk, so it takes the large chunks.
 LOGPROB_CHUNK_TOKENS = 1024
 INFERENCE_CHUNK_TOKENS = 64
+
+
+def forward_chunk_tokens(lm_head_impl: str) -> int:
+    """Tokens per chunk of a forward-only log-prob pass with the head kernel `lm_head_impl`."""
+    return LOGPROB_CHUNK_TOKENS if lm_head_impl == "vocab_chunks" else INFERENCE_CHUNK_TOKENS
 
 
 @flax.struct.dataclass
@@ -208,7 +215,7 @@ class Qwen3ForCausalLM(nnx.Module):
                        attention_mask: jax.Array | None = None, routing: jax.Array | None = None,
                        chunk_size: int = LOGPROB_CHUNK_TOKENS, return_aux: bool = False,
                        temperature: float = 1.0,
-                       return_entropy: bool = False, *, start: int = 0):
+                       return_entropy: bool = False, *, start: int = 0, forward_only: bool = False):
         """log π(targets[b, t] | input_ids[b, :t+1]) for t in [start, seq): [batch, seq - start] float32.
 
         The decoder runs over the whole sequence; the vocabulary projection and the log-softmax run
@@ -217,7 +224,8 @@ class Qwen3ForCausalLM(nnx.Module):
         logits never exist for more than one chunk (the vocabulary is 151,936). ``temperature``
         divides the logits first (π of the sampling temperature, as the sampler and verl's actor do).
         ``return_entropy=True`` also returns the entropy of the full distribution at each scored
-        position, [batch, seq - start]: ``(logp, entropy)``. ``return_aux=True`` appends ``aux_loss``
+        position, [batch, seq - start]: ``(logp, entropy)``. ``forward_only=True`` (no gradient will
+        be taken) runs the head kernel ``lm_head_forward_impl`` instead of ``lm_head_impl``. ``return_aux=True`` appends ``aux_loss``
         from the same forward (MoE trainers add ``router_aux_loss_coef · aux``; ``aux_loss`` is None
         for dense models).
         """
@@ -235,7 +243,7 @@ class Qwen3ForCausalLM(nnx.Module):
             raise ValueError(f"temperature must be finite and > 0, got {temperature}")
         logp, entropy, aux = self._token_logprobs_impl(
             input_ids, targets, positions, attention_mask, routing, int(chunk_size), int(start),
-            float(temperature), bool(return_entropy))
+            float(temperature), bool(return_entropy), bool(forward_only))
         out = (logp, entropy) if return_entropy else (logp,)
         out = out + (aux,) if return_aux else out
         return out if len(out) > 1 else logp
@@ -249,12 +257,13 @@ class Qwen3ForCausalLM(nnx.Module):
                            aux_loss=aux)
 
     def _token_logprobs_impl(self, input_ids, targets, positions, attention_mask, routing, chunk_size,
-                             start=0, temperature=1.0, return_entropy=False):
+                             start=0, temperature=1.0, return_entropy=False, forward_only=False):
         hidden, _, _, aux = self._backbone(input_ids, positions, attention_mask, None, routing)
         weight, tied = self._output_weight()
+        impl = self.config.lm_head_forward_impl if forward_only else self.config.lm_head_impl
         out = chunked_token_logprobs(hidden[:, start:], weight, targets[:, start:], tied=tied,
                                      temperature=temperature, chunk_tokens=chunk_size,
-                                     return_entropy=return_entropy, impl=self.config.lm_head_impl)
+                                     return_entropy=return_entropy, impl=impl)
         logp, entropy = out if return_entropy else (out, None)
         return logp, entropy, aux
 
@@ -343,7 +352,8 @@ def param_shardings(cfg: Qwen3Config) -> nnx.State:
 
 # The static arguments of the pure functions below, for ``jax.jit(..., static_argnames=...)``.
 FORWARD_STATIC = ("graphdef", "return_routing")
-TOKEN_LOGPROBS_STATIC = ("graphdef", "chunk_size", "start", "temperature", "return_entropy", "return_aux")
+TOKEN_LOGPROBS_STATIC = ("graphdef", "chunk_size", "start", "temperature", "return_entropy", "return_aux",
+                         "forward_only")
 
 
 def forward(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array,
@@ -361,12 +371,12 @@ def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Arr
                    positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
                    routing: jax.Array | None = None, *, chunk_size: int = LOGPROB_CHUNK_TOKENS,
                    start: int = 0, temperature: float = 1.0, return_entropy: bool = False,
-                   return_aux: bool = False):
+                   return_aux: bool = False, forward_only: bool = False):
     """``Qwen3ForCausalLM.token_logprobs`` as a pure function of ``(graphdef, params)`` and the inputs,
     for a caller to jit (``static_argnames=TOKEN_LOGPROBS_STATIC``)."""
     return nnx.merge(graphdef, params).token_logprobs(
         input_ids, targets, positions, attention_mask, routing, chunk_size=chunk_size, return_aux=return_aux,
-        temperature=temperature, return_entropy=return_entropy, start=start)
+        temperature=temperature, return_entropy=return_entropy, start=start, forward_only=forward_only)
 
 
 def _project_with(hidden: jax.Array, weight: jax.Array, tied: bool) -> jax.Array:
