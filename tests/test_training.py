@@ -230,6 +230,33 @@ def _policy_setup(seed: int = 0, rows: int = 6, prompt_len: int | None = None, r
     return graphdef, params, batch.replace(old_logp=(old + noise) * batch.response_mask)
 
 
+def test_the_update_program_keeps_ynnpack_to_its_matmuls_on_cpu_with_the_same_update():
+    """`qwen3.kernels.update_compiler_options`: on CPU the policy step's elementwise and reduce fusions
+    are XLA's own (YNNPACK takes only the matmuls), on accelerators the compiler's defaults; the update
+    is the default program's to float32 round-off."""
+    from respo_jax.models.qwen3.kernels import update_compiler_options
+
+    options = update_compiler_options("cpu")
+    assert options == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+    assert update_compiler_options("gpu") is None and update_compiler_options("tpu") is None
+    graphdef, params, batch = _policy_setup(seed=5)
+    tx = optax.adamw(1e-3, eps=1e-4)
+    steps = {name: make_policy_step(graphdef, get_objective("respo"), tx, compiler_options=opts)
+             for name, opts in (("default", None), ("cpu", options))}
+
+    def ynn_reductions(step) -> list[str]:
+        text = step.lower(params, tx.init(params), batch).compile().as_text()
+        return [line for line in text.splitlines() if "__ynn_fusion" in line and "reduce" in line]
+
+    assert ynn_reductions(steps["default"]) and not ynn_reductions(steps["cpu"])
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
+    (want, _, want_metrics), (got, _, got_metrics) = (
+        step(copy(params), tx.init(params), batch) for step in steps.values())
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(float(got_metrics["loss"]), float(want_metrics["loss"]), rtol=1e-5)
+
+
 def _keep_gradient() -> optax.GradientTransformation:
     """Passes the updates on unchanged and keeps them as its state: chained before an optimizer, the
     state after a step is exactly the gradient that step applied."""

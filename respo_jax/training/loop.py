@@ -170,7 +170,9 @@ class RLTrainer:
         self.policy_step = make_policy_step(graphdef, self.objective, self.tx, temperature=r.temperature,
                                             shardings=self.shardings,
                                             load_balancing_weight=config.objective.load_balancing_weight,
-                                            rollout_correction=self.correction)
+                                            rollout_correction=self.correction,
+                                            compiler_options=qwen3.kernels.update_compiler_options(
+                                                qwen3.kernels.platform(self.mesh)))
         self.old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
                                             shardings=self.shardings)
 

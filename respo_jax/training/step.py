@@ -101,6 +101,7 @@ def make_policy_step(
     shardings: StepShardings | None = None,
     load_balancing_weight: float = 0.0,
     rollout_correction: RolloutCorrection | None = None,
+    compiler_options: dict | None = None,
 ):
     """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
     a `PolicyBatch` (one mini-batch).
@@ -127,6 +128,9 @@ def make_policy_step(
     means over its own tokens, so this is not exactly the one-shot value; the objective's gradient is).
     `shardings`: the one jit gets them as in/out shardings (parameters and optimizer state donated), and
     every micro-batch is split over the batch devices like the mini-batch.
+
+    `compiler_options`: XLA options of this program (`qwen3.kernels.update_compiler_options` of the
+    platform, resolved by the trainer; None: the compiler's defaults).
 
     `rollout_correction`: each token's loss term is multiplied by the importance weight between
     `batch.old_logp` and `batch.sampler_logp` (`respo_jax.objectives.rollout_correction`; the batch must
@@ -199,11 +203,12 @@ def make_policy_step(
         return params, opt_state, metrics
 
     if shardings is None:
-        return jax.jit(step, donate_argnums=(0, 1), static_argnums=(3,))
+        return jax.jit(step, donate_argnums=(0, 1), static_argnums=(3,), compiler_options=compiler_options)
     # jit takes no keyword arguments together with in_shardings: pass microbatch_rows positionally.
     return jax.jit(step, donate_argnums=(0, 1), static_argnums=(3,),
                    in_shardings=(shardings.params, shardings.opt_state, shardings.batch),
-                   out_shardings=(shardings.params, shardings.opt_state, shardings.replicated))
+                   out_shardings=(shardings.params, shardings.opt_state, shardings.replicated),
+                   compiler_options=compiler_options)
 
 
 def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_entropy: bool = False,
