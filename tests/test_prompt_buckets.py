@@ -20,7 +20,8 @@ def test_padded_prompt_length_linear_and_geometric():
                                                                                     128, 1024]
     for n in range(1, 5000, 7):  # the smallest bucket · 2^k that holds n
         padded = padded_prompt_length(n, 128)
-        assert padded >= n and (padded == 128 or padded // 2 < n) and (padded // 128) & (padded // 128 - 1) == 0
+        power = padded // 128
+        assert padded >= n and (padded == 128 or padded // 2 < n) and power & (power - 1) == 0
     # DAPO-Math's long tail at bucket 128 (27..977 tokens; its 17k prompts: 8 linear buckets, 4 geometric).
     lengths = [27, 96, 168, 335, 692, 977]
     assert len({padded_prompt_length(n, 128, "linear") for n in lengths}) == 5
@@ -36,7 +37,8 @@ def test_the_field_is_validated_in_the_engine_and_at_start_up():
         EngineConfig(prompt_buckets="exponential")
     with pytest.raises(ConfigError, match=r"rollout.prompt_buckets='pow2': expected 'geometric' or 'linear'"):
         apply_overrides(ExperimentConfig(), ["rollout.prompt_buckets=pow2"]).validate()
-    config = apply_overrides(ExperimentConfig(), ["rollout.prompt_buckets=linear", "rollout.prompt_bucket=16"])
+    config = apply_overrides(ExperimentConfig(),
+                             ["rollout.prompt_buckets=linear", "rollout.prompt_bucket=16"])
     assert config.rollout.engine_config().prompt_buckets == "linear"
     assert config.rollout.padded_prompt_length(40) == 48
     assert ExperimentConfig().rollout.padded_prompt_length(300) == 512  # the default: geometric over 128
@@ -59,7 +61,8 @@ def test_geometric_and_linear_buckets_sample_the_same_tokens(model, scheduler):
     # masked and positions are explicit, so the samples are the same and log-probs equal to round-off.
     prompts = [list(range(3, 40)), [5, 9, 17], [100, 4, 4, 4, 4, 4, 4, 4, 4, 11]]
     params = SamplingParams(max_new_tokens=6, temperature=1.0, num_samples=2, seed=7, eos_token_ids=(2,))
-    engine = EngineConfig(scheduler=scheduler, prompt_bucket=8, max_slots=4, page_size=4, steps_per_schedule=3)
+    engine = EngineConfig(scheduler=scheduler, prompt_bucket=8, max_slots=4, page_size=4,
+                          steps_per_schedule=3)
     geometric = generate(model, prompts, params, engine=engine)
     linear = generate(model, prompts, params, engine=dataclasses.replace(engine, prompt_buckets="linear"))
     np.testing.assert_array_equal(np.asarray(geometric.tokens), np.asarray(linear.tokens))

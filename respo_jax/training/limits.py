@@ -72,8 +72,7 @@ def check_prompt_buckets(prompt_lengths, prompt_bucket: int, max_buckets: int,
         f"rollout.prompt_bucket={prompt_bucket}: the training prompts ({lengths[0]}-{lengths[-1]} tokens) "
         f"fall in {buckets} {scheme} prompt buckets, more than rollout.max_prompt_buckets={max_buckets} "
         "(each bucket compiles its own sampler, log pi_old and update programs, and XLA:CPU runs out of "
-        "memory mappings "
-        f"after a few dozen); set rollout.prompt_bucket={fits} or more"
+        f"memory mappings after a few dozen); set rollout.prompt_bucket={fits} or more"
         + (" (or rollout.prompt_buckets=geometric)" if scheme == "linear" else ""))
 
 

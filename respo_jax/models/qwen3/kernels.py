@@ -114,6 +114,7 @@ def resolve_config(cfg: "Qwen3Config", mesh: jax.sharding.Mesh | None = None) ->
     if mesh is cfg.mesh and not unset:
         return cfg
     vocab_shards = axis_size(mesh, cfg.rules.vocab)
-    defaults = dict(default_kernels(platform(mesh)), lm_head_impl=default_lm_head_impl(platform(mesh), vocab_shards),
+    defaults = dict(default_kernels(platform(mesh)),
+                    lm_head_impl=default_lm_head_impl(platform(mesh), vocab_shards),
                     lm_head_forward_impl=default_lm_head_forward_impl(vocab_shards))
     return cfg.replace(mesh=mesh, **{name: defaults[name] for name in unset})

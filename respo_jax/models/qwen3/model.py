@@ -225,9 +225,9 @@ class Qwen3ForCausalLM(nnx.Module):
         divides the logits first (π of the sampling temperature, as the sampler and verl's actor do).
         ``return_entropy=True`` also returns the entropy of the full distribution at each scored
         position, [batch, seq - start]: ``(logp, entropy)``. ``forward_only=True`` (no gradient will
-        be taken) runs the head kernel ``lm_head_forward_impl`` instead of ``lm_head_impl``. ``return_aux=True`` appends ``aux_loss``
-        from the same forward (MoE trainers add ``router_aux_loss_coef · aux``; ``aux_loss`` is None
-        for dense models).
+        be taken) runs the head kernel ``lm_head_forward_impl`` instead of ``lm_head_impl``.
+        ``return_aux=True`` appends ``aux_loss`` from the same forward (MoE trainers add
+        ``router_aux_loss_coef · aux``; ``aux_loss`` is None for dense models).
         """
         input_ids, positions, attention_mask, _, routing = _check_inputs(
             self.config, input_ids, positions, attention_mask, None, routing)
