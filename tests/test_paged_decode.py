@@ -7,6 +7,10 @@ schedule; MoE tokens and routing equal the static sampler's; compile_continuous 
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -292,3 +296,43 @@ def test_a_call_whose_rows_fit_the_slots_compiles_one_prefill_size_and_one_width
     want = generate(model, PROMPTS, params, engine=STATIC)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(want.tokens))
 
+
+
+
+_CACHE_LAUNCH = """
+import sys
+from respo_jax.training.compilation import compilation_totals, configure_compilation_cache
+configure_compilation_cache(sys.argv[2])
+from respo_jax.models import qwen3
+from respo_jax.sampling import EngineConfig, SamplingParams
+from respo_jax.sampling.paged_decode import compile_continuous, generate_continuous
+model = qwen3.init_model(qwen3.Qwen3Config.preset("tiny", tie_word_embeddings=True), 2)
+params = SamplingParams(max_new_tokens=12, temperature=1.0, num_samples=8, seed=5)
+engine = EngineConfig(max_slots=32, steps_per_schedule=4, prompt_bucket=16, min_decode_slots=16)
+before = compilation_totals()
+if sys.argv[1] == "ahead":
+    compile_continuous(model, 16, 4, params, engine=engine)
+else:
+    generate_continuous(model, %r, params, engine=engine)
+done = compilation_totals() - before
+print(done.compiles, done.cache_hits)
+"""
+
+
+@pytest.mark.slow
+def test_a_call_in_another_process_reads_every_program_compiled_ahead_from_the_cache(tmp_path):
+    # The race's second launch compiled a decode segment (~3 s) that the first had compiled ahead: with
+    # tied embeddings the prefill and the decode segment returned the prompt logits, tokens and
+    # log-probs named with the embedding's sharding, the admission with P() (equivalent on one device,
+    # but another program for the cache), so a segment after an admission and one after a segment
+    # were two programs. 32 rows in 32 slots, 12 tokens in segments of 4: one width, run after the
+    # admission and after itself.
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+    counts = {}
+    for phase in ("ahead", "call"):
+        result = subprocess.run([sys.executable, "-c", _CACHE_LAUNCH % (PROMPTS,), phase, str(tmp_path)],
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        counts[phase] = tuple(int(x) for x in result.stdout.split()[-2:])
+    compiles, hits = counts["call"]
+    assert compiles > 0 and hits == compiles, counts

@@ -104,6 +104,30 @@ def constrain_state(state: EngineState, cfg) -> EngineState:
     return state.replace(**fields)
 
 
+def place_state(state: EngineState, cfg) -> EngineState:
+    """The state a program returned (arrays, or `jax.ShapeDtypeStruct`s when compiling ahead) with each
+    field's sharding object the declared one (`STATE_AXES`), on the host side of the program boundary.
+
+    Why: `constrain_state` fixes the layout, not the name JAX gives it. JAX names an output after an
+    input whose sharding is equivalent, and on a mesh of size-1 axes every sharding is equivalent to
+    replicated: the prompt logits of a tied-embedding model came out of the prefill and the decode
+    segment as P('tensor', ('fsdp', 'expert')) (the embedding's), out of the admission as P(). A decode
+    segment then ran with either, and the one `compile_continuous` had not lowered was compiled anew in
+    a process reading the other from the persistent cache. Equivalent layouts: no data moves."""
+    fields = {}
+    for name, axes in STATE_AXES.items():
+        value = getattr(state, name)
+        if value is not None:
+            sharding = cfg.rules.sharding(cfg.mesh, axes)
+            if isinstance(value, jax.ShapeDtypeStruct):
+                value = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding,
+                                             weak_type=value.weak_type)
+            elif value.sharding != sharding:
+                value = jax.device_put(value, sharding)
+        fields[name] = value
+    return state.replace(**fields)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "layout", "pad_token_id"))
 def init_state(graphdef, model_state, seed, *, layout: Layout, pad_token_id: int) -> EngineState:
     """The empty state (every slot free, every page-table entry the scratch page) of a call with

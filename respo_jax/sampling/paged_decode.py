@@ -40,7 +40,7 @@ from respo_jax.distributed import to_host
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.layers import HIDDEN, constrain, rope_cos_sin
 from respo_jax.sampling.engine_state import PAGE_AXES, EngineState, Layout, constrain_state, init_state
-from respo_jax.sampling.engine_state import is_eos, row_keys
+from respo_jax.sampling.engine_state import is_eos, place_state, row_keys
 from respo_jax.sampling.generate import (
     GenerateOutput, _batch_shards, _check_call, _check_engine, _model_config, left_pad,
 )
@@ -313,7 +313,9 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
                       max_slots=layout.slots, steps_per_schedule=engine.steps_per_schedule,
                       page_size=layout.page_size, num_pages=layout.num_pages, max_prompt_len=layout.bucket,
                       prefill_chunk=engine.prefill_chunk_size)
-    state = init_state(run.graphdef, run.model_state, run.seed, layout=layout, pad_token_id=params.pad_token_id)
+    cfg = model.config
+    state = place_state(init_state(run.graphdef, run.model_state, run.seed, layout=layout,
+                                   pad_token_id=params.pad_token_id), cfg)
     free_logit_rows = list(range(layout.logit_rows))[::-1]  # the lowest first (pop)
     logit_row_of, pending = {}, [num_samples] * len(prompts)
     while not sched.finished:
@@ -327,10 +329,12 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
             state = prefill_prompts(run.graphdef, run.model_state, state,
                                     *_prefill_arrays(layout, prompts, group, count, logit_row_of),
                                     chunk=engine.prefill_chunk_size, step=step)
+            state = place_state(state, cfg)
         if plan.admissions:
             state = admit_rows(run.graphdef, run.model_state, state,
                                *_admission_arrays(layout, plan.admissions, ids, lengths, budgets, logit_row_of),
                                params=run.params)
+            state = place_state(state, cfg)
             for adm in plan.admissions:
                 pending[adm.prompt] -= 1
                 if pending[adm.prompt] == 0:
@@ -341,6 +345,7 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
         state, flags = decode_segment(run.graphdef, run.model_state, state, plan.page_table, run_slots,
                                       np.int32(engine.steps_per_schedule), params=run.params,
                                       impl=engine.paged_attention_impl)
+        state = place_state(state, cfg)
         generated, done = to_host(flags)  # the one sync of a segment, the same flags in every process
         sched.retire(generated, done.astype(bool))
     return finish(state, np.asarray(lengths, np.int32), rows=rows, num_samples=num_samples)
@@ -370,20 +375,23 @@ def compile_continuous(model, prompt_len: int, num_prompts: int, params: Samplin
     def compiled(program, *args, **kwargs):
         return jax.tree.map(_abstract, program.lower(*args, **kwargs).compile().out_info)
 
-    state = compiled(init_state, run.graphdef, run.model_state, run.seed, layout=layout,
-                     pad_token_id=params.pad_token_id)
+    def placed(state):  # as generate_continuous places each program's state
+        return place_state(state, model.config)
+
+    state = placed(compiled(init_state, run.graphdef, run.model_state, run.seed, layout=layout,
+                            pad_token_id=params.pad_token_id))
     for count in run.prefill_sizes:
         for step in range(len(prefill_steps(layout.bucket, engine.prefill_chunk_size))):
-            state = compiled(prefill_prompts, run.graphdef, run.model_state, state,
-                             *_prefill_arrays(layout, [], (), count, {}), chunk=engine.prefill_chunk_size,
-                             step=step)
+            state = placed(compiled(prefill_prompts, run.graphdef, run.model_state, state,
+                                    *_prefill_arrays(layout, [], (), count, {}),
+                                    chunk=engine.prefill_chunk_size, step=step))
     zeros = np.zeros(num_prompts * params.num_samples, np.int64)
-    state = compiled(admit_rows, run.graphdef, run.model_state, state,
-                     *_admission_arrays(layout, (), zeros, lengths, zeros, {}), params=run.params)
+    state = placed(compiled(admit_rows, run.graphdef, run.model_state, state,
+                            *_admission_arrays(layout, (), zeros, lengths, zeros, {}), params=run.params))
     table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
     for width in run.decode_widths:
-        state, _ = compiled(decode_segment, run.graphdef, run.model_state, state, table,
-                            np.arange(width, dtype=np.int32), np.int32(engine.steps_per_schedule),
-                            params=run.params, impl=engine.paged_attention_impl)
+        state = placed(compiled(decode_segment, run.graphdef, run.model_state, state, table,
+                                np.arange(width, dtype=np.int32), np.int32(engine.steps_per_schedule),
+                                params=run.params, impl=engine.paged_attention_impl)[0])
     compiled(finish, state, np.asarray(lengths, np.int32), rows=num_prompts * params.num_samples,
              num_samples=params.num_samples)
