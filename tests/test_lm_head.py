@@ -82,15 +82,36 @@ def test_both_kernels_equal_the_float64_reference_and_each_other(tied):
         kw = dict(tied=tied, temperature=temperature, chunk_tokens=chunk_tokens)
         new = _values_and_grads(hidden, weight, targets, g, impl="vocab_chunks", vocab_chunk=vocab_chunk,
                                 **kw)
-        old = _values_and_grads(hidden, weight, targets, g, impl="token_chunks", **kw)
-        for name, got_new, got_old, ref in zip(("logp", "entropy", "d hidden", "d weight"), new, old, want):
+        old = _values_and_grads(hidden, weight, targets, g, impl="token_chunks", **kw)  # keeps the softmax
+        redo = _values_and_grads(hidden, weight, targets, g, impl="token_chunks", keep_probs_bytes=0, **kw)
+        names = ("logp", "entropy", "d hidden", "d weight")
+        for name, got_new, got_old, got_redo, ref in zip(names, new, old, redo, want):
             what = f"{name} at T={temperature}, chunk_tokens={chunk_tokens}, vocab_chunk={vocab_chunk}"
             assert got_new.shape == ref.shape and got_new.dtype == np.float32, what
             _assert_close(got_new, ref, what)
             _assert_close(got_old, ref, what + " (token_chunks)")
+            _assert_close(got_redo, ref, what + " (token_chunks, softmax recomputed)")
             _assert_close(got_new, got_old, what + " (vocab_chunks vs token_chunks)")
         # the padding positions get no gradient, the others do
         assert np.all(new[2][0, -3:] == 0) and np.all(np.abs(new[2][1:]).max(-1) > 0)
+
+
+def test_token_chunks_keeps_the_softmax_for_the_backward_only_when_it_fits():
+    """The backward of ``token_chunks`` recomputes the logits (a third matmul besides d hidden and
+    d weight) unless the forward's [tokens, vocab] float32 softmax fits in `keep_probs_bytes`: 3 chunks
+    of 12 positions here (11 padded to 12), so 3·3·12·VOCAB·4 bytes is the bound."""
+    hidden, weight, targets, g = _case(True, seed=2)
+    need = 3 * BATCH * 4 * VOCAB * 4  # chunks of max(1, 12 // 3) = 4 positions: 3 chunks
+
+    def dots(keep_probs_bytes: int) -> int:
+        def grads(h, w):
+            _, vjp = jax.vjp(lambda h, w: chunked_token_logprobs(
+                h, w, targets, tied=True, chunk_tokens=12, impl="token_chunks",
+                keep_probs_bytes=keep_probs_bytes), h, w)
+            return vjp(jnp.asarray(g))
+        return str(jax.make_jaxpr(grads)(jnp.asarray(hidden), jnp.asarray(weight))).count("dot_general")
+
+    assert (dots(need), dots(need - 1), dots(0)) == (3, 4, 4)
 
 
 def test_bfloat16_inputs_match_the_token_chunked_kernel():

@@ -15,13 +15,16 @@ over `chunk_tokens` tokens at a time, in the forward and in the backward pass. T
   enough to stay in the caches between the matmul that writes it and the elementwise passes that read
   it, where a [1024, 151,936] float32 chunk (622 MB) goes through main memory in every pass (the
   LM-head gradient ran at a fifth of XLA's matmul rate that way).
-- ``token_chunks``: one [chunk tokens, vocab] logits array per chunk. Kept for a vocabulary split over
-  devices (tensor parallelism), where slicing vocabulary blocks of the sharded weight would gather it.
+- ``token_chunks``: one [chunk tokens, vocab] logits array per chunk: for a vocabulary split over
+  devices (tensor parallelism), where slicing vocabulary blocks of the sharded weight would gather it,
+  and on CPU. When every chunk's softmax fits in `keep_probs_bytes` the forward keeps it for the
+  backward, which then skips recomputing the logits: a 32-row mini-batch's update step at Qwen3's
+  vocabulary went from 6.9 to 5.0 s on CPU.
 
 Both backward passes are written by hand (`jax.custom_vjp`): the forward keeps only each token's
-log-sum-exp. Differentiating the forward under `jax.checkpoint` instead recomputes the log-sum-exp
-(max, exp, sum), exponentiates again for its gradient and scatters the target's gradient into a zero
-[tokens, vocab] array.
+log-sum-exp (and, in ``token_chunks`` when it fits, the softmax). Differentiating the forward under
+`jax.checkpoint` instead recomputes the log-sum-exp (max, exp, sum), exponentiates again for its
+gradient and scatters the target's gradient into a zero [tokens, vocab] array.
 """
 
 from __future__ import annotations
@@ -42,10 +45,17 @@ from respo_jax.models.qwen3.layers import rows as token_rows
 # backend, few loop steps per chunk (experiments/benchmarks/lm_head.py compares widths).
 VOCAB_CHUNK = 4096
 
+# ``token_chunks`` keeps the forward's softmax for the backward when all the chunks' [tokens, vocab]
+# float32 probabilities fit in this many bytes, instead of recomputing the logits (a quarter of the
+# head's matmul FLOPs) and their exponential there: 1.2 GB for the 2,048 response tokens of a 32-row
+# mini-batch at Qwen3's vocabulary (the race at M = 4), 10 GB (recomputed) for the paper's 256 rows.
+KEEP_PROBS_BYTES = 2 << 30
+
 
 def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *, tied: bool,
                            temperature: float = 1.0, chunk_tokens: int = 1024, return_entropy: bool = False,
-                           impl: str = "vocab_chunks", vocab_chunk: int = VOCAB_CHUNK):
+                           impl: str = "vocab_chunks", vocab_chunk: int = VOCAB_CHUNK,
+                           keep_probs_bytes: int = KEEP_PROBS_BYTES):
     """log softmax(hidden @ W / temperature)[target] per position: [batch, seq] float32.
 
     hidden: [batch, seq, embed] (the final-norm output at the positions to score);
@@ -55,6 +65,8 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
     `temperature` (static, > 0) divides the logits before the log-softmax, as the sampler does.
     `impl`: ``"vocab_chunks"`` (blocks of `vocab_chunk` vocabulary columns, online log-sum-exp) or
     ``"token_chunks"`` (the whole vocabulary per chunk); see the module docstring.
+    `keep_probs_bytes`: ``token_chunks`` saves the forward's softmax for the backward pass when it fits
+    in these bytes (the logits are not recomputed there); 0 never does.
     `return_entropy=True` also returns the entropy of the whole distribution at each position,
     `(logp, entropy)`, from the same chunks; it is a diagnostic (no gradient flows through either).
     """
@@ -93,7 +105,8 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
         return unchunk(logp), unchunk(entropy)
     if impl == "vocab_chunks":
         return unchunk(_vocab_logprobs(h, weight, t, blocks))
-    return unchunk(_logprobs(h, weight, t, tied, temperature))
+    keep = n * b * per_chunk * vocab * 4 <= keep_probs_bytes
+    return unchunk(_logprobs(h, weight, t, tied, temperature, keep))
 
 
 # ---------------------------------------------------------------------------------------- vocab_chunks
@@ -263,9 +276,10 @@ def _chunk_with_entropy(h_c, weight, t_c, tied, temperature):
     return picked - lse, entropy
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _logprobs(h, weight, t, tied, temperature):
-    """h: [n, batch, c, embed], t: [n, batch, c] -> [n, batch, c] float32 log-probs."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _logprobs(h, weight, t, tied, temperature, keep_probs):
+    """h: [n, batch, c, embed], t: [n, batch, c] -> [n, batch, c] float32 log-probs. `keep_probs`
+    (static): the backward reads the forward's softmax instead of recomputing it."""
     return _forward(h, weight, t, tied, temperature)[0]
 
 
@@ -273,21 +287,36 @@ def _forward(h, weight, t, tied, temperature):
     return jax.lax.map(lambda args: _chunk_forward(args[0], weight, args[1], tied, temperature), (h, t))
 
 
-def _logprobs_fwd(h, weight, t, tied, temperature):
+def _chunk_forward_with_probs(h_c, weight, t_c, tied, temperature):
+    """`_chunk_forward` and the softmax [batch, c, vocab] float32, as the backward would compute it."""
+    logits = _logits(h_c, weight, tied, temperature)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
+    return picked - lse, jnp.exp(logits - lse[..., None])
+
+
+def _logprobs_fwd(h, weight, t, tied, temperature, keep_probs):
+    if keep_probs:
+        logp, probs = jax.lax.map(
+            lambda args: _chunk_forward_with_probs(args[0], weight, args[1], tied, temperature), (h, t))
+        return logp, (h, weight, t, probs)
     logp, lse = _forward(h, weight, t, tied, temperature)
     return logp, (h, weight, t, lse)
 
 
-def _logprobs_bwd(tied, temperature, residuals, g):
+def _logprobs_bwd(tied, temperature, keep_probs, residuals, g):
     """d logp[t] / d logits = onehot(t) − softmax, scaled by 1 / temperature; one chunk at a time,
-    the weight's gradient accumulated in float32 over chunks."""
-    h, weight, t, lse = residuals
+    the weight's gradient accumulated in float32 over chunks. The softmax: the forward's (`keep_probs`)
+    or exp(logits − log-sum-exp) from the logits recomputed here."""
+    h, weight, t, saved = residuals
 
     def chunk(grad_w, args):
-        h_c, t_c, lse_c, g_c = args
-        logits = _logits(h_c, weight, tied, temperature)
-        probs = jnp.exp(logits - lse_c[..., None])
-        target = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == t_c[..., None]
+        h_c, t_c, saved_c, g_c = args
+        if keep_probs:
+            probs = saved_c
+        else:
+            probs = jnp.exp(_logits(h_c, weight, tied, temperature) - saved_c[..., None])
+        target = jax.lax.broadcasted_iota(jnp.int32, probs.shape, probs.ndim - 1) == t_c[..., None]
         g_logits = jnp.where(target, 1.0 - probs, -probs) * g_c[..., None]
         if temperature != 1.0:
             g_logits = g_logits / jnp.float32(temperature)
@@ -305,7 +334,7 @@ def _logprobs_bwd(tied, temperature, residuals, g):
                             preferred_element_type=jnp.float32)
         return grad_w + dw, dh.astype(h_c.dtype)
 
-    grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, lse, g))
+    grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, saved, g))
     return dh, grad_w.astype(weight.dtype), None
 
 
