@@ -469,9 +469,12 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     # a random policy never writes the right box in 4 tokens; responses at the limit get the full penalty -1
     assert -2.0 <= record["score"] <= -1.0
     # rollout.compile_ahead: the first iteration compiled both buckets, so the first batch of the other
-    # bucket (a new sampler, log π_old and update shape) compiles nothing.
+    # bucket (a new sampler, log π_old and update shape) compiles nothing. (In a long test process the
+    # trainer may drop its programs near the memory-map limit and read them back from the session's
+    # cache: reads, not compilations.)
     for _ in range(buckets.index(other)):
-        assert trainer.iteration()["compiles"] == 0
+        record = trainer.iteration()
+        assert record["compiles"] == record["compile_cache_hits"], record
     assert trainer.evaluate() == 0.0
     tokens = np.array([trainer.tokenizer.encode("\\boxed{12}")])
     np.testing.assert_allclose(trainer.score(tokens, np.array([tokens.shape[1]]), [{"answer": "12"}])[0], [1.0 - 1.0])
