@@ -98,8 +98,9 @@ def test_both_kernels_equal_the_float64_reference_and_each_other(tied):
 
 def test_token_chunks_keeps_the_softmax_for_the_backward_only_when_it_fits():
     """The backward of ``token_chunks`` recomputes the logits (a third matmul besides d hidden and
-    d weight) unless the forward's [tokens, vocab] float32 softmax fits in `keep_probs_bytes`: 3 chunks
-    of 12 positions here (11 padded to 12), so 3·3·12·VOCAB·4 bytes is the bound."""
+    d weight) unless the forward's [tokens, vocab] float32 softmax fits in `keep_probs_bytes`: chunks of
+    12 tokens hold 4 positions of each of the 3 rows, 11 positions padded to 3 chunks, so
+    3·3·4·VOCAB·4 bytes is the bound."""
     hidden, weight, targets, g = _case(True, seed=2)
     need = 3 * BATCH * 4 * VOCAB * 4  # chunks of max(1, 12 // 3) = 4 positions: 3 chunks
 

@@ -259,21 +259,26 @@ def _logits(h_c: jax.Array, weight: jax.Array, tied: bool, temperature: float) -
     return logits if temperature == 1.0 else logits / jnp.float32(temperature)
 
 
-def _chunk_forward(h_c, weight, t_c, tied, temperature):
-    """(log-prob of the targets, log-sum-exp): each [batch, c] float32."""
+def _chunk_scores(h_c, weight, t_c, tied, temperature):
+    """One chunk's scaled logits [batch, c, vocab], their log-sum-exp and the log-prob of the targets
+    ([batch, c] each), all float32."""
     logits = _logits(h_c, weight, tied, temperature)
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
-    return picked - lse, lse
+    return logits, lse, picked - lse
+
+
+def _chunk_forward(h_c, weight, t_c, tied, temperature):
+    """(log-prob of the targets, log-sum-exp): each [batch, c] float32."""
+    _, lse, logp = _chunk_scores(h_c, weight, t_c, tied, temperature)
+    return logp, lse
 
 
 def _chunk_with_entropy(h_c, weight, t_c, tied, temperature):
     """(log-prob of the targets, entropy H = logsumexp(z) − Σ softmax(z)·z): each [batch, c] float32."""
-    logits = _logits(h_c, weight, tied, temperature)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
+    logits, lse, logp = _chunk_scores(h_c, weight, t_c, tied, temperature)
     entropy = lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1)
-    return picked - lse, entropy
+    return logp, entropy
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -288,11 +293,10 @@ def _forward(h, weight, t, tied, temperature):
 
 
 def _chunk_forward_with_probs(h_c, weight, t_c, tied, temperature):
-    """`_chunk_forward` and the softmax [batch, c, vocab] float32, as the backward would compute it."""
-    logits = _logits(h_c, weight, tied, temperature)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
-    return picked - lse, jnp.exp(logits - lse[..., None])
+    """(log-prob of the targets [batch, c], softmax [batch, c, vocab]) float32: the softmax as the
+    backward would compute it."""
+    logits, lse, logp = _chunk_scores(h_c, weight, t_c, tied, temperature)
+    return logp, jnp.exp(logits - lse[..., None])
 
 
 def _logprobs_fwd(h, weight, t, tied, temperature, keep_probs):
