@@ -336,3 +336,36 @@ def test_a_call_in_another_process_reads_every_program_compiled_ahead_from_the_c
         counts[phase] = tuple(int(x) for x in result.stdout.split()[-2:])
     compiles, hits = counts["call"]
     assert compiles > 0 and hits == compiles, counts
+
+
+def test_place_state_names_every_field_with_its_declared_sharding_and_moves_no_value(model):
+    # Every engine program's state goes through place_state: arrays named otherwise (as programs return
+    # them: P()) and abstract values (compile-ahead) come out with STATE_AXES's shardings, the arrays'
+    # values untouched, absent fields (no routing) still absent.
+    import jax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from respo_jax.sampling import engine_state
+
+    cfg = model.config
+    graphdef, model_state = nnx.split(model)
+    layout = engine_state.Layout(slots=4, max_pages=3, num_pages=6, page_size=4, rows=4, max_new_tokens=5,
+                                 logit_rows=2, num_prompts=2, bucket=8, routing=False)
+    state = engine_state.init_state(graphdef, model_state, np.array([1, 2], np.uint32), layout=layout,
+                                    pad_token_id=0)
+    replicated = NamedSharding(cfg.mesh, PartitionSpec())
+    renamed = jax.tree.map(lambda x: jax.device_put(x, replicated), state)
+    declared = {name: cfg.rules.sharding(cfg.mesh, axes) for name, axes in engine_state.STATE_AXES.items()}
+    assert renamed.k_pages.sharding != declared["k_pages"]  # the naming place_state mends
+    placed = engine_state.place_state(renamed, cfg)
+    abstract = engine_state.place_state(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state), cfg)
+    for name, sharding in declared.items():
+        value, shape = getattr(placed, name), getattr(abstract, name)
+        if getattr(state, name) is None:
+            assert value is None and shape is None, name
+            continue
+        assert value.sharding == sharding and shape.sharding == sharding, name
+        assert shape.shape == value.shape and shape.dtype == value.dtype, name
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(getattr(state, name)), err_msg=name)

@@ -113,19 +113,26 @@ def place_state(state: EngineState, cfg) -> EngineState:
     replicated: the prompt logits of a tied-embedding model came out of the prefill and the decode
     segment as P('tensor', ('fsdp', 'expert')) (the embedding's), out of the admission as P(). A decode
     segment then ran with either, and the one `compile_continuous` had not lowered was compiled anew in
-    a process reading the other from the persistent cache. Equivalent layouts: no data moves."""
-    fields = {}
-    for name, axes in STATE_AXES.items():
-        value = getattr(state, name)
-        if value is not None:
-            sharding = cfg.rules.sharding(cfg.mesh, axes)
-            if isinstance(value, jax.ShapeDtypeStruct):
-                value = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding,
-                                             weak_type=value.weak_type)
-            elif value.sharding != sharding:
-                value = jax.device_put(value, sharding)
-        fields[name] = value
-    return state.replace(**fields)
+    a process reading the other from the persistent cache. Equivalent layouts: no data moves. It runs
+    after every engine program, so the shardings are built once per mesh and the renamed fields go
+    through one `jax.device_put` (17 separate ones cost ~1 ms a program, 7 ms of the default run's
+    0.1 s iteration)."""
+    declared = _declared_shardings(cfg.mesh, cfg.rules)
+    fields = {name: getattr(state, name) for name in declared}
+    fields = {name: value for name, value in fields.items() if value is not None}
+    abstract = {name: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=declared[name],
+                                           weak_type=value.weak_type)
+                for name, value in fields.items() if isinstance(value, jax.ShapeDtypeStruct)}
+    moved = [name for name, value in fields.items()
+             if name not in abstract and value.sharding != declared[name]]
+    placed = jax.device_put([fields[name] for name in moved], [declared[name] for name in moved]) if moved else []
+    return state.replace(**abstract, **dict(zip(moved, placed)))
+
+
+@functools.lru_cache(maxsize=8)
+def _declared_shardings(mesh, rules) -> dict:
+    """Every `STATE_AXES` field's NamedSharding on `mesh` under `rules` (both hashable)."""
+    return {name: rules.sharding(mesh, axes) for name, axes in STATE_AXES.items()}
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "layout", "pad_token_id"))
