@@ -15,6 +15,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -24,6 +25,7 @@ from respo_jax.training.batch import bucket_length
 from respo_jax.training.compilation import configure_compilation_cache, resolve_cache_dir
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.loop import RLTrainer
+from respo_jax.training.shapes import ShapeTracker
 from respo_jax.training.tasks import load_task
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -102,6 +104,23 @@ def _rl(records: list[dict]) -> list[dict]:
     return [r for r in records if r["phase"] == "rl"]
 
 
+def test_the_compile_ahead_key_ignores_the_run_length_unless_it_moves_the_learning_rate_warm_up():
+    """A relaunch for more iterations or with another seed reads the programs compiled ahead; with
+    `optim.warmup_ratio`, the warm-up length W (a constant of the update program) follows the run's length,
+    and the key with it."""
+    def key(*overrides: str) -> str:
+        config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + list(overrides))
+        shapes = ShapeTracker([3, 20], config.rollout.padded_prompt_length, compile_ahead=True)
+        return RLTrainer.compile_ahead_key(types.SimpleNamespace(config=config, shapes=shapes))
+
+    base = key()
+    assert key("run.iterations=7") == key("run.seed=3") == key("run.policy_updates=8") == base
+    assert key("rollout.max_new_tokens=7") != base and key("optim.learning_rate=0.5") != base
+    ratio = key("optim.warmup_ratio=0.5")  # W = 2 of 4 policy updates
+    assert ratio != base and key("optim.warmup_ratio=0.5", "run.iterations=7") != ratio  # W = 7
+    assert key("optim.warmup_steps=3", "run.iterations=7") == key("optim.warmup_steps=3") != base
+
+
 @pytest.mark.slow
 def test_a_second_launch_reads_every_program_from_the_cache_and_a_changed_config_compiles(tmp_path):
     cache = tmp_path / "cache"
@@ -121,6 +140,11 @@ def test_a_second_launch_reads_every_program_from_the_cache_and_a_changed_config
     assert _entries(cache) == written  # ... so nothing new was written
     strip = [{k: v for k, v in r.items() if k not in PROCESS_KEYS} for r in first]
     assert [{k: v for k, v in r.items() if k not in PROCESS_KEYS} for r in second] == strip  # same run
+
+    longer, skipped = _launch(tmp_path / "longer", cache, "run.iterations=3")
+    assert skipped  # the run's length shapes no program: the same record, the same programs
+    assert len(_rl(longer)) == 3 and all(r["compile_cache_hits"] == r["compiles"] for r in _rl(longer))
+    assert _entries(cache) == written
 
     changed, skipped = _launch(tmp_path / "changed", cache, "rollout.max_new_tokens=7")
     assert not skipped  # another configuration's record is not this one's

@@ -383,13 +383,15 @@ class RLTrainer:
 
     def compile_ahead_key(self) -> str:
         """The key of this run's compile-ahead in the compilation cache (`compiled_ahead_key`): every
-        section of the config but the run's bookkeeping (paths, seeds, logging, evaluation) and the
-        warm-up, and the prompt buckets."""
+        section of the config but the run's bookkeeping (paths, seeds, length, logging, evaluation) and
+        the warm-up, the prompt buckets, and the learning-rate warm-up length, the one thing the run's
+        length changes in a program (`optim.warmup_ratio` of the policy updates): a relaunch with more
+        iterations or another seed reads the same programs."""
         config = self.config.to_dict()
-        run, task = config.pop("run"), config.pop("task")
-        config.pop("warmup")
-        config["run"] = {key: run[key] for key in ("iterations", "policy_updates")}
+        task = config.pop("task")
+        config.pop("run"), config.pop("warmup")
         config["task"] = {key: value for key, value in task.items() if key != "seed"}
+        config["lr_warmup_steps"] = self.config.lr_warmup_steps
         return compiled_ahead_key({"config": config, "prompt_buckets": self.shapes.prompt_buckets()})
 
     def _compile_bucket(self, model: nnx.Module, prompt_len: int) -> None:
