@@ -389,7 +389,8 @@ class RLTrainer:
         iterations or another seed reads the same programs."""
         config = self.config.to_dict()
         task = config.pop("task")
-        config.pop("run"), config.pop("warmup")
+        config.pop("run")
+        config.pop("warmup")
         config["task"] = {key: value for key, value in task.items() if key != "seed"}
         config["lr_warmup_steps"] = self.config.lr_warmup_steps
         return compiled_ahead_key({"config": config, "prompt_buckets": self.shapes.prompt_buckets()})
