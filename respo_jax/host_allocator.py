@@ -102,13 +102,39 @@ def expected_platform() -> str:
     return "cpu"
 
 
-def release_host_memory() -> bool:
+class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (<malloc.h>, glibc 2.33+)."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_free_bytes() -> int | None:
+    """The free bytes of the main malloc arena, its free chunks and the heap's top (glibc
+    `mallinfo2().fordblks`); None where there is no glibc 2.33+."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.argtypes = ()
+    libc.mallinfo2.restype = _MallInfo2
+    return int(libc.mallinfo2().fordblks)
+
+
+def release_host_memory(keep_free_bytes: int = 0) -> bool:
     """Returns the free memory of the malloc heap to the OS (glibc `malloc_trim(0)`, which also releases
-    free pages in the middle of the heap). True if glibc released something; False where it released
-    nothing or there is no glibc."""
+    free pages in the middle of the heap), unless the heap holds at most `keep_free_bytes` free bytes
+    (`heap_free_bytes`; 0: always). True if glibc released something; False where it released nothing,
+    kept the heap or there is no glibc.
+
+    Why keep some: on a VM the pages given back cost again when the next step touches them (~2 s per GB
+    on this project's host), so a caller whose next step needs about as much keeps a bounded free heap."""
     libc = _glibc()
     if libc is None:
         return False
+    if keep_free_bytes > 0:
+        free = heap_free_bytes()
+        if free is not None and free <= keep_free_bytes:
+            return False
     libc.malloc_trim.argtypes = (ctypes.c_size_t,)
     libc.malloc_trim.restype = ctypes.c_int
     return bool(libc.malloc_trim(0))

@@ -127,13 +127,24 @@ def test_first_argmax_is_argmax():
     np.testing.assert_array_equal(lp.first_argmax(logits), jnp.argmax(logits, axis=-1))
 
 
-@pytest.mark.parametrize("vocab,block", [(1000, 256), (700, 64)])
+def test_sampling_blocks_divide_the_vocabulary_or_leave_a_tail():
+    assert lp.sampling_blocks(151_936) == (128, 0)  # Qwen3: 1,187 blocks of 128, no copy of the logits
+    assert lp.sampling_blocks(152_064) == (256, 0)
+    assert lp.sampling_blocks(1000, 256) == (250, 0)
+    assert lp.sampling_blocks(700, 64) == (50, 0)
+    assert lp.sampling_blocks(997, 64) == (64, 997 % 64)  # a prime: 15 blocks of 64 and a tail of 37
+    assert lp.sampling_blocks(50, 256) == (50, 0)
+
+
+@pytest.mark.parametrize("vocab,block", [(1000, 256), (700, 64), (997, 64)])
 def test_two_stage_draw_matches_the_distribution_across_blocks(vocab, block):
-    # Peaked logits spread over several blocks (and a padded last block): frequencies of 100k draws
-    # match the probabilities within 4 standard errors; truncated tokens are never drawn.
+    # Peaked logits spread over several blocks (whole blocks, or a narrower tail block when no width
+    # divides the vocabulary): frequencies of 100k draws match the probabilities within 4 standard
+    # errors; truncated tokens are never drawn.
     rng = np.random.default_rng(vocab)
     logits = rng.normal(0.0, 1.0, vocab)
     logits[rng.choice(vocab, 12, replace=False)] += 5.0
+    logits[-1] += 5.0  # mass in the last block (the tail, where there is one)
     logprobs = np.asarray(lp.sampling_logprobs(jnp.asarray(logits[None], jnp.float32), 1.0, 0, 0.9))[0]
     draws = 100_000
     keys = jax.random.split(jax.random.key(vocab), draws)

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 import pathlib
 
 import jax
@@ -502,7 +503,8 @@ def test_row_placer_in_one_process_places_fetches_and_shares_every_row():
 def test_shape_tracker_compiles_ahead_once_and_trims_the_heap_only_for_new_shapes(monkeypatch):
     calls = []
     monkeypatch.setattr(shapes, "host_allocator_settings", lambda: {"applied": True})
-    monkeypatch.setattr(shapes, "release_host_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(shapes, "release_host_memory", lambda keep_free_bytes: calls.append(("release",
+                                                                                             keep_free_bytes)))
     monkeypatch.setattr(shapes, "drop_programs_near_map_limit", lambda: calls.append("drop"))
     linear = functools.partial(padded_prompt_length, bucket=16, scheme="linear")
     tracker = shapes.ShapeTracker([3, 16, 17, 40, 5], linear, compile_ahead=True)
@@ -513,11 +515,13 @@ def test_shape_tracker_compiles_ahead_once_and_trims_the_heap_only_for_new_shape
     compiled = []
     tracker.compile_ahead_once(lambda: tracker.compile_ahead(compiled.append))
     tracker.compile_ahead_once(lambda: tracker.compile_ahead(compiled.append))  # the second: nothing
-    assert compiled == [16, 32, 48] and calls == ["drop"] * 3 + ["release"]
+    assert compiled == [16, 32, 48] and calls == ["drop"] * 3 + [("release", 0)]  # all that compiling freed
     calls.clear()
     for shape in [(4, 22), (4, 22), (4, 38), (4, 22)]:
         tracker.batch_shape(shape)
-    assert calls == ["drop", "release"] * 2  # once per new shape
+    # Once per new shape, keeping a free heap up to a sixth of the machine's memory.
+    keep = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 6
+    assert calls == ["drop", ("release", pytest.approx(keep, abs=1))] * 2
     off = shapes.ShapeTracker([3], linear, compile_ahead=False)
     off.compile_ahead_once(lambda: compiled.append("never"))
     assert compiled == [16, 32, 48]

@@ -123,38 +123,61 @@ def first_argmax(x: jax.Array) -> jax.Array:
 SAMPLING_BLOCK = 256
 
 
+def sampling_blocks(vocab: int, max_block: int = SAMPLING_BLOCK) -> tuple[int, int]:
+    """(block width, tail width) of the two-stage draw over `vocab` tokens, static.
+
+    The block is the largest divisor of the vocabulary up to `max_block` when it is at least a quarter
+    of it (Qwen3's 151,936 = 1,187 × 128: blocks of 128), so the logits reshape into whole blocks in
+    place; otherwise `max_block`, and the last `vocab mod max_block` tokens form a narrower tail block.
+    On CPU a decode step's vocabulary projection and draw for 32 rows took 50 ms with 256-wide blocks
+    (a padded copy of the logits) and 29 ms with 128-wide ones, the projection alone 24 ms (128 rows:
+    161, 106 and 93 ms).
+    """
+    block = min(max_block, vocab)
+    divisor = next(d for d in range(block, 0, -1) if vocab % d == 0)
+    if divisor * 4 >= block:
+        return divisor, 0
+    return block, vocab % block
+
+
 def sample_from_logprobs(
     keys: jax.Array, logprobs: jax.Array, block: int = SAMPLING_BLOCK
 ) -> tuple[jax.Array, jax.Array]:
     """Draw one token per row and return it with its log-prob under the same distribution.
 
-    Exact two-stage Gumbel-max: the vocabulary is cut into blocks of `block` tokens; a block is drawn
-    with probability equal to its mass (Gumbel-max over per-block logsumexp), then a token within it
-    with probability proportional to its own (Gumbel-max over the block). P(block) * P(token | block)
-    is the token's probability, so this samples `softmax(logprobs)` exactly, with vocab/block + block
-    random numbers per row instead of vocab (151,936 for Qwen3): on CPU the per-token threefry bits
-    of a `jax.random.categorical` draw were most of the sampling time.
+    Exact two-stage Gumbel-max: the vocabulary is cut into blocks (`sampling_blocks`: at most `block`
+    tokens, the last one narrower when no block width divides the vocabulary); a block is drawn with
+    probability equal to its mass (Gumbel-max over per-block logsumexp), then a token within it with
+    probability proportional to its own (Gumbel-max over the block). P(block) * P(token | block) is the
+    token's probability, so this samples `softmax(logprobs)` exactly, with about vocab/block + block
+    random numbers per row instead of vocab (151,936 for Qwen3): on CPU the per-token threefry bits of
+    a `jax.random.categorical` draw were most of the sampling time.
 
     Args:
       keys: `[batch]` typed PRNG keys, one per row, so a row's draw does not depend on the others.
       logprobs: `[batch, vocab]` log-probs, or unnormalized log-weights of the distribution (e.g.
         temperature-scaled, truncated logits; -inf = dropped): the blocks' log-masses normalize them,
         so no separate log-softmax pass over the vocabulary is needed.
-      block: static block size.
+      block: static largest block width.
     Returns:
       tokens `[batch]` int32, token_logprobs `[batch]` float32 (normalized: log softmax(logprobs)).
     """
     batch, vocab = logprobs.shape
-    padded = -(-vocab // block) * block
-    blocks = jnp.pad(logprobs, ((0, 0), (0, padded - vocab)), constant_values=NEG_INF)
-    blocks = blocks.reshape(batch, padded // block, block)
-    block_logmass = jax.nn.logsumexp(blocks, axis=-1)  # [batch, num_blocks]; -inf if all dropped
+    width, tail_width = sampling_blocks(vocab, block)
+    full = vocab // width
+    blocks = logprobs[:, :full * width].reshape(batch, full, width)
+    block_logmass = jax.nn.logsumexp(blocks, axis=-1)  # [batch, blocks]; -inf if all dropped
+    if tail_width:  # the tail padded to a block's width: [batch, width]
+        tail = jnp.pad(logprobs[:, full * width:], ((0, 0), (0, width - tail_width)), constant_values=NEG_INF)
+        block_logmass = jnp.concatenate([block_logmass, jax.nn.logsumexp(tail, axis=-1)[:, None]], axis=-1)
     pick_block, pick_token = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
-    noise = jax.vmap(lambda key: jax.random.gumbel(key, (padded // block,), logprobs.dtype))(pick_block)
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, block_logmass.shape[1:], logprobs.dtype))(pick_block)
     chosen = first_argmax(block_logmass + noise)  # [batch]
-    within = jnp.take_along_axis(blocks, chosen[:, None, None], axis=1)[:, 0]  # [batch, block]
-    noise = jax.vmap(lambda key: jax.random.gumbel(key, (block,), logprobs.dtype))(pick_token)
-    tokens = chosen * block + first_argmax(within + noise)
+    within = jnp.take_along_axis(blocks, jnp.minimum(chosen, full - 1)[:, None, None], axis=1)[:, 0]
+    if tail_width:
+        within = jnp.where((chosen == full)[:, None], tail, within)  # [batch, width]
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, (width,), logprobs.dtype))(pick_token)
+    tokens = chosen * width + first_argmax(within + noise)
     log_norm = jax.nn.logsumexp(block_logmass, axis=-1)  # [batch]: log of the total mass
     token_logprobs = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0] - log_norm
     return tokens.astype(jnp.int32), token_logprobs
