@@ -22,8 +22,10 @@ do the same for device memory). One caveat: when the step's shape changes, a fre
 the new step's temp buffer stays as a hole and the heap grows past it, so a sweep over growing shapes
 accumulates (the benchmarks' scaling sweep was once killed for memory that way).
 `release_host_memory()` (glibc `malloc_trim`) returns the free parts of the heap to the OS; callers use
-it when the shape of their steps changes (a new shape also means a new compilation, which costs far
-more than faulting the next step's buffers in once).
+it when the shape of their steps changes. `release_host_memory(keep_free_bytes)` keeps a free heap up to
+that size instead, for callers whose next steps need about as much again (the trainer's new batch
+shapes: `respo_jax.training.shapes.KEEP_FREE_FRACTION`), since faulting it back in costs ~2 s per GB
+on a VM.
 
 Call `configure_host_allocator()` at the start of a program, before the first JAX computation (JAX
 reads the dispatch flag when it creates the CPU client). A process-wide side effect, so the library
