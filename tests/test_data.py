@@ -25,6 +25,7 @@ from respo_jax.data import (
     PromptBatches,
     PromptFormat,
     encode_prompt,
+    encode_prompts,
     filter_overlong,
     load_benchmark,
     load_dapo_math,
@@ -32,6 +33,7 @@ from respo_jax.data import (
 )
 from respo_jax.data import records as rec
 from respo_jax.data import render_prompt, sources
+from respo_jax.data.synthetic import CharTokenizer, get_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared"))
@@ -541,6 +543,23 @@ def test_tokenizer_dir_variants(tmp_path, qwen3, hf_qwen3):
     )
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
         load_tokenizer(tmp_path / "nowhere")
+
+
+def test_encode_prompts_is_encode_prompt_batched(qwen3, hf_qwen3):
+    """The trainer's start tokenizes the training set in one batch: the same ids as one prompt at a time
+    (chat-rendered, raw with the tokenizer's own special tokens, and the synthetic task's tokenizer),
+    checked against transformers' tokenizer for the raw form."""
+    problems = ["What is $1+1$?", "long " * 300, "Find $x$ such that $x^2 = 4$.", ""]
+    for fmt in (PromptFormat(), PromptFormat(chat=False)):
+        batched = encode_prompts(problems, qwen3, fmt)
+        assert batched == [encode_prompt(p, qwen3, fmt) for p in problems]
+        assert len({len(ids) for ids in batched}) == len(problems)  # no padding to a common length
+    raw = encode_prompts(problems, qwen3, PromptFormat(chat=False))
+    assert raw == [hf_qwen3.encode(PromptFormat(chat=False).user_message(p)) for p in problems]
+    task, chars = get_task("easy"), CharTokenizer()
+    synthetic = [r["problem"] for r in task.make_records(5, seed=0)]
+    assert encode_prompts(synthetic, chars, task.prompt_format) == \
+        [encode_prompt(p, chars, task.prompt_format) for p in synthetic]
 
 
 def test_filter_overlong(qwen3):

@@ -16,6 +16,7 @@ from respo_jax.data.prompts import (
     INSTRUCTION,
     PromptFormat,
     encode_prompt,
+    encode_prompts,
     filter_overlong,
     render_prompt,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "Tokenizer",
     "download_dataset",
     "encode_prompt",
+    "encode_prompts",
     "filter_overlong",
     "get_task",
     "last_boxed_content",

@@ -80,6 +80,15 @@ def encode_prompt(problem: str, tokenizer: Tokenizer, fmt: PromptFormat = Prompt
     return tokenizer.encode(render_prompt(problem, tokenizer, fmt), add_special_tokens=not fmt.chat)
 
 
+def encode_prompts(problems: Sequence[str], tokenizer: Tokenizer, fmt: PromptFormat = PromptFormat()) -> list[list[int]]:
+    """`encode_prompt` of every problem, tokenized in one `encode_batch` call. Why: a trainer's start
+    tokenizes the whole training set (its prompt buckets, the overlong filter), and the Rust tokenizer
+    spreads a batch over the cores: DAPO-Math's 17,243 prompts took 3.5 s one by one, 1.9 s batched on 2
+    cores (0.8 s more to render them)."""
+    texts = [render_prompt(problem, tokenizer, fmt) for problem in problems]
+    return tokenizer.encode_batch(texts, add_special_tokens=not fmt.chat)
+
+
 def filter_overlong(
     records: Sequence[dict], encode: Callable[[str], Sequence[int]], max_prompt_length: int
 ) -> tuple[list[dict], int]:

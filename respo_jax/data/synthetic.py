@@ -71,6 +71,9 @@ class CharTokenizer:
             ids.append(self._ids[char])
         return ids
 
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+        return [self.encode(text, add_special_tokens) for text in texts]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         pieces = []
         for token_id in ids:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from respo_jax.data.prompts import PromptFormat, encode_prompt, filter_overlong
+from respo_jax.data.prompts import PromptFormat, encode_prompts, filter_overlong
 from respo_jax.data.records import load_dapo_math
 from respo_jax.data.synthetic import CharTokenizer
 from respo_jax.data.tokenizer import load_tokenizer
@@ -38,7 +38,9 @@ def load_task(config: ExperimentConfig):
         )
     prompt_format = PromptFormat(chat=task_cfg.chat_template)
     records = load_dapo_math(task_cfg.data_dir)
-    records, _ = filter_overlong(records, lambda p: encode_prompt(p, tokenizer, prompt_format), task_cfg.max_prompt_tokens)
+    problems = [rec["problem"] for rec in records]
+    prompt_ids = dict(zip(problems, encode_prompts(problems, tokenizer, prompt_format)))  # one batched pass
+    records, _ = filter_overlong(records, prompt_ids.__getitem__, task_cfg.max_prompt_tokens)
     if len(records) <= num_eval:
         raise ConfigError(f"run.eval_problems={num_eval}: expected fewer than the task's {len(records)} "
                           f"prompts of at most task.max_prompt_tokens={task_cfg.max_prompt_tokens} tokens")
