@@ -132,7 +132,8 @@ class RLTrainer:
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.train_records = train_records
         # The training prompts tokenized once (seconds for DAPO-Math): the limits and compile_ahead need them.
-        prompts = encode_prompts([rec["problem"] for rec in train_records], self.tokenizer, self.prompt_format)
+        prompts = encode_prompts([rec["problem"] for rec in train_records], self.tokenizer,
+                                 self.prompt_format)
         self.shapes = ShapeTracker(map(len, prompts), r.padded_prompt_length, compile_ahead=r.compile_ahead)
         # before the model is built: a refusal costs seconds, not minutes
         check_prompt_buckets(self.shapes.prompt_lengths, r.prompt_bucket, r.max_prompt_buckets,
