@@ -248,14 +248,9 @@ _vocab_logprobs.defvjp(_vocab_logprobs_fwd, _vocab_logprobs_bwd)
 
 def _logits(h_c: jax.Array, weight: jax.Array, tied: bool, temperature: float) -> jax.Array:
     """One chunk's scaled float32 logits: h_c [batch, c, embed] -> [batch, c, vocab]."""
-    rows = token_rows(h_c)
-    if rows is None:  # under a mesh: keep the batch axis visible to the partitioner
-        spec = "bce,ve->bcv" if tied else "bce,ev->bcv"
-        logits = jnp.einsum(spec, h_c, weight, preferred_element_type=jnp.float32)
-    else:
-        spec = "te,ve->tv" if tied else "te,ev->tv"
-        logits = jnp.einsum(spec, rows, weight, preferred_element_type=jnp.float32)
-        logits = logits.reshape(*h_c.shape[:-1], -1)
+    spec = "te,ve->tv" if tied else "te,ev->tv"
+    logits = jnp.einsum(spec, token_rows(h_c), weight, preferred_element_type=jnp.float32)
+    logits = logits.reshape(*h_c.shape[:-1], -1)
     return logits if temperature == 1.0 else logits / jnp.float32(temperature)
 
 
@@ -326,16 +321,10 @@ def _logprobs_bwd(tied, temperature, keep_probs, residuals, g):
             g_logits = g_logits / jnp.float32(temperature)
         g_logits = g_logits.astype(h_c.dtype)
         rows, g_rows = token_rows(h_c), token_rows(g_logits)
-        if rows is None:
-            dh = jnp.einsum("bcv,ve->bce" if tied else "bcv,ev->bce", g_logits, weight,
-                            preferred_element_type=jnp.float32)
-            dw = jnp.einsum("bcv,bce->ve" if tied else "bcv,bce->ev", g_logits, h_c,
-                            preferred_element_type=jnp.float32)
-        else:
-            dh = jnp.einsum("tv,ve->te" if tied else "tv,ev->te", g_rows, weight,
-                            preferred_element_type=jnp.float32).reshape(h_c.shape)
-            dw = jnp.einsum("tv,te->ve" if tied else "tv,te->ev", g_rows, rows,
-                            preferred_element_type=jnp.float32)
+        dh = jnp.einsum("tv,ve->te" if tied else "tv,ev->te", g_rows, weight,
+                        preferred_element_type=jnp.float32).reshape(h_c.shape)
+        dw = jnp.einsum("tv,te->ve" if tied else "tv,te->ev", g_rows, rows,
+                        preferred_element_type=jnp.float32)
         return grad_w + dw, dh.astype(h_c.dtype)
 
     grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, saved, g))
