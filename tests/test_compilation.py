@@ -171,7 +171,7 @@ def test_a_fine_prompt_bucket_grid_is_refused_at_start_up_naming_a_bucket_that_f
     assert not out.exists()  # refused before anything was written
     fits = int(message.split("set rollout.prompt_bucket=")[1].split()[0])
     config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + dapo)
-    tokenizer, fmt, train, _, _ = load_task(config)
+    tokenizer, fmt, train, *_ = load_task(config)
     from respo_jax.data.prompts import encode_prompt
 
     lengths = {len(encode_prompt(rec["problem"], tokenizer, fmt)) for rec in train}

@@ -122,7 +122,7 @@ def _dapo_config(data, *extra):
 def test_dapo_math_prompt_starts_with_the_chat_template_by_default(dapo_head):
     config = _dapo_config(dapo_head)
     assert config.task.chat_template  # default on
-    tokenizer, fmt, train, _, _ = load_task(config)
+    tokenizer, fmt, train, *_ = load_task(config)
     record = train[0]
     ids = encode_prompt(record["problem"], tokenizer, fmt)
     text = tokenizer.decode(ids, skip_special_tokens=False)
@@ -133,6 +133,20 @@ def test_dapo_math_prompt_starts_with_the_chat_template_by_default(dapo_head):
     assert text.endswith(instruction + "<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_load_task_counts_each_training_prompt_once(dapo_head):
+    """`Task.train_prompt_lengths` (the trainer's prompt buckets) are the token counts of the training
+    prompts, one by one, from the overlong filter's single tokenization; so too for the synthetic task."""
+    config = _dapo_config(dapo_head)
+    task = load_task(config)
+    assert len(task.train_prompt_lengths) == len(task.train) > 0
+    assert task.train_prompt_lengths == [
+        len(encode_prompt(r["problem"], task.tokenizer, task.prompt_format)) for r in task.train]
+    assert max(task.train_prompt_lengths) <= config.task.max_prompt_tokens
+    synthetic = load_task(apply_overrides(load_config(DEFAULT_CONFIG), ["task.num_records=20"]))
+    assert synthetic.train_prompt_lengths == [
+        len(encode_prompt(r["problem"], synthetic.tokenizer, synthetic.prompt_format)) for r in synthetic.train]
+
+
 def test_a_tokenizer_without_chat_template_fails_clearly(tmp_path, dapo_head):
     shutil.copy(QWEN3 / "tokenizer.json", tmp_path / "tokenizer.json")
     tokenizer_config = json.loads((QWEN3 / "tokenizer_config.json").read_text())
@@ -141,7 +155,7 @@ def test_a_tokenizer_without_chat_template_fails_clearly(tmp_path, dapo_head):
     with pytest.raises(ValueError, match="has no chat template .* set task.chat_template=false"):
         load_task(_dapo_config(dapo_head, f"task.tokenizer_dir={tmp_path}"))
     raw = _dapo_config(dapo_head, f"task.tokenizer_dir={tmp_path}", "task.chat_template=false")
-    tokenizer, fmt, train, _, _ = load_task(raw)
+    tokenizer, fmt, train, *_ = load_task(raw)
     assert not fmt.chat and render_prompt(train[0]["problem"], tokenizer, fmt).startswith(train[0]["problem"])
 
 

@@ -126,7 +126,7 @@ def prompt_stream(config, count: int) -> list[dict]:
     from respo_jax.data.prompts import render_prompt
     from respo_jax.training.tasks import load_task
 
-    tokenizer, fmt, train, _, _ = load_task(config)
+    tokenizer, fmt, train, *_ = load_task(config)
     r = config.rollout
     batches = PromptBatches(train, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
     records = []

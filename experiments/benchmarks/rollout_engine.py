@@ -99,7 +99,7 @@ def workload_prompts(config, count: int) -> list[list[int]]:
     from respo_jax.data.prompts import encode_prompt
     from respo_jax.training.tasks import load_task
 
-    tokenizer, fmt, train, _, _ = load_task(config)
+    tokenizer, fmt, train, *_ = load_task(config)
     batch = next(PromptBatches(train, batch_size=count, seed=config.task.seed))
     return [encode_prompt(record["problem"], tokenizer, fmt) for record in batch]
 

@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.data.batches import PromptBatches
-from respo_jax.data.prompts import encode_prompt, encode_prompts
+from respo_jax.data.prompts import encode_prompt
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective, group_advantages
 from respo_jax.rewards import SCORED, TIMED_OUT, RewardScorer, get_reward, overlong_penalty
@@ -127,14 +127,15 @@ class RLTrainer:
 
     def __init__(self, config: ExperimentConfig):
         self.config = config.validate().check_paths()
-        self.tokenizer, self.prompt_format, train_records, self.held_out, self.task = load_task(config)
+        task = load_task(config)
+        self.tokenizer, self.prompt_format, self.held_out = task.tokenizer, task.prompt_format, task.held_out
+        self.task, train_records = task.synthetic, task.train
         r = config.rollout
         self.batches = PromptBatches(train_records, batch_size=r.reuse * r.prompts_per_minibatch, seed=config.task.seed)
         self.train_records = train_records
-        # The training prompts tokenized once (seconds for DAPO-Math): the limits and compile_ahead need them.
-        prompts = encode_prompts([rec["problem"] for rec in train_records], self.tokenizer,
-                                 self.prompt_format)
-        self.shapes = ShapeTracker(map(len, prompts), r.padded_prompt_length, compile_ahead=r.compile_ahead)
+        # The training prompts' lengths (load_task tokenized them): the limits and compile_ahead need them.
+        self.shapes = ShapeTracker(task.train_prompt_lengths, r.padded_prompt_length,
+                                   compile_ahead=r.compile_ahead)
         # before the model is built: a refusal costs seconds, not minutes
         check_prompt_buckets(self.shapes.prompt_lengths, r.prompt_bucket, r.max_prompt_buckets,
                              r.prompt_buckets)
