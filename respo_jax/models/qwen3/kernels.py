@@ -62,8 +62,8 @@ def default_lm_head_impl(platform_name: str, vocab_shards: int) -> str:
     where it measured faster (experiments/benchmarks/lm_head.py: 1.0-1.3x the blocked kernel at 1,024
     tokens, hidden 256 and 2,048, the real vocabulary; in the race's whole update step, 1.12 s against
     1.51-1.66 s at M = 1 and 4.4 s against 5.6-5.7 s at M = 4 for blocks of 1,024-4,096 columns, though
-    its temp buffer is 776 MB against 328 MB and 3.2 GB against 0.86 GB), and wherever the vocabulary is split over
-    devices (slicing vocabulary blocks out of the sharded weight would gather it on every device);
+    its temp buffer is 776 MB against 328 MB and 3.2 GB against 0.86 GB), and wherever the vocabulary is
+    split over devices (slicing vocabulary blocks out of the sharded weight would gather it on every device);
     ``vocab_chunks`` (vocabulary blocks with an online log-sum-exp: no [tokens, vocab] logits beyond a
     block) on an accelerator with the vocabulary whole, where memory is what the head costs."""
     return "token_chunks" if platform_name == "cpu" or vocab_shards > 1 else "vocab_chunks"
