@@ -48,7 +48,8 @@ class _Stub:
             scores -= self.config.task.overlong_penalty_factor
         out = types.SimpleNamespace(tokens=np.arange(rows * 8).reshape(rows, 8), lengths=lengths,
                                     logprobs=np.zeros((rows, 8), np.float32), prompt_routing=None,
-                                    routing=None)
+                                    routing=None,
+                                    entropy=np.arange(rows * 8, dtype=np.float32).reshape(rows, 8) + 0.5)
         prompts = [[len(self.seeds), i] for i in range(rows)]  # (generation batch, row)
         return prompts, out, scores
 
@@ -64,6 +65,7 @@ def test_uniform_groups_are_dropped_and_more_batches_drawn_until_the_rollout_bat
     # batch 1 keeps groups 1 and 3, batch 2 groups 1 and 3 (in order); the rows of each group together
     assert [p[:1] + [p[1] // G] for p in got["prompts"][::G]] == [[1, 1], [1, 3], [2, 1], [2, 3]]
     np.testing.assert_array_equal(got["tokens"][:G, 0], np.arange(G, 2 * G) * 8)
+    np.testing.assert_array_equal(got["sampler_entropy"], got["tokens"] + 0.5)  # the kept rows' entropies
     assert got["scores"].reshape(4, G).std(axis=1).min() > 0
     assert got["all_scores"].shape == (8 * G,)
     # the next prompt batches of the stream, each with its own seed; the first keeps the run's old seed

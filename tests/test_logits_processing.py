@@ -73,6 +73,44 @@ def test_logprobs_match_float64_reference_and_hf_kept_set(temperature, top_k, to
     np.testing.assert_allclose(np.exp(got).sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_entropy_is_float64_entropy_of_the_sampled_distribution(temperature, top_k, top_p):
+    """`sampling_entropy` is -sum p log p of the processed (scaled, truncated, renormalized) distribution,
+    computed here from the float64 reference log-probs; greedy is a point mass (0)."""
+    logits = _well_separated_logits(seed=int(temperature * 10 + top_k + top_p * 100) + 7)
+    got = np.asarray(lp.sampling_entropy(jnp.asarray(logits), temperature, top_k, top_p))
+    want = _reference_logprobs(logits, temperature, top_k, top_p)
+    want = -(np.exp(want) * np.where(np.isfinite(want), want, 0.0)).sum(-1)  # 0 log 0 = 0
+    np.testing.assert_allclose(got, want, atol=5e-6, rtol=1e-5)
+    assert np.all(np.asarray(lp.sampling_entropy(jnp.asarray(logits), 0.0)) == 0.0)
+    keys = jax.random.split(jax.random.key(3), logits.shape[0])
+    for vocab, block in ((50, 8), (53, 8)):  # blocks of 5; 6 of 8 and a tail of 5 (53 is prime)
+        assert lp.sampling_blocks(vocab, block) == ((5, 0) if vocab == 50 else (8, 5))
+        logits = _well_separated_logits(seed=vocab + top_k, vocab=vocab)
+        weights = lp.truncate(lp.scale_by_temperature(jnp.asarray(logits), temperature), top_k, top_p)
+        tokens, logprobs = lp.sample_from_logprobs(keys, weights, block)
+        drawn = lp.sample_from_logprobs(keys, weights, block, return_entropy=True)
+        np.testing.assert_array_equal(drawn[0], tokens)  # the same draw
+        np.testing.assert_array_equal(drawn[1], logprobs)
+        want = _reference_logprobs(logits, temperature, top_k, top_p)
+        want = -(np.exp(want) * np.where(np.isfinite(want), want, 0.0)).sum(-1)  # 0 log 0 = 0
+        np.testing.assert_allclose(drawn[2], want, atol=5e-6, rtol=1e-5)
+
+
+def test_entropy_of_a_large_batch_in_row_chunks_is_the_whole_batch_draw():
+    """Past `ENTROPY_ROWS` rows the draw with entropy runs in chunks of rows (48 rows: 2 of 24; 37, prime:
+    at once): the same tokens and log-probs as without entropy, the float64 entropy."""
+    for rows in (48, 37):
+        logits = _well_separated_logits(seed=rows, batch=rows, vocab=53)
+        keys = jax.random.split(jax.random.key(rows), rows)
+        tokens, logprobs = lp.sample(keys, jnp.asarray(logits), 0.9)
+        drawn = lp.sample(keys, jnp.asarray(logits), 0.9, return_entropy=True)
+        np.testing.assert_array_equal(drawn[0], tokens)
+        np.testing.assert_allclose(drawn[1], logprobs, atol=1e-6, rtol=0)
+        want = _reference_logprobs(logits, 0.9, 0, 1.0)
+        np.testing.assert_allclose(drawn[2], -(np.exp(want) * want).sum(-1), atol=5e-6, rtol=1e-5)
+
+
 def test_order_is_temperature_then_top_k_then_top_p():
     # probs [0.4, 0.3, 0.2, 0.1]; top-k=2 renormalizes to [4/7, 3/7], so top-p=0.5 keeps only token 0.
     # (top-p first would keep {0, 1}: the mass before token 1 is 0.4 < 0.5.)

@@ -1,5 +1,6 @@
 """The RL trainer: config overrides, sequence layout, log-prob alignment, updates and checkpoints."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -29,7 +30,7 @@ from respo_jax.training.batch import (
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
 from respo_jax.sampling.params import padded_prompt_length
-from respo_jax.training.config import ExperimentConfig, apply_overrides
+from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.iteration_metrics import collect_rollout, iteration_record, logprob_metrics
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.model_setup import build_model
@@ -544,8 +545,8 @@ def test_logprob_metrics_pool_the_mini_batches_as_float64_numpy_does():
     gap = sum(np.abs(sampler[rows, :mask.shape[1]].astype(np.float64) * mask - old).sum()
               for rows, (mask, old, _) in zip(minibatches, parts))
     np.testing.assert_allclose(got["sampler_trainer_logp_gap"], gap / tokens, rtol=1e-6)
-    np.testing.assert_allclose(got["entropy"], sum(e.astype(np.float64).sum() for _, _, e in parts) / tokens,
-                               rtol=1e-6)
+    entropy = sum((e.astype(np.float64) * m).sum() for m, _, e in parts)  # masked tokens' do not count
+    np.testing.assert_allclose(got["entropy"], entropy / tokens, rtol=1e-6)
     ratio = np.concatenate([np.exp(old - sampler[rows, :mask.shape[1]])[mask > 0]
                             for rows, (mask, old, _) in zip(minibatches, parts)])
     np.testing.assert_allclose(got["rollout_is_mean"], ratio.mean(), rtol=1e-5)
@@ -588,6 +589,95 @@ def test_iteration_record_keeps_its_key_order_and_pools_over_the_rows_trained_on
                              {k: v[:0] if np.ndim(v) else v for k, v in trained.items()}, None, False)
     assert "updates" not in empty and "learning_rate" not in empty and empty["approx_kl"] == 0.0
     assert "positive_low_w_fraction" not in empty
+
+
+TINY_MODEL = ('model.overrides={"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, '
+              '"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}')
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_log_pi_old_from_the_sampler_is_the_recomputed_one_to_float32_round_off(scheduler):
+    """`rollout.old_logprobs="sampler"` (both engines): the same responses are drawn, the sampler's
+    log π_old and rollout entropy equal a forward pass's under the same parameters to float32 round-off,
+    updates from them give the same parameters to round-off, and the log π_old program is neither run
+    nor compiled ahead."""
+    trainers = {source: RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), TINY + [
+        "warmup.steps=0", "run.eval_problems=0", TINY_MODEL, f"rollout.scheduler={scheduler}",
+        f"rollout.old_logprobs={source}"])) for source in ("recompute", "sampler")}
+    assert {t.old_logprobs_source for t in trainers.values()} == {"recompute", "sampler"}
+    got, uses = {}, {}
+    for source, trainer in trainers.items():
+        program, uses[source] = trainer.old_logprobs, []
+
+        class Recorded:  # the log π_old program, its calls and compilations recorded
+            def __call__(self, *args, program=program, used=uses[source]):
+                used.append("run")
+                return program(*args)
+
+            def lower(self, *args, program=program, used=uses[source]):
+                used.append("compile")
+                return program.lower(*args)
+
+        trainer.old_logprobs = Recorded()
+        trainer._compile_bucket(trainer.model(), 16)  # what compile_ahead does for a bucket
+        rows = trainer.training_rows(trainer.sample_groups())
+        rows = dataclasses.replace(rows, advantages=np.random.default_rng(0).normal(
+            size=rows.advantages.shape).astype(np.float32))  # a random model's rewards are all alike
+        minibatches = trainer.minibatch_rows(rows)
+        policy_batches, parts = trainer.with_old_logprobs(rows, minibatches)
+        metrics = logprob_metrics(trainer.placer.fetch(parts), minibatches, rows.sampler_logp, None)
+        trainer.update(policy_batches)
+        got[source] = (rows, [np.asarray(b.old_logp) for b, _ in policy_batches], parts, metrics,
+                       jax.tree.leaves(trainer.state.params))
+    (rows, old, parts, metrics, params), (rows_s, old_s, parts_s, metrics_s, params_s) = got.values()
+    np.testing.assert_array_equal(rows.tokens, rows_s.tokens)
+    assert rows.sampler_entropy is None and rows_s.sampler_entropy.shape == rows_s.tokens.shape
+    for recomputed, sampled in zip(old, old_s):
+        assert np.abs(recomputed).max() > 1.0  # real log-probs, not zeros
+        np.testing.assert_allclose(sampled, recomputed, atol=2e-6, rtol=1e-6)
+    for (mask, _, entropy), (_, _, entropy_s) in zip(parts, parts_s):
+        mask = np.asarray(mask)
+        np.testing.assert_allclose(np.asarray(entropy_s) * mask, np.asarray(entropy), atol=5e-6, rtol=1e-6)
+    assert metrics_s["sampler_trainer_logp_gap"] == 0.0 < metrics["sampler_trainer_logp_gap"] < 1e-6
+    assert metrics_s["entropy"] == pytest.approx(metrics["entropy"], rel=1e-6)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(params, jax.tree.leaves(
+        RLTrainer(trainers["sampler"].config).state.params)))
+    assert moved > 1e-4  # the updates did change the parameters
+    for a, b in zip(params, params_s):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-5)
+    assert uses == {"recompute": ["compile", "run", "run"], "sampler": []}
+
+
+@pytest.mark.parametrize("overrides,dtype,moe,correction,source", [
+    ([], "float32", False, False, "sampler"),
+    ([], "bfloat16", False, False, "recompute"),  # the sampler's bf16 kernels are not the trainer's
+    ([], "float32", True, False, "recompute"),  # experts may differ at router ties
+    (["rollout.routing_replay=true"], "float32", True, False, "sampler"),
+    ([], "float32", False, True, "recompute"),  # the correction measures the sampler/trainer gap
+    (["rollout.top_p=0.9"], "float32", False, False, "recompute"),  # a truncated distribution
+    (["rollout.top_k=20"], "float32", False, False, "recompute"),
+    (["rollout.old_logprobs=recompute"], "float32", False, False, "recompute"),
+    (["rollout.old_logprobs=sampler"], "bfloat16", True, False, "sampler"),  # asked for: verl's bypass mode
+])
+def test_old_logprobs_auto_takes_the_sampler_only_where_it_is_exact(overrides, dtype, moe, correction,
+                                                                    source):
+    rollout = apply_overrides(load_config(DEFAULT_CONFIG), overrides).rollout
+    assert rollout.old_logprobs_source(dtype=dtype, moe=moe, correction=correction) == source
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["rollout.old_logprobs=forward"], r"^rollout.old_logprobs='forward': expected one of auto, sampler, "
+                                       r"recompute$"),
+    (["rollout.old_logprobs=sampler", "rollout.top_p=0.9"], r"^rollout.old_logprobs='sampler': expected "
+                                                            r"'auto' or 'recompute' with rollout.top_k"),
+    (["rollout.old_logprobs=sampler", 'objective.rollout_correction={"level": "token", "mode": "truncate", '
+      '"threshold": 2.0}'], r"^rollout.old_logprobs='sampler': expected 'auto' or 'recompute' with "
+                             r"objective.rollout_correction set"),
+])
+def test_old_logprobs_that_cannot_hold_are_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        apply_overrides(load_config(DEFAULT_CONFIG), overrides).validate()
+    assert "\n" not in str(err.value)
 
 
 def test_the_named_steps_of_an_iteration_compose_to_the_iteration():

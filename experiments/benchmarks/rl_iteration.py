@@ -9,18 +9,21 @@
                                                                   # README.md's race table from result files
 
 One iteration is what an RL researcher waits for (paper §4.1): sample G responses for each of N·M
-DAPO-Math prompts, score them with the strict box, compute group advantages, recompute log π_old with
-a forward pass, then N policy updates of M·G responses each (GRPO, token-mean). Both sides start from
+DAPO-Math prompts, score them with the strict box, compute group advantages, get log π_old, then N
+policy updates of M·G responses each (GRPO, token-mean). Both sides start from
 one random Qwen3 checkpoint written by `transformers` (hidden 256, 4 layers, 4/2 heads, head_dim 64,
 MLP 768, tied embeddings, vocabulary 151,936), see the same prompts in the same order (the
 respo-jax trainer's prompt batches, handed to TRL as an unshuffled dataset), tokenized by the same Qwen3
 tokenizer, and sample with the same settings (temperature 1, no top-k/top-p, 64 new tokens).
 
 - respo-jax: `respo_jax.training.loop.RLTrainer.iteration()` with its defaults for this host (shape
-  buckets, micro-batches, sampler row chunks), as `experiments/train.py` runs it.
+  buckets, micro-batches, sampler row chunks; log π_old and the rollout entropy from its float32 sampler,
+  `rollout.old_logprobs=auto`), as `experiments/train.py` runs it; `--jax-set KEY=VALUE ...` overrides
+  its config (e.g. `rollout.old_logprobs=recompute`: a forward pass per mini-batch, as TRL does).
 - TRL: `trl.GRPOTrainer` with `steps_per_generation = N` (one generation of N·M·G completions, then N
   optimizer steps of M·G), `num_iterations = 1`, `beta = 0` (no reference model), `loss_type = "dapo"`
-  (token-mean), driven through its own `train()` loop; one iteration = N optimizer steps.
+  (token-mean), driven through its own `train()` loop; one iteration = N optimizer steps. It recomputes
+  log π_old with a forward pass (its gradient accumulation, 1, is not a multiple of `steps_per_generation`).
 
 Same advantages for both: each side runs in its own process with 2 threads (XLA's pool and
 `torch.set_num_threads`), the same glibc malloc settings (`respo_jax.host_allocator`; for TRL
@@ -68,7 +71,8 @@ THREADS = 2
 
 @dataclasses.dataclass(frozen=True)
 class RaceCase:
-    """One race: M prompts per mini-batch, G responses each, N mini-batches per rollout batch."""
+    """One race: M prompts per mini-batch, G responses each, N mini-batches per rollout batch;
+    `jax_overrides`: `key=value` overrides of the respo-jax side's trainer config (`--jax-set`)."""
 
     prompts_per_minibatch: int
     group_size: int = 8
@@ -76,6 +80,7 @@ class RaceCase:
     max_new_tokens: int = 64
     iterations: int = 6
     micro: bool = False
+    jax_overrides: tuple[str, ...] = ()
 
     @property
     def model(self) -> dict:
@@ -116,6 +121,7 @@ def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
         "objective.name=grpo", "objective.hparams.eps_low=0.2", "objective.hparams.eps_high=0.2",
         f"optim.learning_rate={LEARNING_RATE}", "optim.weight_decay=0.0", "optim.max_grad_norm=1.0",
+        *case.jax_overrides,
     ])
 
 
@@ -482,6 +488,9 @@ def main(argv=None) -> int:
                         help="which sides run (one alone: its times and peak RSS, no ratio)")
     parser.add_argument("--no-second-launch", action="store_true",
                         help="skip each side's second launch (its first iteration, respo-jax's cache warm)")
+    parser.add_argument("--jax-set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="overrides of the respo-jax side's trainer config, "
+                             "e.g. rollout.old_logprobs=recompute")
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--tokenizer-dir", default=TOKENIZER_DIR)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -496,10 +505,18 @@ def main(argv=None) -> int:
     from experiments.benchmarks import common
 
     started = time.perf_counter()
+    overrides = tuple(args.jax_set)
+    if overrides:  # a bad key or value: one line before anything runs
+        from experiments.train import DEFAULT_CONFIG, load_config
+        from respo_jax.training.config import apply_overrides
+
+        apply_overrides(load_config(DEFAULT_CONFIG), list(overrides)).validate()
     if args.micro:
-        cases = [RaceCase(1, group_size=2, reuse=2, max_new_tokens=4, iterations=args.iterations, micro=True)]
+        cases = [RaceCase(1, group_size=2, reuse=2, max_new_tokens=4, iterations=args.iterations, micro=True,
+                          jax_overrides=overrides)]
     else:
-        cases = [RaceCase(m, iterations=args.iterations) for m in args.minibatch_prompts]
+        cases = [RaceCase(m, iterations=args.iterations, jax_overrides=overrides)
+                 for m in args.minibatch_prompts]
     kinds = tuple(kind for kind in ("jax", "trl") if kind in args.sides)
     stem = "rl_iteration_micro" if args.micro else "rl_iteration"
     if kinds != ("jax", "trl"):

@@ -38,7 +38,8 @@ class EngineState:
     token's logits of each prompt with rows still to admit; tokens, logprobs: [rows, max_new_tokens];
     lengths: [rows] int32 (rows padded to a multiple of the batch shards); routing: [num_moe_layers,
     rows, max_new_tokens, top_k] int32 or None; prompt_routing: [num_moe_layers, num_prompts, bucket,
-    top_k] int32 or None.
+    top_k] int32 or None; entropy: [rows, max_new_tokens] float32 (the sampling distribution's, with
+    `SamplingParams.return_entropy`) or None.
     """
 
     k_pages: jax.Array
@@ -59,6 +60,7 @@ class EngineState:
     lengths: jax.Array
     routing: jax.Array | None = None
     prompt_routing: jax.Array | None = None
+    entropy: jax.Array | None = None
 
 
 SLOT = ("batch",)
@@ -67,7 +69,7 @@ STATE_AXES = dict(
     k_pages=PAGE_AXES, v_pages=PAGE_AXES, page_table=ROWS, row=SLOT, row_id=SLOT, prompt_len=SLOT,
     budget=SLOT, generated=SLOT, last_token=SLOT, done=SLOT, captured=SLOT, seed=(None,),
     prompt_logits=(None, None), tokens=ROWS, logprobs=ROWS, lengths=SLOT,
-    routing=(None, "batch", None, None), prompt_routing=(None, None, None, None),
+    routing=(None, "batch", None, None), prompt_routing=(None, None, None, None), entropy=ROWS,
 )
 
 
@@ -78,7 +80,8 @@ class Layout:
     slots: decode slots (a multiple of the batch shards); max_pages: page-table width; num_pages,
     page_size: the pool (plus one scratch page); rows: output rows (padded like the slots);
     max_new_tokens; logit_rows: prompts whose logits are held at once; num_prompts, bucket: the
-    prompts and their padded length; routing: record MoE routing (prompt and generated tokens).
+    prompts and their padded length; routing: record MoE routing (prompt and generated tokens);
+    entropy: record each token's sampling entropy.
     """
 
     slots: int
@@ -91,6 +94,7 @@ class Layout:
     num_prompts: int
     bucket: int
     routing: bool
+    entropy: bool = False
 
 
 def constrain_state(state: EngineState, cfg) -> EngineState:
@@ -159,6 +163,7 @@ def init_state(graphdef, model_state, seed, *, layout: Layout, pad_token_id: int
         prompt_logits=jnp.zeros((layout.logit_rows, cfg.vocab_size), jnp.float32),
         tokens=jnp.full((rows, new), pad_token_id, jnp.int32), logprobs=jnp.zeros((rows, new), jnp.float32),
         lengths=jnp.zeros((rows,), jnp.int32), routing=routing, prompt_routing=prompt_routing,
+        entropy=jnp.zeros((rows, new), jnp.float32) if layout.entropy else None,
     )
     return constrain_state(state, cfg)
 

@@ -71,6 +71,8 @@ class GenerateOutput:
         left-padded prompt (pads hold whatever the router chose for the pad token; mask them with
         `prompt_mask`), or None.
       prompt_mask: `[batch, prompt_len]` int32, 1 on real prompt tokens of the left-padded layout.
+      entropy: `[batch, max_new_tokens]` float32 entropy (nats) of the sampling distribution each token
+        was drawn from (0 after EOS), with `SamplingParams.return_entropy`; else None.
     """
 
     tokens: jax.Array
@@ -79,6 +81,7 @@ class GenerateOutput:
     routing: jax.Array | None = None
     prompt_routing: jax.Array | None = None
     prompt_mask: jax.Array | None = None
+    entropy: jax.Array | None = None
 
 
 @struct.dataclass
@@ -96,6 +99,7 @@ class _DecodeState:
     prompt_lengths: jax.Array  # [batch] int32, real (unpadded) prompt lengths
     row_keys: jax.Array  # [batch] typed PRNG keys
     routing: jax.Array | None  # [num_moe_layers, batch, max_new_tokens, top_k] int32
+    entropy: jax.Array | None = None  # [batch, max_new_tokens] float32 (SamplingParams.return_entropy)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -162,12 +166,18 @@ def left_pad(prompts: list[list[int]], length: int, num_rows: int) -> tuple[np.n
     return ids, positions, mask, active
 
 
-def _record(state: _DecodeState, tokens, token_logprobs, params: SamplingParams) -> _DecodeState:
-    """Write the tokens sampled at `state.step` (pad/0 for rows already done) and advance; a row is
-    done after an EOS or once it holds its budget of tokens."""
+def _record(state: _DecodeState, sampled: tuple, params: SamplingParams) -> _DecodeState:
+    """Write the tokens sampled at `state.step` (`_sample_step`'s tokens, log-probs and entropies; pad/0
+    for rows already done) and advance; a row is done after an EOS or once it holds its budget of
+    tokens."""
+    tokens, token_logprobs, token_entropy = sampled
     was_done = state.done
     tokens = jnp.where(was_done, params.pad_token_id, tokens).astype(jnp.int32)
     token_logprobs = jnp.where(was_done, 0.0, token_logprobs).astype(jnp.float32)
+    if token_entropy is not None:
+        token_entropy = jnp.where(was_done, 0.0, token_entropy).astype(jnp.float32)
+        state = state.replace(entropy=jax.lax.dynamic_update_slice_in_dim(
+            state.entropy, token_entropy[:, None], state.step, axis=1))
     is_eos = jnp.zeros_like(was_done)
     for eos in () if params.ignore_eos else params.eos_token_ids:  # ignore_eos: rows run to the limit
         is_eos = is_eos | (tokens == eos)
@@ -185,9 +195,11 @@ def _record(state: _DecodeState, tokens, token_logprobs, params: SamplingParams)
 
 
 def _sample_step(state: _DecodeState, logits, params: SamplingParams):
-    """Sample `[batch, vocab]` logits with each row's key for the current step."""
+    """Sample `[batch, vocab]` logits with each row's key for the current step: tokens, their log-probs
+    and (`return_entropy`, else None) the distribution's entropy, each [batch]."""
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)
-    return sample(keys, logits, params.temperature, params.top_k, params.top_p)
+    sampled = sample(keys, logits, params.temperature, params.top_k, params.top_p, params.return_entropy)
+    return sampled if params.return_entropy else (*sampled, None)
 
 
 def _feed_last_tokens(model, state: _DecodeState, return_routing: bool):
@@ -220,8 +232,7 @@ def _decode_until(model, state: _DecodeState, stop, params: SamplingParams, retu
 
     def body(state):
         logits, state = _feed_last_tokens(model, state, return_routing)
-        tokens, token_logprobs = _sample_step(state, logits, params)
-        return _record(state, tokens, token_logprobs, params)
+        return _record(state, _sample_step(state, logits, params), params)
 
     return jax.lax.while_loop(cond, body, state)
 
@@ -285,9 +296,9 @@ def _prefill_and_decode(
         prompt_lengths=jnp.sum(attention_mask, axis=1).astype(jnp.int32),
         row_keys=row_keys,
         routing=routing,
+        entropy=jnp.zeros((batch, params.max_new_tokens), jnp.float32) if params.return_entropy else None,
     )
-    tokens, token_logprobs = _sample_step(state, last_logits, params)
-    state = _record(state, tokens, token_logprobs, params)
+    state = _record(state, _sample_step(state, last_logits, params), params)
     state = _decode_until(model, state, stop, params, return_routing)
     if capture_last:
         _, state = _feed_last_tokens(model, state, return_routing)
@@ -584,4 +595,5 @@ def _generate_chunk(rows, ids, budgets, first_row, num_rows, *, graphdef, model_
         routing=keep(state.routing, 1) if return_routing else None,
         prompt_routing=keep(prompt_routing, 1) if return_routing else None,
         prompt_mask=keep(attention_mask) if return_routing else None,
+        entropy=keep(state.entropy) if params.return_entropy else None,
     )

@@ -108,6 +108,24 @@ def sampling_logprobs(
     return jax.nn.log_softmax(truncate(scaled, top_k, top_p), axis=-1)
 
 
+def sampling_entropy(
+    logits: jax.Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> jax.Array:
+    """Entropy (nats) of the distribution sampled from: `logits: [batch, vocab]` -> `[batch]` float32.
+
+    The same processing as `sample`; dropped tokens carry no mass. Greedy (temperature 0) is a point
+    mass: 0. Why here: the sampler holds every step's logits, so a trainer that takes log π_old from the
+    sampler (`rollout.old_logprobs`) gets the rollout's entropy without a forward pass of its own; the
+    engines take it from `sample(..., return_entropy=True)`, which reuses the draw's normalizer.
+    """
+    if temperature == 0.0:
+        return jnp.zeros(logits.shape[:-1], jnp.float32)
+    weights = truncate(scale_by_temperature(logits, temperature), top_k, top_p)
+    log_norm = jax.nn.logsumexp(weights, axis=-1, keepdims=True)
+    probs = jnp.exp(weights - log_norm)
+    return jnp.sum(jnp.where(probs > 0.0, probs * (log_norm - weights), 0.0), axis=-1)
+
+
 def first_argmax(x: jax.Array) -> jax.Array:
     """`jnp.argmax(x, -1)` (first maximal index) as two plain reductions: `[..., n]` -> `[...]` int32.
 
@@ -121,6 +139,7 @@ def first_argmax(x: jax.Array) -> jax.Array:
 
 
 SAMPLING_BLOCK = 256
+ENTROPY_ROWS = 32  # the most rows whose entropy `sample_from_logprobs` computes at once (it says why)
 
 
 def sampling_blocks(vocab: int, max_block: int = SAMPLING_BLOCK) -> tuple[int, int]:
@@ -141,8 +160,8 @@ def sampling_blocks(vocab: int, max_block: int = SAMPLING_BLOCK) -> tuple[int, i
 
 
 def sample_from_logprobs(
-    keys: jax.Array, logprobs: jax.Array, block: int = SAMPLING_BLOCK
-) -> tuple[jax.Array, jax.Array]:
+    keys: jax.Array, logprobs: jax.Array, block: int = SAMPLING_BLOCK, return_entropy: bool = False
+) -> tuple[jax.Array, ...]:
     """Draw one token per row and return it with its log-prob under the same distribution.
 
     Exact two-stage Gumbel-max: the vocabulary is cut into blocks (`sampling_blocks`: at most `block`
@@ -159,17 +178,31 @@ def sample_from_logprobs(
         temperature-scaled, truncated logits; -inf = dropped): the blocks' log-masses normalize them,
         so no separate log-softmax pass over the vocabulary is needed.
       block: static largest block width.
+      return_entropy: static; also the distribution's entropy, from the exponentials the blocks'
+        log-masses computed anyway (`_block_masses`). On this CPU at Qwen3's vocabulary: +0.15 ms on a
+        5.3 ms draw of 32 rows (+3.2 ms with a pass of its own, +6 ms for `sampling_entropy`). With two
+        reductions reading them, XLA:CPU writes the exponentials out, which costs 3x the draw once
+        they outgrow the cache (64 rows: 28 against 8 ms), so larger batches run in chunks of at most
+        `ENTROPY_ROWS` rows (`lax.map`): 128 rows 24 against 14 ms.
     Returns:
-      tokens `[batch]` int32, token_logprobs `[batch]` float32 (normalized: log softmax(logprobs)).
+      tokens `[batch]` int32, token_logprobs `[batch]` float32 (normalized: log softmax(logprobs)),
+      and with `return_entropy` the entropy `[batch]` float32 (nats).
     """
     batch, vocab = logprobs.shape
+    chunk = max(d for d in range(1, min(batch, ENTROPY_ROWS) + 1) if batch % d == 0)
+    if return_entropy and chunk < batch and chunk >= ENTROPY_ROWS // 4:  # rows are independent draws
+        parts = jax.lax.map(lambda part: sample_from_logprobs(*part, block=block, return_entropy=True),
+                            (keys.reshape(-1, chunk), logprobs.reshape(-1, chunk, vocab)))
+        return tuple(part.reshape(batch) for part in parts)
     width, tail_width = sampling_blocks(vocab, block)
     full = vocab // width
     blocks = logprobs[:, :full * width].reshape(batch, full, width)
-    block_logmass = jax.nn.logsumexp(blocks, axis=-1)  # [batch, blocks]; -inf if all dropped
+    block_logmass, block_mean = _block_masses(blocks, return_entropy)  # [batch, blocks]; -inf: all dropped
     if tail_width:  # the tail padded to a block's width: [batch, width]
         tail = jnp.pad(logprobs[:, full * width:], ((0, 0), (0, width - tail_width)), constant_values=NEG_INF)
-        block_logmass = jnp.concatenate([block_logmass, jax.nn.logsumexp(tail, axis=-1)[:, None]], axis=-1)
+        tail_logmass, tail_mean = _block_masses(tail[:, None], return_entropy)
+        block_logmass = jnp.concatenate([block_logmass, tail_logmass], axis=-1)
+        block_mean = jnp.concatenate([block_mean, tail_mean], axis=-1) if return_entropy else None
     pick_block, pick_token = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
     noise = jax.vmap(lambda key: jax.random.gumbel(key, block_logmass.shape[1:], logprobs.dtype))(pick_block)
     chosen = first_argmax(block_logmass + noise)  # [batch]
@@ -180,21 +213,43 @@ def sample_from_logprobs(
     tokens = chosen * width + first_argmax(within + noise)
     log_norm = jax.nn.logsumexp(block_logmass, axis=-1)  # [batch]: log of the total mass
     token_logprobs = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0] - log_norm
-    return tokens.astype(jnp.int32), token_logprobs
+    if not return_entropy:
+        return tokens.astype(jnp.int32), token_logprobs
+    block_prob = jnp.exp(block_logmass - log_norm[:, None])  # H = log Z - sum_b P(b) E[x | b]
+    mean_logit = jnp.sum(jnp.where(block_prob > 0.0, block_prob * block_mean, 0.0), axis=-1)
+    return tokens.astype(jnp.int32), token_logprobs, log_norm - mean_logit
+
+
+def _block_masses(blocks: jax.Array, with_mean: bool) -> tuple[jax.Array, jax.Array | None]:
+    """Each block's log-mass (`jax.nn.logsumexp`'s formula) and, `with_mean`, its mean logit under its own
+    softmax, from one set of exponentials: `[batch, blocks, width]` -> two `[batch, blocks]` (None).
+    A block of dropped tokens (-inf) has log-mass -inf (its mean is NaN: it carries no probability)."""
+    top = jnp.max(blocks, axis=-1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    exps = jnp.exp(blocks - top)
+    total = jnp.sum(exps, axis=-1)
+    logmass = top[..., 0] + jnp.log(total)
+    if not with_mean:
+        return logmass, None
+    return logmass, jnp.sum(jnp.where(exps > 0.0, exps * blocks, 0.0), axis=-1) / total
 
 
 def sample(
-    keys: jax.Array, logits: jax.Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-) -> tuple[jax.Array, jax.Array]:
-    """Process `logits: [batch, vocab]` and sample: -> tokens `[batch]` int32, log-probs `[batch]`.
+    keys: jax.Array, logits: jax.Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+    return_entropy: bool = False,
+) -> tuple[jax.Array, ...]:
+    """Process `logits: [batch, vocab]` and sample: -> tokens `[batch]` int32, log-probs `[batch]`, and
+    with `return_entropy` (static) the sampled distribution's entropy `[batch]` (`sampling_entropy`).
 
     The draw and the token's log-prob come from the temperature-scaled, truncated logits (the same
     distribution as `sampling_logprobs`, normalized inside the draw). Greedy (temperature 0) takes the
-    argmax without touching the keys; its log-prob is 0.
+    argmax without touching the keys; its log-prob and entropy are 0.
     """
     if temperature == 0.0:
         tokens = first_argmax(logits)
-        return tokens, jnp.zeros(tokens.shape, jnp.float32)
+        zeros = jnp.zeros(tokens.shape, jnp.float32)
+        return (tokens, zeros, zeros) if return_entropy else (tokens, zeros)
     if temperature < 0.0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    return sample_from_logprobs(keys, truncate(scale_by_temperature(logits, temperature), top_k, top_p))
+    return sample_from_logprobs(keys, truncate(scale_by_temperature(logits, temperature), top_k, top_p),
+                                return_entropy=return_entropy)

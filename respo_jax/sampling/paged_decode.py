@@ -128,10 +128,13 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
     feed = ~state.captured if routing else live
     logits, k_pages, v_pages, routed = _feed(model, state, feed, impl)
     keys = jax.vmap(jax.random.fold_in)(row_keys(state, state.row_id), state.generated)
-    tokens, token_logprobs = sample(keys, logits, params.temperature, params.top_k, params.top_p)
+    tokens, token_logprobs, *entropy = sample(keys, logits, params.temperature, params.top_k, params.top_p,
+                                              params.return_entropy)
     if routing:
         state = _record_routing(state, routed, feed).replace(captured=state.captured | (feed & state.done))
     write_row = jnp.where(live, state.row, state.tokens.shape[0])  # out of bounds: dropped
+    if entropy:  # params.return_entropy
+        state = state.replace(entropy=state.entropy.at[write_row, state.generated].set(*entropy, mode="drop"))
     generated = state.generated + live.astype(jnp.int32)
     done = state.done | (live & (is_eos(tokens, params) | (generated >= state.budget)))
     return state.replace(
@@ -201,7 +204,8 @@ def finish(state: EngineState, prompt_lengths, *, rows: int, num_samples: int) -
         real = jnp.arange(bucket, dtype=jnp.int32)[None, :] >= bucket - prompt_lengths[:, None]
         prompt_mask = jnp.repeat(real.astype(jnp.int32), num_samples, axis=0)
     return GenerateOutput(tokens=keep(state.tokens), lengths=keep(state.lengths), logprobs=keep(state.logprobs),
-                          routing=routing, prompt_routing=prompt_routing, prompt_mask=prompt_mask)
+                          routing=routing, prompt_routing=prompt_routing, prompt_mask=prompt_mask,
+                          entropy=None if state.entropy is None else keep(state.entropy))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +249,7 @@ def _setup(model, lengths: list[int], params: SamplingParams, engine: EngineConf
     layout = Layout(slots=slots, max_pages=pages_for(bucket + params.max_new_tokens, page_size),
                     num_pages=num_pages, page_size=page_size, rows=-(-rows // shards) * shards,
                     max_new_tokens=params.max_new_tokens, logit_rows=sizes[-1] + 1, num_prompts=len(lengths),
-                    bucket=bucket, routing=bool(return_routing))
+                    bucket=bucket, routing=bool(return_routing), entropy=params.return_entropy)
     graphdef, model_state = nnx.split(model)
     seed = np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32)
     widths = segment_widths(engine, slots=slots, rows=rows, max_new_tokens=params.max_new_tokens,

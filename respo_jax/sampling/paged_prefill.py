@@ -129,9 +129,11 @@ def admit_rows(graphdef, model_state, state: EngineState, slot, row, row_id, pro
     k_pages = state.k_pages.at[:, :, copy_to].set(state.k_pages[:, :, copy_from])
     v_pages = state.v_pages.at[:, :, copy_to].set(state.v_pages[:, :, copy_from])
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys(state, row_id), 0)
-    token, logprob = sample(keys, state.prompt_logits[logit_row], params.temperature, params.top_k,
-                            params.top_p)
+    token, logprob, *entropy = sample(keys, state.prompt_logits[logit_row], params.temperature, params.top_k,
+                                      params.top_p, params.return_entropy)
     done = is_eos(token, params) | (budget <= 1)
+    if entropy:  # params.return_entropy
+        state = state.replace(entropy=state.entropy.at[row, 0].set(*entropy, mode="drop"))
 
     def put(field, value):
         return getattr(state, field).at[slot].set(value, mode="drop")

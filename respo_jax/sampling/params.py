@@ -35,6 +35,9 @@ class SamplingParams:
       num_samples: samples per prompt (the GRPO group size G); the output is prompt-major.
       ignore_eos: keep sampling after an EOS id until the row's budget (as vLLM's `ignore_eos`: a
         benchmark replays a length distribution with it); EOS ids still fill `pad_token_id`.
+      return_entropy: also return each token's entropy of the sampling distribution
+        (`GenerateOutput.entropy`), from the draw's own exponentials; more rows than
+        `logits_processing.ENTROPY_ROWS` per step cost a chunked draw, so off by default.
 
     Truncations compose in the order temperature -> top-k -> top-p (as in HF `transformers` and
     vLLM): top-p is computed on the temperature-scaled, top-k-renormalized distribution.
@@ -48,12 +51,14 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] = ()
     num_samples: int = 1
     ignore_eos: bool = False
+    return_entropy: bool = False
 
     def __post_init__(self):
         _check_int("max_new_tokens", self.max_new_tokens, 1)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__} "
-                             f"({self.ignore_eos!r})")
+        for name in ("ignore_eos", "return_entropy"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
         _check_int("top_k", self.top_k, 0)
         _check_int("num_samples", self.num_samples, 1)
         _check_int("seed", self.seed, 0)

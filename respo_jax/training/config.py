@@ -28,6 +28,8 @@ from respo_jax.training.typed_config import (  # noqa: F401
 # The most warm-up steps, iterations or policy updates a run may ask for: far beyond any run, and well
 # inside the int32 step counters of the optimizer and its learning-rate schedule (optax counts in int32).
 MAX_STEPS = 10**9
+# Where log π_old comes from (`RolloutConfig.old_logprobs`).
+OLD_LOGPROBS = ("auto", "sampler", "recompute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +211,17 @@ class RolloutConfig(_Section):
       program XLA:CPU compiles keeps its code mapped in the process: a fine grid over long-tailed prompt
       lengths (DAPO-Math at `prompt_bucket=16`: 50 buckets, ~1,200 mappings each for a small model)
       exhausts the kernel's per-process limit (vm.max_map_count, 65,530) and the compiler crashes.
+
+    Where log π_old comes from (`old_logprobs`, resolved once at start-up by `old_logprobs_source`):
+    "recompute" runs a forward pass over each mini-batch under the rollout's parameters before the
+    updates (verl's default: its vLLM sampler computes in other kernels and precisions); "sampler" takes
+    the sampler's own log-probs of the tokens it drew, and the rollout entropy from the sampler too
+    (verl's rollout-correction "bypass mode"): the same parameters, distribution and float32 math, so
+    the same numbers to round-off, without the pass (N forward passes an iteration, and their programs).
+    It needs the sampled distribution to be the model's (no top-k/top-p truncation) and no rollout
+    correction (which measures that very gap). "auto" (the default) picks "sampler" when, besides,
+    the model computes in float32 and a MoE model replays its routing (otherwise the sampler's and the
+    trainer's experts may differ at router ties), and "recompute" otherwise.
     """
 
     section = "rollout"
@@ -249,6 +262,7 @@ class RolloutConfig(_Section):
     # then train on the groups kept (`RLTrainer.iteration`).
     filter_groups: bool = False
     max_generation_batches: int = 10
+    old_logprobs: str = "auto"  # "auto", "sampler" or "recompute" (above)
 
     def validate(self) -> None:
         from respo_jax.sampling import SamplingParams
@@ -270,6 +284,10 @@ class RolloutConfig(_Section):
                    "a number > 0 (training rollouts sample; greedy decoding has no log-probs)")
         self._need("top_p", 0 < self.top_p <= 1, "a number in (0, 1] (1: no nucleus truncation)")
         self._need("top_k", self.top_k >= 0, "an integer >= 0 (0: no top-k truncation)")
+        self._need("old_logprobs", self.old_logprobs in OLD_LOGPROBS, f"one of {', '.join(OLD_LOGPROBS)}")
+        self._need("old_logprobs", self.old_logprobs != "sampler" or self.samples_model_distribution,
+                   "'auto' or 'recompute' with rollout.top_k or rollout.top_p set: the sampler's log-probs "
+                   "are then of the truncated distribution, not of the policy")
         self._need("filter_groups", not (self.filter_groups and self.routing_replay),
                    "false with rollout.routing_replay=true (dynamic sampling does not keep the routing of "
                    "the groups it collects)")
@@ -279,6 +297,19 @@ class RolloutConfig(_Section):
             self.engine_config()
         except ValueError as err:
             raise ConfigError(f"rollout: {_one_line(err)}") from None
+
+    @property
+    def samples_model_distribution(self) -> bool:
+        """Whether the rollout samples the model's own (temperature-scaled) distribution: no truncation."""
+        return self.top_k == 0 and self.top_p == 1.0
+
+    def old_logprobs_source(self, *, dtype: str, moe: bool, correction: bool) -> str:
+        """`old_logprobs` resolved for a model computing in `dtype`, MoE or not, with rollout correction
+        on or off: "sampler" or "recompute" (the class docstring says when and why)."""
+        if self.old_logprobs != "auto":
+            return self.old_logprobs
+        exact = self.samples_model_distribution and dtype == "float32" and (self.routing_replay or not moe)
+        return "sampler" if exact and not correction else "recompute"
 
     def padded_prompt_length(self, length: int) -> int:
         """The padded length of a batch whose longest prompt has `length` tokens (`prompt_bucket`,
@@ -539,6 +570,10 @@ class ExperimentConfig:
         self.warmup._need("steps", not (self.warmup.steps and task.name != "synthetic"),
                           "0 with task.name='dapo_math' (the warm-up needs the reference responses "
                           "of 'synthetic')")
+        sampler_corrected = rollout.old_logprobs == "sampler" and bool(self.objective.rollout_correction)
+        rollout._need("old_logprobs", not sampler_corrected,
+                      "'auto' or 'recompute' with objective.rollout_correction set: the correction weighs "
+                      "log π_old against the sampler's log-probs, which 'sampler' makes the same")
         task._need("overlong_buffer_length", task.overlong_buffer_length <= rollout.max_new_tokens,
                    f"at most rollout.max_new_tokens={rollout.max_new_tokens}")
         if task.name == "synthetic":

@@ -20,12 +20,13 @@ def logprob_metrics(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], mini
     """`sampler_trainer_logp_gap` (mean |log π_sampler − log π_old|) and `entropy` per response token of
     the rollout batch, plus the rollout-correction metrics pooled over it when `correction` is on.
     parts: (response_mask, old_logp, entropy) [rows_k, width_k] of each mini-batch, whose rows are
-    `minibatches[k]` of `sampler_logp` [rows, >= width_k]."""
+    `minibatches[k]` of `sampler_logp` [rows, >= width_k] (the entropy may hold anything where the mask
+    is 0: the sampler's is not masked)."""
     gap, entropy, response_tokens, pooled = 0.0, 0.0, 0.0, []
     for rows, (mask, old_logp, token_entropy) in zip(minibatches, parts):
         sampler = sampler_logp[rows, :mask.shape[1]]
         gap += float(np.abs(sampler * mask - old_logp).sum())
-        entropy += float(token_entropy.sum())
+        entropy += float((token_entropy * mask).sum())
         response_tokens += float(mask.sum())
         pooled.append((old_logp, sampler, mask))
     response_tokens = max(response_tokens, 1.0)

@@ -99,6 +99,7 @@ class TrainingRows:
     tokens: np.ndarray  # [rows, max_new_tokens]
     lengths: np.ndarray  # [rows] response tokens
     sampler_logp: np.ndarray  # [rows, max_new_tokens]
+    sampler_entropy: np.ndarray | None  # [rows, max_new_tokens] with rollout.old_logprobs = "sampler"
     scores: np.ndarray  # [rows]
     advantages: np.ndarray  # [rows]
     prompt_routing: np.ndarray | None  # Routing Replay only: the sampler's experts of the prompts
@@ -113,12 +114,14 @@ class TrainingRows:
         def zeros(a: np.ndarray) -> np.ndarray:
             return np.concatenate([a, np.zeros(filler, a.dtype)])
 
+        def zero_rows(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else np.concatenate([a, np.zeros((filler, a.shape[1]), a.dtype)])
+
         return dataclasses.replace(
             self, prompts=self.prompts + [self.prompts[0]] * filler,
             tokens=np.concatenate([self.tokens,
                                    np.full((filler, self.tokens.shape[1]), pad_id, self.tokens.dtype)]),
-            sampler_logp=np.concatenate([self.sampler_logp,
-                                         np.zeros((filler, self.sampler_logp.shape[1]), np.float32)]),
+            sampler_logp=zero_rows(self.sampler_logp), sampler_entropy=zero_rows(self.sampler_entropy),
             lengths=zeros(self.lengths), scores=zeros(self.scores), advantages=zeros(self.advantages))
 
 
@@ -177,6 +180,9 @@ class RLTrainer:
                                                 qwen3.kernels.platform(self.mesh)))
         self.old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
                                             shardings=self.shardings)
+        # log π_old from the sampler or a forward pass of its own (`rollout.old_logprobs`), decided once
+        self.old_logprobs_source = r.old_logprobs_source(dtype=config.model.dtype, moe=model.config.is_moe,
+                                                         correction=self.correction is not None)
 
     def _check_limits(self) -> None:
         """Response length against the model's positions and the sampler's KV cache against the devices'
@@ -360,6 +366,7 @@ class RLTrainer:
         return SamplingParams(
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             seed=seed, eos_token_ids=self.tokenizer.eos_ids, num_samples=r.group_size,
+            return_entropy=self.old_logprobs_source == "sampler",
         )
 
     def compile_ahead(self) -> int:
@@ -413,7 +420,8 @@ class RLTrainer:
         sampler_logp = np.zeros(responses.shape, np.float32) if self.correction else None
         batch, micro = self.policy_batch([[self.tokenizer.pad_id] * prompt_len] * rows, responses, lengths,
                                          np.zeros(rows, np.float32), routing, sampler_logp)
-        self.old_logprobs.lower(self.state.params, batch, micro).compile()
+        if self.old_logprobs_source == "recompute":
+            self.old_logprobs.lower(self.state.params, batch, micro).compile()
         self.policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
 
     def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
@@ -480,7 +488,8 @@ class RLTrainer:
         recipe): generation batches of N·M prompts (the next prompt batches, each its own seed) are
         drawn until N·M groups whose responses differ in raw accuracy are kept, in order, the extras of
         the last batch dropped, or `rollout.max_generation_batches` were drawn. Returns host arrays of
-        the kept rows (prompt-major, G per group): prompts, tokens, lengths, sampler_logp, scores,
+        the kept rows (prompt-major, G per group): prompts, tokens, lengths, sampler_logp, sampler_entropy
+        (None unless `rollout.old_logprobs` resolved to "sampler"), scores,
         prompt_routing/routing (None unless routing_replay), and every generated response's scores and
         lengths ("all_scores", "all_lengths") and the counts."""
         r = self.config.rollout
@@ -497,7 +506,9 @@ class RLTrainer:
             generated += num_prompts
             if not r.filter_groups:
                 return {"prompts": prompts, "tokens": np.asarray(out.tokens), "lengths": lengths,
-                        "sampler_logp": np.asarray(out.logprobs), "scores": scores,
+                        "sampler_logp": np.asarray(out.logprobs),
+                        "sampler_entropy": None if out.entropy is None else np.asarray(out.entropy),
+                        "scores": scores,
                         "prompt_routing": out.prompt_routing, "routing": out.routing,
                         "all_scores": scores, "all_lengths": lengths,
                         "groups_generated": generated, "groups_kept": num_prompts, "generation_batches": 1}
@@ -505,13 +516,16 @@ class RLTrainer:
             informative = np.nonzero(accuracy.any(axis=1) & ~accuracy.all(axis=1))[0][:num_prompts - kept]
             rows = (informative[:, None] * group + np.arange(group)).reshape(-1)
             parts.append(([prompts[i] for i in rows], np.asarray(out.tokens)[rows], lengths[rows],
-                          np.asarray(out.logprobs)[rows], scores[rows]))
+                          np.asarray(out.logprobs)[rows], scores[rows],
+                          None if out.entropy is None else np.asarray(out.entropy)[rows]))
             kept += len(informative)
             if kept == num_prompts or batches == r.max_generation_batches:
                 break
         return {"prompts": [p for part in parts for p in part[0]],
                 **{key: np.concatenate([part[i] for part in parts])
                    for i, key in enumerate(("tokens", "lengths", "sampler_logp", "scores"), start=1)},
+                "sampler_entropy": None if out.entropy is None
+                else np.concatenate([part[5] for part in parts]),
                 "prompt_routing": None, "routing": None,
                 "all_scores": np.concatenate(all_scores), "all_lengths": np.concatenate(all_lengths),
                 "groups_generated": generated, "groups_kept": kept, "generation_batches": batches}
@@ -547,7 +561,8 @@ class RLTrainer:
         advantages = advantages.reshape(-1)
         rows = TrainingRows(
             prompts=sampled["prompts"], tokens=sampled["tokens"], lengths=sampled["lengths"],
-            sampler_logp=sampled["sampler_logp"], scores=sampled["scores"], advantages=advantages,
+            sampler_logp=sampled["sampler_logp"], sampler_entropy=sampled["sampler_entropy"],
+            scores=sampled["scores"], advantages=advantages,
             prompt_routing=sampled["prompt_routing"], routing=sampled["routing"], real_rows=kept * group)
         updates = -(-kept // r.prompts_per_minibatch)  # N unless dynamic sampling fell short
         return rows.filled((updates * r.prompts_per_minibatch - kept) * group, self.tokenizer.pad_id)
@@ -565,16 +580,24 @@ class RLTrainer:
     def with_old_logprobs(self, batch: TrainingRows, minibatches: list[np.ndarray]) -> tuple[list, list]:
         """Each mini-batch in its own bucketed shape (`policy_batch`) with log π_old and the rollout-time
         entropy under the rollout-time parameters, before any update: [(policy batch, micro-batch rows)]
-        and, for the metrics, the device arrays [(response_mask, old_logp, entropy)]."""
+        and, for the metrics, [(response_mask, old_logp, entropy)] (device arrays; the entropy a host
+        array when it is the sampler's). Both come from the sampler or from a forward pass
+        (`rollout.old_logprobs`)."""
+        from_sampler = self.old_logprobs_source == "sampler"
         policy_batches, parts = [], []
         for rows in minibatches:
             replay = ((batch.prompt_routing[:, rows], batch.routing[:, rows])
                       if self.config.rollout.routing_replay else None)
             policy, micro = self.policy_batch([batch.prompts[i] for i in rows], batch.tokens[rows],
                                               batch.lengths[rows], batch.advantages[rows], replay,
-                                              batch.sampler_logp[rows] if self.correction else None)
+                                              batch.sampler_logp[rows] if self.correction or from_sampler
+                                              else None)
             self.shapes.batch_shape(policy.input_ids.shape)
-            old_logp, token_entropy = self.old_logprobs(self.state.params, policy, micro)
+            if from_sampler:  # the sampler's log-probs laid out as policy_batch lays them out (masked)
+                old_logp, policy = policy.sampler_logp, policy.replace(sampler_logp=None)
+                token_entropy = batch.sampler_entropy[rows, :old_logp.shape[1]]  # logprob_metrics masks it
+            else:
+                old_logp, token_entropy = self.old_logprobs(self.state.params, policy, micro)
             policy_batches.append((policy.replace(old_logp=old_logp), micro))
             parts.append((policy.response_mask, old_logp, token_entropy))
         return policy_batches, parts
