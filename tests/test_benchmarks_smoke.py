@@ -183,6 +183,20 @@ def test_rl_iteration_readme_needs_its_markers_and_a_result_file(tmp_path, capsy
     assert message.startswith(f"error: --readme {missing}: ") and "\n" not in message
 
 
+def test_rl_iteration_jax_set_overrides_the_trainer_config_or_stops_in_one_line(tmp_path, capsys):
+    from experiments.cli import run_cli
+
+    paths = (str(tmp_path / "checkpoint"), str(tmp_path), str(tmp_path))
+    recompute = rl_iteration.RaceCase(1, jax_overrides=("rollout.old_logprobs=recompute",))
+    assert rl_iteration.trainer_config(recompute, *paths).rollout.old_logprobs == "recompute"
+    assert rl_iteration.trainer_config(rl_iteration.RaceCase(1), *paths).rollout.old_logprobs == "auto"
+    out = tmp_path / "out"
+    assert run_cli(rl_iteration.main, ["--jax-set", "rollout.old_logprobs=forward", "--out", str(out)]) == 2
+    message = capsys.readouterr().err.strip()
+    assert message.startswith("error: rollout.old_logprobs='forward': expected one of auto, sampler")
+    assert "\n" not in message and not out.exists()  # refused before anything ran or was written
+
+
 @pytest.mark.slow
 def test_both_train_step_sides_compute_the_same_loss(micro_report):
     # Same weights (through our HF checkpoint writer), same batch: the first ReSPO loss of the JAX step
