@@ -506,17 +506,14 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     overrides = tuple(args.jax_set)
-    if overrides:  # a bad key or value: one line before anything runs
-        from experiments.train import DEFAULT_CONFIG, load_config
-        from respo_jax.training.config import apply_overrides
-
-        apply_overrides(load_config(DEFAULT_CONFIG), list(overrides)).validate()
     if args.micro:
         cases = [RaceCase(1, group_size=2, reuse=2, max_new_tokens=4, iterations=args.iterations, micro=True,
                           jax_overrides=overrides)]
     else:
         cases = [RaceCase(m, iterations=args.iterations, jax_overrides=overrides)
                  for m in args.minibatch_prompts]
+    for case in cases:  # the side's own config with the overrides; a bad one: one line before anything runs
+        trainer_config(case, os.path.join(args.out, "checkpoint"), args.data_dir, args.tokenizer_dir).validate()
     kinds = tuple(kind for kind in ("jax", "trl") if kind in args.sides)
     stem = "rl_iteration_micro" if args.micro else "rl_iteration"
     if kinds != ("jax", "trl"):
