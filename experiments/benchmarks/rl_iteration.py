@@ -513,7 +513,8 @@ def main(argv=None) -> int:
         cases = [RaceCase(m, iterations=args.iterations, jax_overrides=overrides)
                  for m in args.minibatch_prompts]
     for case in cases:  # the side's own config with the overrides; a bad one: one line before anything runs
-        trainer_config(case, os.path.join(args.out, "checkpoint"), args.data_dir, args.tokenizer_dir).validate()
+        placeholder = os.path.join(args.out, "checkpoint")  # validate() reads no files
+        trainer_config(case, placeholder, args.data_dir, args.tokenizer_dir).validate()
     kinds = tuple(kind for kind in ("jax", "trl") if kind in args.sides)
     stem = "rl_iteration_micro" if args.micro else "rl_iteration"
     if kinds != ("jax", "trl"):
