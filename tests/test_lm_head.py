@@ -84,16 +84,40 @@ def test_both_kernels_equal_the_float64_reference_and_each_other(tied):
                                 **kw)
         old = _values_and_grads(hidden, weight, targets, g, impl="token_chunks", **kw)  # keeps the softmax
         redo = _values_and_grads(hidden, weight, targets, g, impl="token_chunks", keep_probs_bytes=0, **kw)
+        whole = _values_and_grads(hidden, weight, targets, g, impl="token_chunks", lse_lanes=1, **kw)
         names = ("logp", "entropy", "d hidden", "d weight")
-        for name, got_new, got_old, got_redo, ref in zip(names, new, old, redo, want):
+        for name, got_new, got_old, got_redo, got_whole, ref in zip(names, new, old, redo, whole, want):
             what = f"{name} at T={temperature}, chunk_tokens={chunk_tokens}, vocab_chunk={vocab_chunk}"
             assert got_new.shape == ref.shape and got_new.dtype == np.float32, what
             _assert_close(got_new, ref, what)
             _assert_close(got_old, ref, what + " (token_chunks)")
             _assert_close(got_redo, ref, what + " (token_chunks, softmax recomputed)")
+            _assert_close(got_whole, ref, what + " (token_chunks, log-sum-exp over whole rows)")
             _assert_close(got_new, got_old, what + " (vocab_chunks vs token_chunks)")
         # the padding positions get no gradient, the others do
         assert np.all(new[2][0, -3:] == 0) and np.all(np.abs(new[2][1:]).max(-1) > 0)
+
+
+@pytest.mark.parametrize("vocab", [151_936, 1000, 1001], ids=["lanes128", "lanes8", "whole_rows"])
+def test_row_logsumexp_equals_the_float64_reference(vocab):
+    """``row_logsumexp`` (the vocabulary as [vocab / lanes, lanes]; 151,936 = 128 · 1187, 1000 = 8 · 125,
+    1001 odd: jax.nn.logsumexp) against float64 NumPy, on rows where a lane's max differs from the row's
+    by far more than float32's exponent range (a row near -300 with -inf lanes, a row with -inf in
+    half of it), and rows of all -inf (-inf, not NaN) or with one +inf (+inf)."""
+    from respo_jax.models.qwen3.lm_head import row_logsumexp
+
+    rng = np.random.default_rng(vocab)
+    z = (5 * rng.standard_normal((4, vocab)) - 100).astype(np.float32)
+    z[1, : vocab // 2] = -np.inf
+    z[2] = -300 + rng.standard_normal(vocab)
+    z[2, ::8] = -np.inf  # whole lanes of -inf where the lanes are 8 wide (or a divisor of 8)
+    z64 = z.astype(np.float64)
+    top = z64.max(-1, keepdims=True)
+    want = np.log(np.exp(z64 - top).sum(-1)) + top[:, 0]
+    _assert_close(np.asarray(row_logsumexp(jnp.asarray(z))), want, f"vocab {vocab}", rtol=1e-6)
+    edge = np.full((2, vocab), -np.inf, np.float32)
+    edge[1, 3] = np.inf
+    assert np.asarray(row_logsumexp(jnp.asarray(edge))).tolist() == [-np.inf, np.inf]
 
 
 def test_token_chunks_keeps_the_softmax_for_the_backward_only_when_it_fits():
@@ -204,7 +228,7 @@ def test_the_resolved_kernel_and_bad_arguments():
         cfg.replace(lm_head_impl="fused")
     hidden, weight, targets, _ = _case(True, seed=0)
     bad_arguments = ((dict(impl="fused"), "impl must be one of"), (dict(vocab_chunk=0), "vocab_chunk must"),
-                     (dict(vocab_chunk=2.5), "vocab_chunk must"))
+                     (dict(vocab_chunk=2.5), "vocab_chunk must"), (dict(lse_lanes=0), "lse_lanes must"))
     for bad, match in bad_arguments:
         with pytest.raises(ValueError, match=match):
             chunked_token_logprobs(jnp.asarray(hidden), jnp.asarray(weight), targets, tied=True, **bad)

@@ -28,10 +28,10 @@ from respo_jax.models.qwen3.cache import CACHE_AXES, KVCache
 from respo_jax.models.qwen3.config import Qwen3Config
 from respo_jax.models.qwen3.kernels import resolve_config
 from respo_jax.models.qwen3.layers import BATCH, HIDDEN, SEQ, RMSNorm, constrain, make_param, rope_cos_sin, rows
-from respo_jax.models.qwen3.lm_head import chunked_token_logprobs
+from respo_jax.models.qwen3.lm_head import LSE_LANES, chunked_token_logprobs
 from respo_jax.models.qwen3.mlp import MLP
 from respo_jax.models.qwen3.moe import MoE, load_balancing_loss_from_terms
-from respo_jax.sharding import sharded_init, state_shardings
+from respo_jax.sharding import axis_size, sharded_init, state_shardings
 
 
 # Tokens per chunk of the vocabulary projection in ``token_logprobs``: [1024, 151,936] float32 logits
@@ -261,9 +261,12 @@ class Qwen3ForCausalLM(nnx.Module):
         hidden, _, _, aux = self._backbone(input_ids, positions, attention_mask, None, routing)
         weight, tied = self._output_weight()
         impl = self.config.lm_head_forward_impl if forward_only else self.config.lm_head_impl
+        # A vocabulary split over devices keeps whole rows in the log-sum-exp (a [vocab / 128, 128] view
+        # would split its shards).
+        lanes = LSE_LANES if axis_size(self.config.mesh, self.config.rules.vocab) == 1 else 1
         out = chunked_token_logprobs(hidden[:, start:], weight, targets[:, start:], tied=tied,
                                      temperature=temperature, chunk_tokens=chunk_size,
-                                     return_entropy=return_entropy, impl=impl)
+                                     return_entropy=return_entropy, impl=impl, lse_lanes=lanes)
         logp, entropy = out if return_entropy else (out, None)
         return logp, entropy, aux
 
