@@ -26,6 +26,7 @@ from respo_jax.training.batch import (
     bucket_length,
     build_sequences,
     microbatch_size,
+    response_logprobs,
 )
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
@@ -96,7 +97,7 @@ def test_rollout_engine_fields_map_into_the_samplers_engine_config():
     # The default run's rollout batch (N x M prompts x G) fits the default slots at once: one admission.
     assert r.engine_config() == EngineConfig(
         scheduler="continuous", prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows,
-        max_slots=256, steps_per_schedule=32, page_size=16, num_pages=None, kv_cache_bytes=None)
+        max_slots=256, steps_per_schedule=64, page_size=16, num_pages=None, kv_cache_bytes=None)
     assert r.max_slots >= r.reuse * r.prompts_per_minibatch * r.group_size == 256
     knobs = ["rollout.scheduler=static", "rollout.max_slots=8", "rollout.steps_per_schedule=3",
              "rollout.page_size=4", "rollout.kv_cache_bytes=65536", "rollout.paged_attention_impl=pallas_tpu",
@@ -700,3 +701,107 @@ def test_the_named_steps_of_an_iteration_compose_to_the_iteration():
         assert record[key] == float(np.mean([float(s[key]) for s in steps]))
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(by_steps.state.params),
                                                       jax.tree.leaves(whole.state.params)))
+
+
+@functools.cache
+def _grouped_batch(group: int = 4, prompts: int = 3):
+    """A tiny model's (graphdef, params) and a mini-batch of `prompts` prompt-major groups of `group`
+    responses each (prompts of different lengths, so rows are left-padded; responses of 0 to 6
+    tokens), with its own log-probs plus noise as log π_old."""
+    graphdef, params = nnx.split(qwen3.Qwen3ForCausalLM(_TINY, rngs=nnx.Rngs(3)))
+    rng = np.random.default_rng(3)
+    rows = [p for n in (3, 7, 5)[:prompts] for p in [rng.integers(1, 64, size=n).tolist()] * group]
+    lengths = np.resize([6, 0, 2, 5, 1, 6, 3], len(rows))
+    responses = rng.integers(1, 64, size=(len(rows), 6))
+    ids, positions, attention, response_mask, p_len = build_sequences(rows, responses, lengths, 0,
+                                                                      prompt_len=8)
+    batch = PolicyBatch(*map(jnp.asarray, (ids, positions, attention, response_mask)),
+                        jnp.zeros(response_mask.shape),
+                        jnp.asarray(rng.standard_normal(len(rows)), jnp.float32), p_len)
+    old = _tiny_logprobs()(params, batch)
+    noise = 0.3 * rng.standard_normal(response_mask.shape).astype(np.float32)
+    return graphdef, params, batch.replace(old_logp=(old + noise) * batch.response_mask)
+
+
+def test_a_shared_prompt_gives_each_rows_log_probs_entropy_and_gradient():
+    """`prompt_group`: each group's prompt runs once into a KV cache its rows attend to; log-probs,
+    entropies and the gradient of every parameter equal the rows' own forward to float32 round-off."""
+    graphdef, params, batch = _grouped_batch()
+    mask = np.asarray(batch.response_mask)
+    weights = jnp.asarray(np.random.default_rng(0).standard_normal(mask.shape), jnp.float32) * mask
+
+    def loss(params, group):
+        model = nnx.merge(graphdef, params)
+        logp = response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask,
+                                 batch.prompt_len, prompt_group=group)
+        return jnp.sum(logp * weights), logp
+
+    (plain, plain_logp), plain_grad = jax.value_and_grad(loss, has_aux=True)(params, 1)
+    (shared, shared_logp), shared_grad = jax.value_and_grad(loss, has_aux=True)(params, 4)
+    np.testing.assert_allclose(np.asarray(shared_logp) * mask, np.asarray(plain_logp) * mask, rtol=0,
+                               atol=2e-5)
+    np.testing.assert_allclose(float(shared), float(plain), rtol=1e-5)
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(plain_grad))
+    for a, b in zip(jax.tree.leaves(shared_grad), jax.tree.leaves(plain_grad)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5 * scale)
+    # without positions and mask (every token real) alike
+    model, ids = nnx.merge(graphdef, params), batch.input_ids
+    want, got = (model.token_logprobs(ids[:, :-1], ids[:, 1:], start=batch.prompt_len - 1, prompt_group=group)
+                 for group in (1, 4))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-5)
+    # the forward-only pass (log π_old and its entropy) through the same path
+    logprobs = make_logprob_fn(graphdef, return_entropy=True)
+    (want_logp, want_entropy), (got_logp, got_entropy) = (
+        logprobs(params, batch.replace(prompt_group=group)) for group in (1, 4))
+    np.testing.assert_allclose(np.asarray(got_logp), np.asarray(want_logp), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(got_entropy), np.asarray(want_entropy), rtol=0, atol=2e-5)
+
+
+def test_a_policy_step_over_shared_prompts_is_the_step_over_the_rows_with_micro_batches_too():
+    graphdef, params, batch = _grouped_batch()
+    tx = optax.adamw(1e-3, eps=1e-4)
+    step = make_policy_step(graphdef, get_objective("respo"), tx)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
+    for micro in (None, 4):  # one shot, and 3 micro-batches of one group each
+        (want, _, want_metrics), (got, _, got_metrics) = (
+            step(copy(params), tx.init(params), batch.replace(prompt_group=group), micro) for group in (1, 4))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-6)
+        for key in ("loss", "grad_norm", "approx_kl"):
+            np.testing.assert_allclose(float(got_metrics[key]), float(want_metrics[key]), rtol=1e-5,
+                                       atol=1e-7)
+
+
+def test_a_prompt_group_that_does_not_fit_the_batch_or_the_model_is_refused():
+    graphdef, params, batch = _grouped_batch()
+    model = nnx.merge(graphdef, params)
+    with pytest.raises(ValueError, match="prompt_group must be >= 1 and divide the batch"):
+        response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
+                          prompt_group=5)
+    moe = qwen3.Qwen3ForCausalLM(qwen3.Qwen3Config.preset("tiny-moe"), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="needs a dense model without routing"):
+        response_logprobs(moe, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
+                          prompt_group=4)
+
+
+def test_the_trainer_shares_prompts_of_consecutive_groups_only():
+    """`rollout.share_prompts`: mini-batches in "consecutive" order are prompt-major groups of G rows
+    (PolicyBatch.prompt_group = G, micro-batches of whole groups); rows that are not (a batch whose
+    groups differ, verl's balanced order, the option off) run their own prompts."""
+    from respo_jax.training.loop import prompt_groups_hold
+
+    assert prompt_groups_hold([[1, 2]] * 4 + [[3]] * 4, 4)
+    assert not prompt_groups_hold([[1, 2]] * 3 + [[3]] * 5, 4)
+    assert not prompt_groups_hold([[1, 2]] * 6, 4) and not prompt_groups_hold([[1, 2]] * 4, 1)
+    prompts = [[1, 5, 13, 4]] * 4 + [[1, 7, 13]] * 4
+    responses, lengths, advantages = np.full((8, 3), 6), np.full(8, 3), np.zeros(8, np.float32)
+    config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["rollout.max_tokens_per_microbatch=12"])
+    trainer = RLTrainer(config)
+    batch, micro = trainer.policy_batch(prompts, responses, lengths, advantages)
+    assert batch.prompt_group == 4 and micro == 4  # 12 tokens hold one 11-token row; a group is 4
+    mixed = prompts[:3] + prompts[4:] + prompts[3:4]  # A A A B B B B A
+    assert trainer.policy_batch(mixed, responses, lengths, advantages)[0].prompt_group == 1
+    for override in ("rollout.minibatch_order=balanced", "rollout.share_prompts=false"):
+        other = RLTrainer(apply_overrides(config, [override]))
+        assert other.prompt_group == 1
+        assert other.policy_batch(prompts, responses, lengths, advantages)[0].prompt_group == 1

@@ -115,7 +115,7 @@ def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir
         f"run.compilation_cache_dir={cache_dir}",
         f"rollout.prompts_per_minibatch={case.prompts_per_minibatch}", f"rollout.group_size={case.group_size}",
         f"rollout.reuse={case.reuse}", f"rollout.max_new_tokens={case.max_new_tokens}",
-        # The rollout section's own bucket (sized for DAPO-Math's ~100-token prompts), not the default
+        # The rollout section's own bucket (sized for DAPO-Math's 27-977-token prompts), not the default
         # experiment's 16 (sized for its 12-token synthetic prompts: a new shape every 16 tokens).
         f"rollout.prompt_bucket={RolloutConfig.prompt_bucket}",
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",

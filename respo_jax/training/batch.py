@@ -37,6 +37,9 @@ class PolicyBatch:
                     sequence without its last token); log π_old and the policy forward replay them
     sampler_logp:   None, or (rollout correction) [batch, response_len] float32: the sampler's log-prob
                     of each response token (0 where masked)
+    prompt_group:   (static) the rows come in consecutive groups of this many with the same prompt
+                    (tokens, positions and mask), and the forward runs each group's prompt once
+                    (`response_logprobs`); 1: no sharing
 
     Every array has the rows first, so one sharding of the leading dimension (`batch_sharding`) places
     the whole batch and `take` selects rows of every field alike.
@@ -51,10 +54,11 @@ class PolicyBatch:
     prompt_len: int = flax.struct.field(pytree_node=False, default=0)
     routing: jnp.ndarray | None = None
     sampler_logp: jnp.ndarray | None = None
+    prompt_group: int = flax.struct.field(pytree_node=False, default=1)
 
     def take(self, rows: np.ndarray) -> "PolicyBatch":
-        """The sub-batch of the given rows (a mini-batch)."""
-        return self.replace(
+        """The sub-batch of the given rows (a mini-batch; any rows, so no prompt sharing is assumed)."""
+        return self.replace(prompt_group=1,
             input_ids=self.input_ids[rows],
             positions=self.positions[rows],
             attention_mask=self.attention_mask[rows],
@@ -159,7 +163,7 @@ def batch_sharding(mesh, rules):
 
 def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: int, temperature: float = 1.0,
                       return_entropy: bool = False, *, chunk_size: int = LOGPROB_CHUNK_TOKENS, routing=None,
-                      return_aux: bool = False, forward_only: bool = False):
+                      return_aux: bool = False, forward_only: bool = False, prompt_group: int = 1):
     """log π(o_t | q, o_<t) of every response slot: [batch, response_len] float32, under the logits divided
     by the rollout ``temperature`` (the distribution the responses were sampled from, before truncation).
 
@@ -169,12 +173,14 @@ def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: i
     ``routing`` ([batch, num_moe_layers, seq - 1, top_k], `PolicyBatch.routing`): experts to replay.
     ``return_aux=True`` appends the forward's router load-balancing loss (None for dense models).
     ``forward_only=True``: no gradient will be taken (the model's ``lm_head_forward_impl`` head).
+    ``prompt_group``: rows share their prompt in consecutive groups of that many (`PolicyBatch.prompt_group`;
+    the model runs each prompt once).
     """
     *values, aux = model.token_logprobs(
         input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1], attention_mask=attention_mask[:, :-1],
         chunk_size=chunk_size, temperature=temperature, return_entropy=return_entropy, start=prompt_len - 1,
         routing=None if routing is None else jnp.swapaxes(routing, 0, 1), return_aux=True,
-        forward_only=forward_only,
+        forward_only=forward_only, prompt_group=prompt_group,
     )
     values = tuple(values) if return_entropy else values[0]
     return (values, aux) if return_aux else values

@@ -125,6 +125,13 @@ class TrainingRows:
             lengths=zeros(self.lengths), scores=zeros(self.scores), advantages=zeros(self.advantages))
 
 
+def prompt_groups_hold(prompts: list[list[int]], group: int) -> bool:
+    """Whether the rows' prompts come in consecutive groups of `group` equal prompts (a mini-batch's
+    prompt-major order: `PolicyBatch.prompt_group`)."""
+    return group > 1 and len(prompts) % group == 0 and all(
+        prompts[i] == prompts[i - i % group] for i in range(len(prompts)))
+
+
 class RLTrainer:
     """Runs warm-up and RL iterations for an `ExperimentConfig`; yields one metrics record per step."""
 
@@ -169,6 +176,10 @@ class RLTrainer:
             batch=batch_sharding(self.mesh, self.rules),
             replicated=NamedSharding(self.mesh, PartitionSpec()))
         self.placer = RowPlacer(self.shardings.batch)  # each process's rows of every batch
+        # Rows per shared prompt in the update's batches (`rollout.share_prompts`; 1: none), resolved once.
+        self.prompt_group = r.group_size if (
+            r.share_prompts and r.minibatch_order == "consecutive" and not model.config.is_moe
+            and not r.routing_replay and self.batch_shards == 1) else 1
         self.state = TrainState(graphdef, params, init_optimizer_state(self.tx, params, param_sh))
         # The jitted programs: (params, opt_state, batch, micro) -> (params, opt_state, metrics), and
         # (params, batch, micro) -> (old_logp, token entropy) [rows, response_len].
@@ -456,10 +467,11 @@ class RLTrainer:
             sampler_logp=None if sampler_logp is None
             else np.asarray(sampler_logp, np.float32)[part, :response_len] * response_mask,
         )
-        batch = self.placer.place(local, rows)
+        group = self.prompt_group if prompt_groups_hold(prompts, self.prompt_group) else 1
+        batch = self.placer.place(local.replace(prompt_group=group), rows)
         micro = microbatch_size(rows, shape[1], r.max_tokens_per_microbatch)
-        shards = self.batch_shards
-        return batch, min(rows, -(-micro // shards) * shards)
+        unit = math.lcm(self.batch_shards, group)  # every micro-batch spread over all devices, whole groups
+        return batch, min(rows, -(-micro // unit) * unit)
 
     def rollout_seed(self, generation_batch: int) -> int:
         """The sampler seed of a generation batch of this iteration: the first one's is the run's

@@ -150,7 +150,7 @@ def make_policy_step(
         model = nnx.merge(graphdef, params)
         return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask,
                                  batch.prompt_len, temperature=temperature, chunk_size=chunk_size,
-                                 routing=batch.routing, return_aux=True)
+                                 routing=batch.routing, return_aux=True, prompt_group=batch.prompt_group)
 
     def place(part: PolicyBatch) -> PolicyBatch:
         return part if shardings is None else jax.lax.with_sharding_constraint(part, shardings.batch)
@@ -231,7 +231,8 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
             chunk = chunk_size or forward_chunk_tokens(model.config.lm_head_forward_impl)
             return response_logprobs(model, part.input_ids, part.positions, part.attention_mask,
                                      part.prompt_len, temperature=temperature, return_entropy=return_entropy,
-                                     chunk_size=chunk, routing=part.routing, forward_only=True)
+                                     chunk_size=chunk, routing=part.routing, forward_only=True,
+                                     prompt_group=part.prompt_group)
 
         rows = batch.input_ids.shape[0]
         if microbatch_rows is None or microbatch_rows >= rows:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from respo_jax.models.qwen3.attention import Attention, attention_mask_from_slots
-from respo_jax.models.qwen3.cache import CACHE_AXES, KVCache
+from respo_jax.models.qwen3.cache import CACHE_AXES, KVCache, init_cache
 from respo_jax.models.qwen3.config import Qwen3Config
 from respo_jax.models.qwen3.kernels import resolve_config
 from respo_jax.models.qwen3.layers import BATCH, HIDDEN, SEQ, RMSNorm, constrain, make_param, rope_cos_sin, rows
@@ -215,7 +215,8 @@ class Qwen3ForCausalLM(nnx.Module):
                        attention_mask: jax.Array | None = None, routing: jax.Array | None = None,
                        chunk_size: int = LOGPROB_CHUNK_TOKENS, return_aux: bool = False,
                        temperature: float = 1.0,
-                       return_entropy: bool = False, *, start: int = 0, forward_only: bool = False):
+                       return_entropy: bool = False, *, start: int = 0, forward_only: bool = False,
+                       prompt_group: int = 1):
         """log π(targets[b, t] | input_ids[b, :t+1]) for t in [start, seq): [batch, seq - start] float32.
 
         The decoder runs over the whole sequence; the vocabulary projection and the log-softmax run
@@ -228,9 +229,22 @@ class Qwen3ForCausalLM(nnx.Module):
         be taken) runs the head kernel ``lm_head_forward_impl`` instead of ``lm_head_impl``.
         ``return_aux=True`` appends ``aux_loss`` from the same forward (MoE trainers add
         ``router_aux_loss_coef · aux``; ``aux_loss`` is None for dense models).
+
+        ``prompt_group`` > 1 (dense models, no routing): the rows come in consecutive groups of that
+        many whose first ``start + 1`` tokens (the prompt, with its positions and mask) are the same,
+        as a GRPO mini-batch's G responses to one prompt are; each group's prompt runs once and its
+        responses attend to its keys and values (`_shared_prompt_backbone`): the same log-probs and
+        gradients, without G - 1 copies of the prompt's forward and backward.
         """
         input_ids, positions, attention_mask, _, routing = _check_inputs(
             self.config, input_ids, positions, attention_mask, None, routing)
+        prompt_group = int(prompt_group)
+        if prompt_group < 1 or input_ids.shape[0] % prompt_group:
+            raise ValueError(f"prompt_group must be >= 1 and divide the batch ({input_ids.shape[0]} rows); "
+                             f"got {prompt_group}")
+        if prompt_group > 1 and (self.config.is_moe or routing is not None):
+            raise ValueError("prompt_group > 1 needs a dense model without routing (a MoE's load-balancing "
+                             "loss counts every row's prompt tokens)")
         targets = jnp.asarray(targets)
         if targets.shape != input_ids.shape:
             raise ValueError(f"targets has shape {targets.shape}; input_ids has {input_ids.shape}")
@@ -243,7 +257,7 @@ class Qwen3ForCausalLM(nnx.Module):
             raise ValueError(f"temperature must be finite and > 0, got {temperature}")
         logp, entropy, aux = self._token_logprobs_impl(
             input_ids, targets, positions, attention_mask, routing, int(chunk_size), int(start),
-            float(temperature), bool(return_entropy), bool(forward_only))
+            float(temperature), bool(return_entropy), bool(forward_only), prompt_group)
         out = (logp, entropy) if return_entropy else (logp,)
         out = out + (aux,) if return_aux else out
         return out if len(out) > 1 else logp
@@ -257,18 +271,48 @@ class Qwen3ForCausalLM(nnx.Module):
                            aux_loss=aux)
 
     def _token_logprobs_impl(self, input_ids, targets, positions, attention_mask, routing, chunk_size,
-                             start=0, temperature=1.0, return_entropy=False, forward_only=False):
-        hidden, _, _, aux = self._backbone(input_ids, positions, attention_mask, None, routing)
+                             start=0, temperature=1.0, return_entropy=False, forward_only=False,
+                             prompt_group=1):
+        if prompt_group > 1:
+            hidden, aux = self._shared_prompt_backbone(input_ids, positions, attention_mask, start + 1,
+                                                       prompt_group), None
+        else:
+            hidden, _, _, aux = self._backbone(input_ids, positions, attention_mask, None, routing)
+            hidden = hidden[:, start:]
         weight, tied = self._output_weight()
         impl = self.config.lm_head_forward_impl if forward_only else self.config.lm_head_impl
         # A vocabulary split over devices keeps whole rows in the log-sum-exp (a [vocab / 128, 128] view
         # would split its shards).
         lanes = LSE_LANES if axis_size(self.config.mesh, self.config.rules.vocab) == 1 else 1
-        out = chunked_token_logprobs(hidden[:, start:], weight, targets[:, start:], tied=tied,
+        out = chunked_token_logprobs(hidden, weight, targets[:, start:], tied=tied,
                                      temperature=temperature, chunk_tokens=chunk_size,
                                      return_entropy=return_entropy, impl=impl, lse_lanes=lanes)
         logp, entropy = out if return_entropy else (out, None)
         return logp, entropy, aux
+
+    def _shared_prompt_backbone(self, input_ids, positions, attention_mask, prompt_len: int, group: int):
+        """The final hidden states at positions ``prompt_len - 1:`` ([batch, seq - prompt_len + 1,
+        embed]) of rows whose first ``prompt_len`` tokens are shared by consecutive groups of ``group``
+        rows: the first row of each group runs its prompt into a KV cache, the cache is repeated over
+        the group, and every row runs its remaining tokens over it (the attention mask is the one of
+        the whole sequence: causal over valid slots). The prompt's gradient is the sum of the group's.
+        """
+        b, s = input_ids.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, s), jnp.int32)
+        first = slice(None, None, group)
+        cache = init_cache(self.config, b // group, s, dtype=self.config.dtype)
+        prompt = (first, slice(None, prompt_len))
+        prompt_hidden, cache, _, _ = self._backbone(input_ids[prompt], positions[prompt],
+                                                    attention_mask[prompt], cache, None)
+        cache = KVCache(k=jnp.repeat(cache.k, group, axis=1), v=jnp.repeat(cache.v, group, axis=1),
+                        valid=jnp.repeat(cache.valid, group, axis=0), index=cache.index)
+        rest, _, _, _ = self._backbone(input_ids[:, prompt_len:], positions[:, prompt_len:],
+                                       attention_mask[:, prompt_len:], cache, None)
+        last = jnp.repeat(prompt_hidden[:, -1:], group, axis=0)
+        return jnp.concatenate([last, rest], axis=1)
 
     def _output_weight(self):
         dt = self.config.dtype
@@ -356,7 +400,7 @@ def param_shardings(cfg: Qwen3Config) -> nnx.State:
 # The static arguments of the pure functions below, for ``jax.jit(..., static_argnames=...)``.
 FORWARD_STATIC = ("graphdef", "return_routing")
 TOKEN_LOGPROBS_STATIC = ("graphdef", "chunk_size", "start", "temperature", "return_entropy", "return_aux",
-                         "forward_only")
+                         "forward_only", "prompt_group")
 
 
 def forward(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array,
@@ -374,12 +418,13 @@ def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Arr
                    positions: jax.Array | None = None, attention_mask: jax.Array | None = None,
                    routing: jax.Array | None = None, *, chunk_size: int = LOGPROB_CHUNK_TOKENS,
                    start: int = 0, temperature: float = 1.0, return_entropy: bool = False,
-                   return_aux: bool = False, forward_only: bool = False):
+                   return_aux: bool = False, forward_only: bool = False, prompt_group: int = 1):
     """``Qwen3ForCausalLM.token_logprobs`` as a pure function of ``(graphdef, params)`` and the inputs,
     for a caller to jit (``static_argnames=TOKEN_LOGPROBS_STATIC``)."""
     return nnx.merge(graphdef, params).token_logprobs(
         input_ids, targets, positions, attention_mask, routing, chunk_size=chunk_size, return_aux=return_aux,
-        temperature=temperature, return_entropy=return_entropy, start=start, forward_only=forward_only)
+        temperature=temperature, return_entropy=return_entropy, start=start, forward_only=forward_only,
+        prompt_group=prompt_group)
 
 
 def _project_with(hidden: jax.Array, weight: jax.Array, tied: bool) -> jax.Array:
