@@ -125,6 +125,14 @@ class TrainingRows:
             lengths=zeros(self.lengths), scores=zeros(self.scores), advantages=zeros(self.advantages))
 
 
+# The group advantages as one program (rewards are checked finite where they are scored,
+# `respo_jax.rewards.scoring`). Why: run eagerly, each jnp op of a host-side function is a program of
+# its own, compiled in a cold start and read from the compilation cache in a second launch: the race's
+# first iteration at M = 1 ran 12 such programs for the advantages and 2 for the learning rates, 14 of
+# the 23 its second launch read from the cache (11 with these two jitted).
+_group_advantages = jax.jit(group_advantages, static_argnames=("normalize_by_std", "eps"))
+
+
 def prompt_groups_hold(prompts: list[list[int]], group: int) -> bool:
     """Whether the rows' prompts come in consecutive groups of `group` equal prompts (a mini-batch's
     prompt-major order: `PolicyBatch.prompt_group`)."""
@@ -167,7 +175,9 @@ class RLTrainer:
         graphdef, params = nnx.split(model)
         opt = config.optim
         updates_per_step = r.reuse if opt.schedule_per == "rollout" else 1
-        self.learning_rate = learning_rate_schedule(opt.learning_rate, config.lr_warmup_steps, updates_per_step)
+        # Jitted, as `_group_advantages` is: one program, not one per jnp op of the schedule.
+        self.learning_rate = jax.jit(learning_rate_schedule(opt.learning_rate, config.lr_warmup_steps,
+                                                            updates_per_step))
         self.tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm,
                                  config.lr_warmup_steps, updates_per_step)
         param_sh = state_shardings(params, self.mesh, self.rules)
@@ -569,7 +579,7 @@ class RLTrainer:
         r = self.config.rollout
         kept, group = sampled["groups_kept"], r.group_size
         scores = jnp.asarray(sampled["scores"].reshape(kept, group))
-        advantages = np.asarray(group_advantages(scores, normalize_by_std=self.objective.scale_advantages))
+        advantages = np.asarray(_group_advantages(scores, normalize_by_std=self.objective.scale_advantages))
         advantages = advantages.reshape(-1)
         rows = TrainingRows(
             prompts=sampled["prompts"], tokens=sampled["tokens"], lengths=sampled["lengths"],
