@@ -799,6 +799,7 @@ def test_the_trainer_shares_prompts_of_consecutive_groups_only():
     trainer = RLTrainer(config)
     batch, micro = trainer.policy_batch(prompts, responses, lengths, advantages)
     assert batch.prompt_group == 4 and micro == 4  # 12 tokens hold one 11-token row; a group is 4
+    assert batch.take(np.array([0, 5, 2, 7])).prompt_group == 1  # any rows: no sharing assumed
     mixed = prompts[:3] + prompts[4:] + prompts[3:4]  # A A A B B B B A
     assert trainer.policy_batch(mixed, responses, lengths, advantages)[0].prompt_group == 1
     for override in ("rollout.minibatch_order=balanced", "rollout.share_prompts=false"):

@@ -58,7 +58,8 @@ class PolicyBatch:
 
     def take(self, rows: np.ndarray) -> "PolicyBatch":
         """The sub-batch of the given rows (a mini-batch; any rows, so no prompt sharing is assumed)."""
-        return self.replace(prompt_group=1,
+        return self.replace(
+            prompt_group=1,
             input_ids=self.input_ids[rows],
             positions=self.positions[rows],
             attention_mask=self.attention_mask[rows],
