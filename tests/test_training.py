@@ -423,9 +423,12 @@ def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
                 "compiles", "compile_seconds", "compile_cache_hits"):
         assert key in rl[0], key
     # Bucketed shapes: the first iteration compiles the sampler, log-prob and update programs, the
-    # second (same buckets) compiles nothing.
+    # second (same buckets) compiles nothing new. It may read programs from the session's compilation
+    # cache: when an earlier test of this worker left this configuration's compile-ahead record there
+    # (the programs are then read when first needed), or when the worker nears its memory-map limit and
+    # the programs are dropped and read again (both said on stderr).
     assert rl[0]["compiles"] > 0 and rl[0]["compile_seconds"] > 0
-    assert rl[1]["compiles"] == 0, rl[1]
+    assert rl[1]["compiles"] == rl[1]["compile_cache_hits"], rl[1]
     # the sampler's log-probs are those the trainer recomputes for the rollout-time parameters
     assert rl[0]["sampler_trainer_logp_gap"] < 1e-4
     assert (tmp_path / "training_curves.png").stat().st_size > 1000
