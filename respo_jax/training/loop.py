@@ -186,10 +186,11 @@ class RLTrainer:
             batch=batch_sharding(self.mesh, self.rules),
             replicated=NamedSharding(self.mesh, PartitionSpec()))
         self.placer = RowPlacer(self.shardings.batch)  # each process's rows of every batch
-        # Rows per shared prompt in the update's batches (`rollout.share_prompts`; 1: none), resolved once.
+        # Rows per shared prompt in the update's batches (`rollout.share_prompts`; 1: none), resolved once
+        # (Routing Replay needs a MoE model: `_check_mesh_fits`).
         self.prompt_group = r.group_size if (
             r.share_prompts and r.minibatch_order == "consecutive" and not model.config.is_moe
-            and not r.routing_replay and self.batch_shards == 1) else 1
+            and self.batch_shards == 1) else 1
         self.state = TrainState(graphdef, params, init_optimizer_state(self.tx, params, param_sh))
         # The jitted programs: (params, opt_state, batch, micro) -> (params, opt_state, metrics), and
         # (params, batch, micro) -> (old_logp, token entropy) [rows, response_len].

@@ -242,7 +242,7 @@ class Qwen3ForCausalLM(nnx.Module):
         if prompt_group < 1 or input_ids.shape[0] % prompt_group:
             raise ValueError(f"prompt_group must be >= 1 and divide the batch ({input_ids.shape[0]} rows); "
                              f"got {prompt_group}")
-        if prompt_group > 1 and (self.config.is_moe or routing is not None):
+        if prompt_group > 1 and self.config.is_moe:  # (routing: MoE only, `_check_inputs`)
             raise ValueError("prompt_group > 1 needs a dense model without routing (a MoE's load-balancing "
                              "loss counts every row's prompt tokens)")
         targets = jnp.asarray(targets)
