@@ -24,6 +24,8 @@ INDIRECT = {
     "importlib-resources": ("tensorflow_datasets", "core/dataset_builder.py", "import importlib_resources"),
     # tensorflow-datasets declares it on Linux only; our builder writes file_format="array_record".
     "array-record": ("tensorflow_datasets", "core/file_adapters.py", "array_record_module.ArrayRecordWriter"),
+    # jax declares no dependency on it; jax.export's serialization (respo_jax.exported_programs) imports it.
+    "flatbuffers": ("jax", "_src/export/serialization.py", "import flatbuffers"),
 }
 # Test extras that are not imported: a pytest plugin and the notebooks' Jupyter kernel.
 TOOLS = {"pytest-xdist", "ipykernel"}

@@ -347,13 +347,14 @@ def compile_generate(
     *,
     return_routing: bool = False,
     engine: EngineConfig = EngineConfig(),
+    programs=None,
 ) -> None:
     """Compile, without running, the programs `generate` runs for `num_prompts` prompts whose longest
     is `prompt_len` tokens (every decode segment included), so the later call finds them compiled.
 
     Why: a trainer knows the prompt buckets its data can need before its first rollout; compiling
     them then keeps compilation out of the run's later iterations (`RLTrainer.compile_ahead`).
-    Dispatches on `engine.scheduler` as `generate` does."""
+    Dispatches on `engine.scheduler` as `generate` does; `programs` as in `generate`."""
     _check_engine(engine)
     if prompt_len < 1 or num_prompts < 1:
         raise ValueError(f"need prompt_len >= 1 and num_prompts >= 1, got {prompt_len} and {num_prompts}")
@@ -361,7 +362,7 @@ def compile_generate(
         from respo_jax.sampling import paged_decode  # not at the top: paged_decode builds on this module
 
         paged_decode.compile_continuous(model, prompt_len, num_prompts, params, engine=engine,
-                                        return_routing=return_routing)
+                                        return_routing=return_routing, programs=programs)
         return
     _generate(model, [[0] * prompt_len] * num_prompts, params, return_routing, engine, compile_only=True)
 
@@ -375,6 +376,7 @@ def generate(
     engine: EngineConfig = EngineConfig(),
     row_ids: Sequence[int] | None = None,
     row_max_new_tokens: Sequence[int] | None = None,
+    programs=None,
 ) -> GenerateOutput:
     """Sample `params.num_samples` continuations of every prompt.
 
@@ -392,6 +394,9 @@ def generate(
         row's own budget (vLLM's per-request max_tokens; None: max_new_tokens for every row). A row
         stops at its budget as at an EOS: pad tokens and log-prob 0 after it. A row's draws do not
         depend on its budget, so a shorter budget gives a prefix of the longer one's sample.
+      programs: a `respo_jax.exported_programs.ProgramCache` keeping the continuous engine's programs
+        (`paged_decode.engine_programs`): a later launch reads them instead of tracing them. Its key
+        must pin the model (the trainer's does); None: plain `jax.jit`.
     The sampler runs under the model config's `mesh` and `rules` (`respo_jax.sharding`), as the
     trainer does: prompts, sampled tokens, log-probs and routing split their batch dimension by the
     `batch` rule (rows padded with inactive filler rows to a multiple of those axes' size), the KV
@@ -408,7 +413,7 @@ def generate(
 
         return generate_continuous(model, prompts, params, engine=engine,
                                    row_max_new_tokens=row_max_new_tokens, row_ids=row_ids,
-                                   return_routing=return_routing)
+                                   return_routing=return_routing, programs=programs)
     return _generate(model, prompts, params, return_routing, engine, compile_only=False, row_ids=row_ids,
                      row_max_new_tokens=row_max_new_tokens)
 

@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from respo_jax.distributed import to_host
+from respo_jax.exported_programs import ProgramCache
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.layers import HIDDEN, constrain, rope_cos_sin
 from respo_jax.sampling.engine_state import PAGE_AXES, EngineState, Layout, constrain_state, init_state
@@ -189,6 +190,20 @@ def decode_segment(graphdef, model_state, state: EngineState, page_table, run_sl
     return state, jnp.stack([state.generated, state.done.astype(jnp.int32)])
 
 
+def engine_programs(programs: ProgramCache | None):
+    """(prefill_prompts, admit_rows, decode_segment): as jitted here, or kept in `programs` (a later
+    launch reads them instead of tracing them, `respo_jax.exported_programs`; used only where
+    `ProgramCache.usable()`)."""
+    if programs is None or not programs.usable():
+        return prefill_prompts, admit_rows, decode_segment
+    return (programs.jit(prefill_prompts.__wrapped__, "prefill_prompts", static_argnums=(0,),
+                         static_argnames=("chunk", "step"), donate_argnums=(2,)),
+            programs.jit(admit_rows.__wrapped__, "admit_rows", static_argnums=(0,),
+                         static_argnames=("params",), donate_argnums=(2,)),
+            programs.jit(decode_segment.__wrapped__, "decode_segment", static_argnums=(0,),
+                         static_argnames=("params", "impl"), donate_argnums=(2,)))
+
+
 @functools.partial(jax.jit, static_argnames=("rows", "num_samples"))
 def finish(state: EngineState, prompt_lengths, *, rows: int, num_samples: int) -> GenerateOutput:
     """The outputs in `generate`'s format: `rows` rows (filler rows dropped); with routing, each prompt's
@@ -289,7 +304,8 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
                         engine: EngineConfig = EngineConfig(),
                         row_max_new_tokens: Sequence[int] | None = None,
                         row_ids: Sequence[int] | None = None,
-                        return_routing: bool = False) -> GenerateOutput:
+                        return_routing: bool = False,
+                        programs: ProgramCache | None = None) -> GenerateOutput:
     """`generate` with continuous batching over a paged KV cache.
 
     Args:
@@ -302,6 +318,7 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
         `paged_attention_impl`, `prompt_bucket` (the prefill's padded length) and
         `prefill_chunk_size`; the pages hold the model's compute dtype (`config.dtype`).
       row_max_new_tokens: `[rows]` each row's own budget in [1, max_new_tokens] (None: max_new_tokens).
+      programs: where the prefill, admission and decode programs are kept (`engine_programs`).
     Returns:
       GenerateOutput (tokens, lengths, logprobs; with `return_routing` routing, prompt_routing and
       prompt_mask) with `generate`'s conventions: `tokens[r, t]` for t >= lengths[r] is
@@ -318,6 +335,7 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
                       page_size=layout.page_size, num_pages=layout.num_pages, max_prompt_len=layout.bucket,
                       prefill_chunk=engine.prefill_chunk_size)
     cfg = model.config
+    run_prefill, run_admit, run_decode = engine_programs(programs)
     state = place_state(init_state(run.graphdef, run.model_state, run.seed, layout=layout,
                                    pad_token_id=params.pad_token_id), cfg)
     free_logit_rows = list(range(layout.logit_rows))[::-1]  # the lowest first (pop)
@@ -330,14 +348,13 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
                 if prefill.last:
                     logit_row_of[prefill.prompt] = free_logit_rows.pop()
             count = padded_count(len(group), run.prefill_sizes)
-            state = prefill_prompts(run.graphdef, run.model_state, state,
-                                    *_prefill_arrays(layout, prompts, group, count, logit_row_of),
-                                    chunk=engine.prefill_chunk_size, step=step)
+            state = run_prefill(run.graphdef, run.model_state, state,
+                                *_prefill_arrays(layout, prompts, group, count, logit_row_of),
+                                chunk=engine.prefill_chunk_size, step=step)
             state = place_state(state, cfg)
         if plan.admissions:
-            state = admit_rows(run.graphdef, run.model_state, state,
-                               *_admission_arrays(layout, plan.admissions, ids, lengths, budgets, logit_row_of),
-                               params=run.params)
+            admission = _admission_arrays(layout, plan.admissions, ids, lengths, budgets, logit_row_of)
+            state = run_admit(run.graphdef, run.model_state, state, *admission, params=run.params)
             state = place_state(state, cfg)
             for adm in plan.admissions:
                 pending[adm.prompt] -= 1
@@ -346,9 +363,9 @@ def generate_continuous(model, prompts: Sequence[Sequence[int]], params: Samplin
         if not sched.decoding:
             continue  # a long prompt's prefill goes on, no row runs yet
         run_slots = sched.decode_slots(run.decode_widths)
-        state, flags = decode_segment(run.graphdef, run.model_state, state, plan.page_table, run_slots,
-                                      np.int32(engine.steps_per_schedule), params=run.params,
-                                      impl=engine.paged_attention_impl)
+        state, flags = run_decode(run.graphdef, run.model_state, state, plan.page_table, run_slots,
+                                  np.int32(engine.steps_per_schedule), params=run.params,
+                                  impl=engine.paged_attention_impl)
         state = place_state(state, cfg)
         generated, done = to_host(flags)  # the one sync of a segment, the same flags in every process
         sched.retire(generated, done.astype(bool))
@@ -362,11 +379,12 @@ def _abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
 
 
 def compile_continuous(model, prompt_len: int, num_prompts: int, params: SamplingParams, *,
-                       engine: EngineConfig = EngineConfig(), return_routing: bool = False) -> None:
+                       engine: EngineConfig = EngineConfig(), return_routing: bool = False,
+                       programs: ProgramCache | None = None) -> None:
     """Compile, without running, every program `generate_continuous` runs for `num_prompts` prompts
     whose longest is `prompt_len` tokens: the state's creation, the prefill at each padded prompt count,
     the admission, the decode segment at each of its widths and the output's assembly, so the later call
-    compiles nothing.
+    compiles nothing (`programs`: as `generate_continuous`'s).
 
     Why: a trainer knows its prompt buckets before its first rollout (`RLTrainer.compile_ahead`)."""
     if prompt_len < 1 or num_prompts < 1:
@@ -375,6 +393,7 @@ def compile_continuous(model, prompt_len: int, num_prompts: int, params: Samplin
     _check_call(model, [[0] * prompt_len] * num_prompts, params, return_routing, None, None)
     run = _setup(model, lengths, params, engine, return_routing)
     layout = run.layout
+    run_prefill, run_admit, run_decode = engine_programs(programs)
 
     def compiled(program, *args, **kwargs):
         return jax.tree.map(_abstract, program.lower(*args, **kwargs).compile().out_info)
@@ -386,15 +405,15 @@ def compile_continuous(model, prompt_len: int, num_prompts: int, params: Samplin
                             pad_token_id=params.pad_token_id))
     for count in run.prefill_sizes:
         for step in range(len(prefill_steps(layout.bucket, engine.prefill_chunk_size))):
-            state = placed(compiled(prefill_prompts, run.graphdef, run.model_state, state,
+            state = placed(compiled(run_prefill, run.graphdef, run.model_state, state,
                                     *_prefill_arrays(layout, [], (), count, {}),
                                     chunk=engine.prefill_chunk_size, step=step))
     zeros = np.zeros(num_prompts * params.num_samples, np.int64)
-    state = placed(compiled(admit_rows, run.graphdef, run.model_state, state,
+    state = placed(compiled(run_admit, run.graphdef, run.model_state, state,
                             *_admission_arrays(layout, (), zeros, lengths, zeros, {}), params=run.params))
     table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
     for width in run.decode_widths:
-        state = placed(compiled(decode_segment, run.graphdef, run.model_state, state, table,
+        state = placed(compiled(run_decode, run.graphdef, run.model_state, state, table,
                                 np.arange(width, dtype=np.int32), np.int32(engine.steps_per_schedule),
                                 params=run.params, impl=engine.paged_attention_impl)[0])
     compiled(finish, state, np.asarray(lengths, np.int32), rows=num_prompts * params.num_samples,

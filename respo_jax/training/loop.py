@@ -19,6 +19,7 @@ correction (`objective.rollout_correction`: each token's loss weighted by π_old
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -32,8 +33,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.data.batches import PromptBatches
 from respo_jax.data.prompts import encode_prompt
+from respo_jax.exported_programs import ProgramCache
 from respo_jax.models import qwen3
-from respo_jax.objectives import get_objective, group_advantages
+from respo_jax.objectives import BUILTIN_OBJECTIVES, get_objective, group_advantages
 from respo_jax.rewards import SCORED, TIMED_OUT, RewardScorer, get_reward, overlong_penalty
 from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.sampling.paged_attention import check_paged_attention_impl
@@ -125,6 +127,20 @@ class TrainingRows:
             lengths=zeros(self.lengths), scores=zeros(self.scores), advantages=zeros(self.advantages))
 
 
+def program_config(config: ExperimentConfig) -> dict:
+    """The config's sections that shape a run's programs, JSON-able: every section but the run's
+    bookkeeping (paths, seeds, length, logging, evaluation) and the warm-up, with the learning-rate
+    warm-up length, the one thing the run's length changes in a program (`optim.warmup_ratio` of the
+    policy updates)."""
+    sections = config.to_dict()
+    task = sections.pop("task")
+    sections.pop("run")
+    sections.pop("warmup")
+    sections["task"] = {key: value for key, value in task.items() if key != "seed"}
+    sections["lr_warmup_steps"] = config.lr_warmup_steps
+    return sections
+
+
 # The group advantages as one program (rewards are checked finite where they are scored,
 # `respo_jax.rewards.scoring`). Why: run eagerly, each jnp op of a host-side function is a program of
 # its own, compiled in a cold start and read from the compilation cache in a second launch: the race's
@@ -192,6 +208,7 @@ class RLTrainer:
             r.share_prompts and r.minibatch_order == "consecutive" and not model.config.is_moe
             and self.batch_shards == 1) else 1
         self.state = TrainState(graphdef, params, init_optimizer_state(self.tx, params, param_sh))
+        self.programs = self.program_cache(model.config)  # traced programs kept for the next launch
         # The jitted programs: (params, opt_state, batch, micro) -> (params, opt_state, metrics), and
         # (params, batch, micro) -> (old_logp, token entropy) [rows, response_len].
         self.policy_step = make_policy_step(graphdef, self.objective, self.tx, temperature=r.temperature,
@@ -199,7 +216,8 @@ class RLTrainer:
                                             load_balancing_weight=config.objective.load_balancing_weight,
                                             rollout_correction=self.correction,
                                             compiler_options=qwen3.kernels.update_compiler_options(
-                                                qwen3.kernels.platform(self.mesh)))
+                                                qwen3.kernels.platform(self.mesh)),
+                                            program_cache=self.programs)
         self.old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
                                             shardings=self.shardings)
         # log π_old from the sampler or a forward pass of its own (`rollout.old_logprobs`), decided once
@@ -374,7 +392,7 @@ class RLTrainer:
         r = self.config.rollout
         prompts = [self.encode(rec) for rec in records]
         out = generate(self.model(), prompts, self._sampling_params(seed), engine=self.engine,
-                       return_routing=r.routing_replay)
+                       return_routing=r.routing_replay, programs=self.programs)
         # Every process gets every response (a gather across processes): the layout of the policy
         # batches (bucketed lengths, verl's balanced order), the metrics and the rollout file need them.
         out = self.placer.fetch(out)
@@ -413,18 +431,24 @@ class RLTrainer:
         return buckets
 
     def compile_ahead_key(self) -> str:
-        """The key of this run's compile-ahead in the compilation cache (`compiled_ahead_key`): every
-        section of the config but the run's bookkeeping (paths, seeds, length, logging, evaluation) and
-        the warm-up, the prompt buckets, and the learning-rate warm-up length, the one thing the run's
-        length changes in a program (`optim.warmup_ratio` of the policy updates): a relaunch with more
-        iterations or another seed reads the same programs."""
-        config = self.config.to_dict()
-        task = config.pop("task")
-        config.pop("run")
-        config.pop("warmup")
-        config["task"] = {key: value for key, value in task.items() if key != "seed"}
-        config["lr_warmup_steps"] = self.config.lr_warmup_steps
-        return compiled_ahead_key({"config": config, "prompt_buckets": self.shapes.prompt_buckets()})
+        """The key of this run's compile-ahead in the compilation cache (`compiled_ahead_key`): the
+        config's `program_config` and the prompt buckets; a relaunch with more iterations or another
+        seed reads the same programs."""
+        return compiled_ahead_key({"config": program_config(self.config),
+                                   "prompt_buckets": self.shapes.prompt_buckets()})
+
+    def program_cache(self, model_config: qwen3.Qwen3Config) -> ProgramCache | None:
+        """Where the update step and the sampler keep their traced programs (`respo_jax.exported_programs`,
+        a later launch reads them instead of tracing them): the compilation cache's directory, keyed by
+        the config's `program_config` and the model's config (read from the checkpoint). None without a
+        compilation cache, on several devices or processes, or with an objective registered outside
+        respo_jax (its code is not part of the key)."""
+        directory = jax.config.jax_compilation_cache_dir
+        if not directory or not ProgramCache.usable() or self.config.objective.name not in BUILTIN_OBJECTIVES:
+            return None
+        return ProgramCache(directory, json.dumps({"config": program_config(self.config),
+                                                   "model": dataclasses.asdict(model_config)},
+                                                  sort_keys=True, default=str))
 
     def _compile_bucket(self, model: nnx.Module, prompt_len: int) -> None:
         """`compile_ahead` of one prompt bucket."""
@@ -433,7 +457,7 @@ class RLTrainer:
         responses = np.full((rows, r.max_new_tokens), self.tokenizer.pad_id, np.int32)
         lengths = np.full(rows, r.max_new_tokens, np.int32)
         compile_generate(model, prompt_len, r.reuse * r.prompts_per_minibatch, self._sampling_params(0),
-                         engine=self.engine, return_routing=r.routing_replay)
+                         engine=self.engine, return_routing=r.routing_replay, programs=self.programs)
         routing = None
         if r.routing_replay:
             cfg = self.model_config

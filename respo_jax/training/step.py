@@ -24,6 +24,7 @@ from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS, forward_chunk_tok
 from respo_jax.objectives import PolicyObjective, RolloutCorrection, rollout_correction_weights
 from respo_jax.objectives.aggregation import safe_divide
 from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches
+from respo_jax.exported_programs import ProgramCache
 
 
 class NonFiniteError(FloatingPointError):
@@ -102,6 +103,7 @@ def make_policy_step(
     load_balancing_weight: float = 0.0,
     rollout_correction: RolloutCorrection | None = None,
     compiler_options: dict | None = None,
+    program_cache: ProgramCache | None = None,
 ):
     """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
     a `PolicyBatch` (one mini-batch).
@@ -131,6 +133,10 @@ def make_policy_step(
 
     `compiler_options`: XLA options of this program (`qwen3.kernels.update_compiler_options` of the
     platform, resolved by the trainer; None: the compiler's defaults).
+
+    `program_cache`: the step's programs are kept there (`respo_jax.exported_programs`: a later
+    launch reads them instead of tracing them; only where `ProgramCache.usable()`, one device, so
+    `shardings` need not be passed to the jit); None: plain `jax.jit`.
 
     `rollout_correction`: each token's loss term is multiplied by the importance weight between
     `batch.old_logp` and `batch.sampler_logp` (`respo_jax.objectives.rollout_correction`; the batch must
@@ -202,6 +208,9 @@ def make_policy_step(
                        responses={**out.responses, "approx_kl": kl}, params_finite=tree_all_finite(params))
         return params, opt_state, metrics
 
+    if program_cache is not None and program_cache.usable():
+        return program_cache.jit(step, "policy_step", static_argnums=(3,), donate_argnums=(0, 1),
+                                 compiler_options=compiler_options)
     if shardings is None:
         return jax.jit(step, donate_argnums=(0, 1), static_argnums=(3,), compiler_options=compiler_options)
     # jit takes no keyword arguments together with in_shardings: pass microbatch_rows positionally.
