@@ -108,7 +108,10 @@ class ProgramCache:
         """`fun` as `jax.jit(fun, static_argnums=..., static_argnames=..., donate_argnums=...,
         compiler_options=...)` computes it (keyword arguments: static ones only), its programs kept in
         this cache under `name` (part of each entry's key). The same `name` gives the same function, so
-        its programs are read once per process."""
+        its programs are read once per process; another function under that name raises ValueError."""
+        if name in self._functions and self._functions[name].fun is not fun:
+            raise ValueError(f"ProgramCache.jit: {name!r} already names another function in this cache "
+                             "(the entries of one name must come from one function)")
         if name not in self._functions:
             self._functions[name] = ExportedProgram(self, fun, name, tuple(static_argnums),
                                                     tuple(static_argnames), tuple(donate_argnums),

@@ -209,3 +209,10 @@ def test_the_trainers_program_cache_is_keyed_by_its_program_shaping_config_and_m
     assert key(model=qwen3.Qwen3Config.preset("tiny", rope_theta=5000.0)) != base
     monkeypatch.setattr(loop, "BUILTIN_OBJECTIVES", frozenset())
     assert key() is None
+
+
+def test_one_name_is_one_function(tmp_path):
+    cache = ProgramCache(str(tmp_path), "k")
+    assert cache.jit(update, "update") is cache.jit(update, "update")
+    with pytest.raises(ValueError, match="already names another function"):
+        cache.jit(lambda x: x, "update")
