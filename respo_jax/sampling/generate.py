@@ -51,6 +51,7 @@ import numpy as np
 from flax import nnx, struct
 
 from respo_jax.distributed import process_rows, rows_from_process
+from respo_jax.exported_programs import ProgramCache
 from respo_jax.models import qwen3
 from respo_jax.sampling.logits_processing import sample
 from respo_jax.sampling.params import EngineConfig, SamplingParams, padded_prompt_length
@@ -347,7 +348,7 @@ def compile_generate(
     *,
     return_routing: bool = False,
     engine: EngineConfig = EngineConfig(),
-    programs=None,
+    programs: ProgramCache | None = None,
 ) -> None:
     """Compile, without running, the programs `generate` runs for `num_prompts` prompts whose longest
     is `prompt_len` tokens (every decode segment included), so the later call finds them compiled.
@@ -376,7 +377,7 @@ def generate(
     engine: EngineConfig = EngineConfig(),
     row_ids: Sequence[int] | None = None,
     row_max_new_tokens: Sequence[int] | None = None,
-    programs=None,
+    programs: ProgramCache | None = None,
 ) -> GenerateOutput:
     """Sample `params.num_samples` continuations of every prompt.
 
