@@ -34,11 +34,12 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
+
+from respo_jax.runs import atomic_write_bytes
 
 EXPORTED_DIR = "respo_jax_exported"  # in the compilation cache directory
 MAGIC = b"respo_jax exported program v1\n"
@@ -181,18 +182,10 @@ def _read_entry(path: str) -> tuple[dict, bytes] | None:
 
 
 def _write_entry(path: str, header: dict, blob: bytes) -> None:
-    """Writes the entry to a temporary file in its directory and renames it: readers see all or nothing."""
+    """Writes the entry whole or not at all (`runs.atomic_write_bytes`: a temporary file renamed)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     encoded = json.dumps(dict(header, sha256=hashlib.sha256(blob).hexdigest()), sort_keys=True).encode()
-    handle = tempfile.NamedTemporaryFile(dir=os.path.dirname(path), prefix=".tmp-", delete=False)
-    try:
-        with handle:
-            handle.write(MAGIC + struct.pack("<Q", len(encoded)) + encoded + blob)
-        os.replace(handle.name, path)
-    except OSError:
-        if os.path.exists(handle.name):
-            os.unlink(handle.name)
-        raise
+    atomic_write_bytes(path, MAGIC + struct.pack("<Q", len(encoded)) + encoded + blob)
 
 
 def _aval(x) -> jax.ShapeDtypeStruct:
@@ -227,17 +220,18 @@ class ExportedProgram:
             raise TypeError(f"{self.name}: keyword arguments {sorted(unknown)} are not static arguments")
         statics = (tuple(args[i] for i in self.static_argnums if i < len(args)),
                    tuple(sorted(kwargs.items())))
-        dynamic = tuple(arg for i, arg in enumerate(args) if i not in self.static_argnums)
+        positions = [i for i in range(len(args)) if i not in self.static_argnums]  # of the dynamic ones
+        dynamic = tuple(args[i] for i in positions)
         leaves, treedef = jax.tree.flatten(dynamic)
-        avals = tuple((aval.shape, str(aval.dtype), aval.weak_type) for aval in map(_aval, leaves))
+        avals = tuple((aval.shape, str(aval.dtype), aval.weak_type) for aval in map(jax.typeof, leaves))
         signature = (treedef, statics, avals)
         if signature not in self._programs:
-            self._programs[signature] = self._load(args, kwargs, dynamic, leaves, treedef,
+            self._programs[signature] = self._load(args, kwargs, positions, dynamic, leaves, treedef,
                                                    repr((str(treedef), repr(statics), avals)))
         call, out_tree = self._programs[signature]
         return call, out_tree, leaves
 
-    def _load(self, args: tuple, kwargs: dict, dynamic: tuple, leaves: list, treedef,
+    def _load(self, args: tuple, kwargs: dict, positions: list[int], dynamic: tuple, leaves: list, treedef,
               signature: str) -> tuple[Callable, Any]:
         from jax import export
 
@@ -256,14 +250,13 @@ class ExportedProgram:
             self.entries_read += exported is not None
         if exported is None:
             try:
-                exported, out_tree = self._export(args, kwargs, dynamic, leaves, treedef, path)
+                exported, out_tree = self._export(args, kwargs, positions, dynamic, leaves, treedef, path)
             except Exception:  # noqa: BLE001 - e.g. a custom call jax.export cannot serialize
                 # Plain jit: the program runs as it would without the cache (an error in it raises there).
                 return jax.jit(self.fun, static_argnums=self.static_argnums,
                                static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
                                compiler_options=self.compiler_options), None
         donated, position = [], 0  # the flat leaves of the donated arguments
-        positions = [i for i in range(len(args)) if i not in self.static_argnums]
         for index, arg in zip(positions, dynamic):
             count = len(jax.tree.leaves(arg))
             if index in self.donate_argnums:
@@ -272,11 +265,11 @@ class ExportedProgram:
         call = jax.jit(exported.call, donate_argnums=tuple(donated), compiler_options=self.compiler_options)
         return call, out_tree
 
-    def _export(self, args: tuple, kwargs: dict, dynamic: tuple, leaves: list, treedef, path: str):
+    def _export(self, args: tuple, kwargs: dict, positions: list[int], dynamic: tuple, leaves: list, treedef,
+                path: str):
         from jax import export
 
         boxes: dict[str, Any] = {}
-        positions = [i for i in range(len(args)) if i not in self.static_argnums]
 
         def flat(*flat_leaves):
             full = list(args)
