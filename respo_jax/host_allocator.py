@@ -5,7 +5,7 @@ Why: XLA:CPU allocates each execution's temporary buffer (all intermediates of t
 a block that large with a fresh `mmap` and returns it with `munmap` when the step ends, so every step
 page-faults its whole temp buffer in again, a large share of a CPU step's time.
 
-Two settings remove this (experiments/benchmarks/README.md has the measurements):
+Two settings remove this (docs/results/benchmarks.md has the measurements):
 - glibc (`mallopt`): no `mmap` for large blocks (M_MMAP_MAX=0) and no trimming of the heap top
   (M_TRIM_THRESHOLD=-1, read by glibc as the largest size), so a freed block stays mapped for the next
   step. Only the main arena can grow its heap that far: a thread arena is capped at 64 MB and still
