@@ -136,8 +136,9 @@ def check_override_keys(config, overrides: list[str]) -> None:
         key = item.split("=", 1)[0].strip()
         section, _, field = key.partition(".")
         field = field.split(".")[0]
-        names = {f.name for f in dataclasses.fields(config)}
-        if section not in names or field not in {f.name for f in dataclasses.fields(getattr(config, section))}:
+        sections = {f.name for f in dataclasses.fields(config)}
+        fields = {f.name for f in dataclasses.fields(getattr(config, section))} if section in sections else ()
+        if field not in fields:
             raise ConfigError(f"unknown config key {key!r}")
 
 

@@ -46,8 +46,8 @@ def char_tokenizer_files(tokenizer) -> dict[str, str]:
     hf.add_special_tokens(list(SPECIAL_TOKENS))
     pad, bos, eos = (SPECIAL_TOKENS[i] for i in (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": pad, "bos_token": bos,
-              "eos_token": eos, "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-              "model_max_length": 1_000_000}
+              "eos_token": eos, "add_bos_token": False, "add_eos_token": False,
+              "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000}
     return {"tokenizer.json": hf.to_str(pretty=True), "tokenizer_config.json": json.dumps(config, indent=2)}
 
 
@@ -75,7 +75,7 @@ def read_run_config(run_dir: str):
 
 
 def run_tokenizer(config):
-    """The run's tokenizer: the synthetic task's `CharTokenizer`, or the HF tokenizer of task.tokenizer_dir."""
+    """The run's tokenizer: the synthetic task's `CharTokenizer`, or the HF one of task.tokenizer_dir."""
     from respo_jax.data.synthetic import CharTokenizer
     from respo_jax.data.tokenizer import load_tokenizer
 
@@ -84,7 +84,8 @@ def run_tokenizer(config):
     try:
         return load_tokenizer(config.task.tokenizer_dir)
     except (OSError, ValueError) as err:
-        raise _refuse(f"the run's tokenizer (task.tokenizer_dir={config.task.tokenizer_dir!r}): {err}") from None
+        raise _refuse(f"the run's tokenizer (task.tokenizer_dir={config.task.tokenizer_dir!r}): {err}") \
+            from None
 
 
 def load_run_model(run_dir: str, step: int | None = None, report=None):
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR's contents")
     args = parser.parse_args(argv)
     written = export(args.run_dir, args.out_dir, args.step, args.overwrite)
-    print(f"exported step {written['step']} of {args.run_dir} to {args.out_dir}: {', '.join(written['files'])}")
+    files = ", ".join(written["files"])
+    print(f"exported step {written['step']} of {args.run_dir} to {args.out_dir}: {files}")
     return written
 
 

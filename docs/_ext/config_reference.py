@@ -93,8 +93,11 @@ def _default(field: dataclasses.Field) -> str:
 
 def section_fields(cls: type, section: str) -> list[FieldDoc]:
     """The documented fields of one section class; UndocumentedField names the first without a meaning."""
-    written = _source_fields(cls)
-    from_doc = _docstring_entries(cls.__doc__ or "")
+    written: dict[str, tuple[str, str]] = {}
+    from_doc: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):  # a subclass wins
+        written.update(_source_fields(klass))
+        from_doc.update(_docstring_entries(klass.__doc__ or ""))
     docs = []
     for field in dataclasses.fields(cls):
         annotation, meaning = written.get(field.name, ("", ""))
@@ -125,10 +128,11 @@ def config_markdown(config_path: str, heading_level: int = 2) -> str:
     out = []
     for section, cls in config_sections(config_cls):
         summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
-        out += [f"{'#' * heading_level} `{section}`", "", f"`{cls.__module__}.{cls.__qualname__}`: {summary}", "",
-                "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += [f"{'#' * heading_level} `{section}`", "", f"`{cls.__module__}.{cls.__qualname__}`: {summary}",
+                "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for doc in section_fields(cls, section):
-            out.append(f"| `{doc.key}` | `{_cell(doc.type)}` | `{_cell(doc.default)}` | {_cell(doc.meaning)} |")
+            cells = (f"`{doc.key}`", f"`{_cell(doc.type)}`", f"`{_cell(doc.default)}`", _cell(doc.meaning))
+            out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -141,8 +145,8 @@ def sharding_rules_markdown() -> str:
     out = ["| logical axis | mesh axes |", "|---|---|"]
     for field in dataclasses.fields(rules):
         value = getattr(rules, field.name)
-        axes = "not split" if value is None else ", ".join(f"`{a}`" for a in ((value,) if isinstance(value, str)
-                                                                              else value))
+        names = (value,) if isinstance(value, str) else value
+        axes = "not split" if value is None else ", ".join(f"`{a}`" for a in names)
         out.append(f"| `{field.name}` | {axes} |")
     return "\n".join(out + [""])
 
@@ -152,7 +156,8 @@ def kernel_defaults_markdown() -> str:
     from respo_jax.models.qwen3 import kernels
 
     platforms = ("cpu", "gpu", "tpu")
-    choices = {p: dict(kernels.default_kernels(p), lm_head_impl=kernels.default_lm_head_impl(p, 1)) for p in platforms}
+    choices = {p: dict(kernels.default_kernels(p), lm_head_impl=kernels.default_lm_head_impl(p, 1))
+               for p in platforms}
     out = ["| field | " + " | ".join(platforms) + " |", "|---|" + "---|" * len(platforms)]
     for field in choices["cpu"]:
         out.append(f"| `{field}` | " + " | ".join(f"`{choices[p][field]}`" for p in platforms) + " |")

@@ -189,9 +189,8 @@ class RolloutConfig(_Section):
       `prompt_buckets`: "geometric" (the default: prompt_bucket · 2^k, e.g. 256, 512, 1024) or
       "linear" (multiples of prompt_bucket), `respo_jax.sampling.params.padded_prompt_length`.
       `prompt_bucket` 256: DAPO-Math's prompts (27-977 tokens, 76% within 128) fall in 3 buckets, not
-      the 4 of 128, each a set of programs to compile (~10 s of the race's cold start at M = 1); the
-      update runs a mini-batch's prompt once (`share_prompts`), so the wider padding of the short
-      prompts costs ~2% of the race's iteration there (5.49 s against 5.40 s, medians of 6).
+      the 4 of 128, each a set of programs to compile; the update runs a mini-batch's prompt once
+      (`share_prompts`), so the wider padding of the short prompts costs little.
     - `max_tokens_per_microbatch`: a mini-batch (and the recomputation of log π_old) runs in
       micro-batches of whole responses of at most this many prompt + response tokens, whose gradients
       are accumulated exactly; memory then no longer grows with M·G. The default fits the CPU

@@ -49,8 +49,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 # of the score FLOPs (docs/results/benchmarks.md).
 CAUSAL_BLOCK = 64
 # The most query blocks a sequence is cut into. The blocks are unrolled in the program, so its compile
-# time grows with their number: the race's update step at 1,088 tokens (17 blocks of 64) compiled in
-# 15.9 s, at 5 blocks in 8.5 s, and ran faster (3.3 s instead of 3.7 s); the log π_old pass 5.0 s -> 2.2 s.
+# time grows with their number (fewer, wider blocks also ran faster: docs/results/measurements.md).
 MAX_CAUSAL_BLOCKS = 4
 
 
