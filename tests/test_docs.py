@@ -202,7 +202,7 @@ def test_a_new_config_field_appears_in_the_reference_without_editing_a_page(monk
 
 def test_run_directory_page_lists_every_key_a_trained_run_writes(reference):
     page = (DOCS / "reference" / "run_directory.md").read_text(encoding="utf-8")
-    listed = {name.rstrip("/") for name in re.findall(r"`([a-z_0-9./%]+)`", page)}
+    listed = {span.split("/")[0] for span in re.findall(r"`([^`]+)`", page)}  # a key, or a file's name
     records = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
     written = set().union(*records) | set(json.loads((reference / "summary.json").read_text()))
     written |= set(json.loads((reference / "run_info.json").read_text()))
@@ -227,6 +227,8 @@ def test_readme_is_a_front_page_opening_with_the_two_commands():
     assert test_command in (ROOT / ".ci" / "run").read_text(encoding="utf-8")  # CI runs exactly it
     for stale in ("race", "2026-", "Measured here"):  # no measurement history on the front page
         assert stale not in "\n".join(readme)
+    for target in re.findall(r"\]\(([^)#]+)\)", "\n".join(readme)):  # its links lead somewhere
+        assert (ROOT / target).exists(), target
 
 
 # ------------------------------------------------------------------------------------- the site builds
