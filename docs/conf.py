@@ -14,9 +14,6 @@ copyright = "respo-jax authors"
 extensions = [
     "myst_nb",  # MyST Markdown pages and the notebooks
     "sphinx.ext.autodoc",
-    "sphinx.ext.autosummary",
-    "sphinx.ext.napoleon",
-    "sphinx.ext.viewcode",
     "config_reference",  # the config reference, generated from the typed config classes
     "cli_reference",  # the --help of every entry point
 ]
@@ -27,14 +24,11 @@ nb_execution_mode = "off"
 myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
 myst_heading_anchors = 3
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "**/.ipynb_checkpoints", "reference/_generated/*", "**/README.md"]
-suppress_warnings = ["myst.header"]  # included result files start at heading level 1 or 3
+exclude_patterns = ["_build", "**/.ipynb_checkpoints", "reference/_generated/*"]
 
-autosummary_generate = True
 autodoc_default_options = {"members": True, "show-inheritance": False}
 autodoc_typehints = "none"  # signatures as written; the docstrings carry the shapes
 autodoc_member_order = "bysource"
-autodoc_mock_imports = []
 
 html_theme = "sphinx_book_theme"
 html_title = "respo-jax"
