@@ -134,6 +134,9 @@ def config_markdown(config_path: str, heading_level: int = 2) -> str:
             cells = (f"`{doc.key}`", f"`{_cell(doc.type)}`", f"`{_cell(doc.default)}`", _cell(doc.meaning))
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+        rest = (inspect.getdoc(cls) or "").split("\n\n", 1)[1:]
+        if rest:  # the section's docstring beyond its summary, as written
+            out += ["```text", rest[0].strip("\n"), "```", ""]
     return "\n".join(out)
 
 
