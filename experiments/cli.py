@@ -4,8 +4,13 @@ is one line on stderr and an exit status, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import importlib
+import os
+import shlex
 import sys
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from respo_jax.training.config import ConfigError
 
@@ -31,6 +36,12 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see --help)")
 
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        if _parse_only:
+            raise Parsed(parsed)
+        return parsed
+
 
 def run_cli(main: Callable[[list[str]], object], argv: list[str],
             failures: tuple[type[Exception], ...] = (),
@@ -48,3 +59,140 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str],
         print(f"error: {err}", file=sys.stderr)
         return 1
     return status if isinstance(status, int) and not isinstance(status, bool) else 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every `python -m` entry point, and a check of a command line that runs nothing
+
+# `python -m NAME` -> the module whose `main(argv)` it runs.
+ENTRY_POINTS = {
+    "experiments.train": "experiments.train",
+    "experiments.evaluate": "experiments.evaluate",
+    "experiments.report": "experiments.report",
+    "experiments.export": "experiments.export",
+    "experiments.gradient_starvation": "experiments.gradient_starvation",
+    "experiments.mesh_equivalence": "experiments.mesh_equivalence",
+    "experiments.benchmarks": "experiments.benchmarks.__main__",
+    "experiments.benchmarks.decode_vs_transformers": "experiments.benchmarks.decode_vs_transformers",
+    "experiments.benchmarks.lm_head": "experiments.benchmarks.lm_head",
+    "experiments.benchmarks.rl_iteration": "experiments.benchmarks.rl_iteration",
+    "experiments.benchmarks.rollout_engine": "experiments.benchmarks.rollout_engine",
+    "respo_jax.symbolic": "respo_jax.symbolic.verify",
+}
+_parse_only = False
+
+
+class Parsed(Exception):
+    """Raised by `ArgumentParser.parse_args` inside `parse_only()`: the parsed namespace, nothing run."""
+
+    def __init__(self, namespace: argparse.Namespace):
+        super().__init__("parsed")
+        self.namespace = namespace
+
+
+@contextlib.contextmanager
+def parse_only():
+    """Within it, an entry point's `main` stops right after its arguments parse (raising `Parsed`)."""
+    global _parse_only
+    _parse_only, before = True, _parse_only
+    try:
+        yield
+    finally:
+        _parse_only = before
+
+
+def _train_config(namespace):
+    from experiments.train import load_config
+
+    return load_config(namespace.config)
+
+
+def _eval_config(namespace):
+    from experiments.train import load_config
+    from respo_jax.eval.config import EvalConfig
+
+    return load_config(namespace.config, EvalConfig)
+
+
+def _sweep_config(namespace):
+    from experiments.gradient_starvation import load_sweep_config
+
+    return load_sweep_config(namespace.config, namespace.quick)
+
+
+# Entry points that take `section.field=value` overrides: the config their --config file gives.
+CONFIGS: dict[str, Callable[[argparse.Namespace], Any]] = {
+    "experiments.train": _train_config,
+    "experiments.evaluate": _eval_config,
+    "experiments.gradient_starvation": _sweep_config,
+    "experiments.mesh_equivalence": _train_config,
+}
+
+
+def check_override_keys(config, overrides: list[str]) -> None:
+    """Each `section.field[.key]=value` names a field of `config` (ConfigError naming the first that
+    does not); for a config file that is not at hand, where the values cannot be validated."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        section, _, field = key.partition(".")
+        field = field.split(".")[0]
+        sections = {f.name for f in dataclasses.fields(config)}
+        fields = {f.name for f in dataclasses.fields(getattr(config, section))} if section in sections else ()
+        if field not in fields:
+            raise ConfigError(f"unknown config key {key!r}")
+
+
+def check_command(command: str) -> argparse.Namespace | None:
+    """Checks one `python -m NAME ARGS...` command line as NAME itself would at start-up, running nothing:
+    its flags by its own parser and, for the entry points that take them, its `section.field=value`
+    overrides applied to its --config file's config and validated. A --config file that does not exist
+    here (a user's own) is replaced by the default config, and only the keys are checked. Environment
+    assignments before `python`, a trailing `&` and `# comments` are ignored. Raises ConfigError (or
+    the entry point's own usage error) for a command its entry point would refuse; returns the parsed
+    namespace (None for `respo_jax.symbolic`, which has no parser)."""
+    from respo_jax.training.config import apply_overrides
+
+    words = shlex.split(command, comments=True)
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        words = words[1:]  # VAR=value before the command
+    if words and words[-1] == "&":
+        words = words[:-1]
+    if len(words) < 3 or not words[0].split("/")[-1].startswith("python") or words[1] != "-m":
+        raise ConfigError(f"not a `python -m NAME ...` command: {command!r}")
+    name, argv = words[2], words[3:]
+    if name not in ENTRY_POINTS:
+        raise ConfigError(f"python -m {name}: not an entry point of this project ({sorted(ENTRY_POINTS)})")
+    module = importlib.import_module(ENTRY_POINTS[name])
+    if name == "respo_jax.symbolic":
+        unknown = [a for a in argv if a not in ("-v", "--verbose")]
+        if unknown:
+            raise ConfigError(f"python -m respo_jax.symbolic: unknown argument(s) {unknown}")
+        return None
+    with parse_only():
+        try:
+            module.main(argv)
+        except Parsed as parsed:
+            namespace = parsed.namespace
+        else:
+            raise ConfigError(f"python -m {name}: main() returned without parsing its arguments")
+    if name in CONFIGS:
+        overrides = list(namespace.overrides)
+        if os.path.isfile(namespace.config):
+            config = CONFIGS[name](namespace)
+            apply_overrides(config, overrides)
+        else:
+            default = argparse.Namespace(**{**vars(namespace), "config": _default_config(module)})
+            check_override_keys(CONFIGS[name](default), overrides)
+    if name == "experiments.mesh_equivalence":
+        for mesh in namespace.meshes:
+            module.parse_mesh(mesh)
+    return namespace
+
+
+def _default_config(module) -> str:
+    with parse_only():
+        try:
+            module.main([])
+        except Parsed as parsed:
+            return parsed.namespace.config
+    raise ConfigError(f"{module.__name__}: no default --config")

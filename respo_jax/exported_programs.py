@@ -1,8 +1,8 @@
 """Traced programs kept on disk next to the compilation cache, so a relaunch neither traces nor lowers them.
 
 Why: with the persistent compilation cache warm, a second launch still traces every program and lowers
-it to StableHLO before XLA's cache can be asked for the executable; for the race's update step that is
-0.9 s of tracing and 0.2 s of lowering against 0.5 s of reading the executable. A `ProgramCache` keeps
+it to StableHLO before XLA's cache can be asked for the executable, which for a large program takes
+longer than reading the executable itself. A `ProgramCache` keeps
 each program as a `jax.export` serialization (StableHLO bytecode in a flatbuffer, no pickle) under
 `<compilation cache>/respo_jax_exported/`; a later process deserializes it and jits its `call`, whose
 executable the compilation cache then serves (both launches compile the very same wrapper module).

@@ -1,11 +1,11 @@
 """Make XLA:CPU reuse its host memory between steps instead of page-faulting it in again each time.
 
-Why: XLA:CPU allocates each execution's temporary buffer (all intermediates of the step, one block:
-100 MB for the benchmarks' tiny Qwen3 train step, 4.1 GB for the small one) with `malloc`. glibc serves
+Why: XLA:CPU allocates each execution's temporary buffer (all intermediates of the step, one block of
+up to gigabytes for a train step) with `malloc`. glibc serves
 a block that large with a fresh `mmap` and returns it with `munmap` when the step ends, so every step
 page-faults its whole temp buffer in again, a large share of a CPU step's time.
 
-Two settings remove this (experiments/benchmarks/README.md has the measurements):
+Two settings remove this:
 - glibc (`mallopt`): no `mmap` for large blocks (M_MMAP_MAX=0) and no trimming of the heap top
   (M_TRIM_THRESHOLD=-1, read by glibc as the largest size), so a freed block stays mapped for the next
   step. Only the main arena can grow its heap that far: a thread arena is capped at 64 MB and still
@@ -20,7 +20,7 @@ The cost: the process keeps its high-water mark of host memory instead of return
 between steps, which is what a trainer wants (PyTorch's CUDA caching allocator and XLA's GPU allocator
 do the same for device memory). One caveat: when the step's shape changes, a freed block too small for
 the new step's temp buffer stays as a hole and the heap grows past it, so a sweep over growing shapes
-accumulates (the benchmarks' scaling sweep was once killed for memory that way).
+accumulates.
 `release_host_memory()` (glibc `malloc_trim`) returns the free parts of the heap to the OS; callers use
 it when the shape of their steps changes. `release_host_memory(keep_free_bytes)` keeps a free heap up to
 that size instead, for callers whose next steps need about as much again (the trainer's new batch

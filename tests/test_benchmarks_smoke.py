@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import jax
 import numpy as np
@@ -15,6 +16,7 @@ from flax import nnx
 
 from experiments.benchmarks import __main__ as bench_main
 from experiments.benchmarks import accelerator, common, rl_iteration, roofline, scaling
+from experiments.cli import run_cli
 from respo_jax import host_allocator
 from respo_jax.models import qwen3
 from respo_jax.sampling.params import padded_prompt_length
@@ -141,15 +143,14 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     assert result["cold_first_vs_trl_first"] == pytest.approx(jax_side["first_s"] / trl_side["first_s"])
     assert result["rss_ratio_trl_over_jax"] == pytest.approx(trl_side["peak_rss_mib"] / jax_side["peak_rss_mib"])
 
-    # README.md's race table, regenerated from that JSON between its markers; the rest is left as it was.
+    # The race table file, generated whole from that JSON (no hand-written document is edited).
     def number(x):
         return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
-    readme = tmp_path / "README.md"
-    original = open(rl_iteration.README, encoding="utf-8").read()
-    readme.write_text(original, encoding="utf-8")
-    rl_iteration.rewrite_readme([str(tmp_path / "rl_iteration_micro.json")], readme=str(readme))
-    written = readme.read_text(encoding="utf-8")
+    table = tmp_path / "rl_iteration_table.md"
+    assert run_cli(rl_iteration.main, ["--table", str(tmp_path / "rl_iteration_micro.json"),
+                                       "--table-out", str(table)]) == 0
+    written = table.read_text(encoding="utf-8")
     rows = [line for line in written.splitlines() if line.startswith("| M=1, G=2, N=2 |")]
     assert len(rows) == 1, rows
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
@@ -160,31 +161,38 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
         number(trl_side["second_launch_first_s"]), number(trl_side["median_s"]), f"{result['speedup']:.2f}×",
         f"{result['second_launch_vs_median']:.2f}×", f"{result['cold_first_vs_trl_first']:.2f}×",
         f"{number(jax_side['peak_rss_mib'])} / {number(trl_side['peak_rss_mib'])}"]
-    before, _, rest = original.partition(rl_iteration.TABLE_BEGIN)
-    after = rest[rest.index(rl_iteration.TABLE_END):]
-    assert written.startswith(before) and written.endswith(after)
     assert "`rl_iteration_micro.json`: `python -m experiments.benchmarks.rl_iteration --micro" in written
-    rl_iteration.rewrite_readme([str(tmp_path / "rl_iteration_micro.json")], readme=str(readme))
-    assert readme.read_text(encoding="utf-8") == written  # regenerated, not appended to
+    rl_iteration.write_table([str(tmp_path / "rl_iteration_micro.json")], out=str(table))
+    assert table.read_text(encoding="utf-8") == written  # regenerated, not appended to
     assert "2nd launch" in (tmp_path / "rl_iteration_micro.md").read_text(encoding="utf-8")
 
 
-def test_rl_iteration_readme_needs_its_markers_and_a_result_file(tmp_path, capsys):
-    from experiments.cli import run_cli
+def test_rl_iteration_table_needs_a_result_file(tmp_path, capsys):
 
-    readme = tmp_path / "README.md"
-    readme.write_text("# Benchmarks\n\nno table markers here\n", encoding="utf-8")
-    with pytest.raises(ValueError) as err:
-        rl_iteration.replace_marked_section(readme.read_text(encoding="utf-8"), "| a |")
-    assert "\n" not in str(err.value) and rl_iteration.TABLE_BEGIN in str(err.value)
     missing = tmp_path / "nothing.json"
-    assert run_cli(rl_iteration.main, ["--readme", str(missing)]) == 2
+    out = tmp_path / "table.md"
+    assert run_cli(rl_iteration.main, ["--table", str(missing), "--table-out", str(out)]) == 2
     message = capsys.readouterr().err.strip()
-    assert message.startswith(f"error: --readme {missing}: ") and "\n" not in message
+    assert message.startswith(f"error: --table {missing}: ") and "\n" not in message
+    (tmp_path / "other.json").write_text('{"results": []}', encoding="utf-8")
+    assert run_cli(rl_iteration.main, ["--table", str(tmp_path / "other.json"), "--table-out", str(out)]) == 2
+    assert "not a result file of this race" in capsys.readouterr().err and not out.exists()
+
+
+def test_rl_iteration_table_file_is_generated_from_the_committed_results():
+    """The committed race table is what `--table` writes from the committed result files."""
+    results = os.path.dirname(rl_iteration.TABLE_FILE)
+    committed = open(rl_iteration.TABLE_FILE, encoding="utf-8").read()
+    sources = [line.split("`")[1] for line in committed.splitlines() if line.startswith("- `")]
+    assert sources == ["rl_iteration.json", "rl_iteration_jax_m32.json"]
+    payloads = []
+    for name in sources:
+        with open(os.path.join(results, name), encoding="utf-8") as f:
+            payloads.append((name, json.load(f)))
+    assert rl_iteration.table_block(payloads) == committed
 
 
 def test_rl_iteration_jax_set_overrides_the_trainer_config_or_stops_in_one_line(tmp_path, capsys):
-    from experiments.cli import run_cli
 
     paths = (str(tmp_path / "checkpoint"), str(tmp_path), str(tmp_path))
     recompute = rl_iteration.RaceCase(1, jax_overrides=("rollout.old_logprobs=recompute",))

@@ -281,7 +281,7 @@ DIFFICULTIES: dict[str, ArithmeticTask] = {
     "scratchpad": ArithmeticTask(num_digits=1, num_operands=6, min_operands=2, operations="+-",
                                  boxed_prefix=False, scratchpad=True, test_fraction=0.1, align=True),
     # The same with 12-16 operands: responses of ~85-160 tokens (~115 on average), the second study's
-    # long-response regime (issue 28), where a sequence's log W sums over many more tokens.
+    # long-response regime, where a sequence's log W sums over many more tokens.
     "scratchpad_long": ArithmeticTask(num_digits=1, num_operands=16, min_operands=12, operations="+-",
                                       boxed_prefix=False, scratchpad=True, test_fraction=0.1, align=True),
 }

@@ -188,8 +188,8 @@ def cache_holds_compile_ahead(key: str) -> bool:
     """Whether this process's persistent compilation cache has recorded a finished compile-ahead under
     `key` (`record_compile_ahead`); False without a cache.
 
-    Why: with a warm cache, compiling ahead is reading every bucket's programs from disk (~0.25 s each
-    on XLA:CPU, 97 programs for the race's 8 buckets: 24 s before the first rollout); once recorded, a
+    Why: with a warm cache, compiling ahead is reading every bucket's programs from disk (a fraction of
+    a second each on XLA:CPU, tens of seconds before the first rollout for many buckets); once recorded, a
     later launch of the same configuration reads each program when it is first needed instead. Nothing
     is ever compiled from the record: a program the cache lost (pruned, torn) is compiled where it is
     needed, so the record can only make a start slower or faster, never a run different."""

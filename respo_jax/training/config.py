@@ -43,15 +43,18 @@ class ModelConfig(_Section):
     """
 
     section = "model"
+    # a `qwen3.Qwen3Config.preset` name, randomly initialised; "" needs checkpoint_dir
     preset: str = "tiny"
+    # Qwen3Config fields replacing the preset's (e.g. {"num_layers": 4}); presets only
     overrides: dict = dataclasses.field(default_factory=dict)
     checkpoint_dir: str = ""  # a Hugging Face-format directory; when set it wins over `preset`
-    dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype: "float32" or "bfloat16"
+    # parameter storage dtype ("" = dtype); the paper keeps float32 with bfloat16 compute
     param_dtype: str = ""
-    remat: bool = False
+    remat: bool = False  # rematerialise each decoder layer in the backward pass (memory for compute)
     # Run the decoder layers as one lax.scan (compiles once per layer kind: large models, accelerators)
     # or unrolled (no per-layer slicing of stacked weights and activations: faster on CPU, see
-    # experiments/benchmarks/README.md "Layer scan"; compile time grows with depth).
+    # docs/results/benchmarks.md; compile time grows with depth).
     scan_layers: bool = True
 
     def validate(self) -> None:
@@ -119,9 +122,11 @@ class TaskConfig(_Section):
     # when the tokenizer has none. The synthetic task has its own raw format.
     chat_template: bool = True
     max_prompt_tokens: int = 1024  # prompts above this are dropped once, before batching (paper §4.1)
+    # DAPO's overlong penalty: its buffer in tokens before max_new_tokens (0: off)
     overlong_buffer_length: int = 0
+    # the overlong penalty at max_new_tokens (linear from 0 over the buffer)
     overlong_penalty_factor: float = 1.0
-    seed: int = 0
+    seed: int = 0  # seed of the task's prompt pool and its shuffled order
     reward: str = "strict_box"  # the training reward by name (respo_jax.rewards.registry)
 
     def validate(self) -> None:
@@ -184,9 +189,8 @@ class RolloutConfig(_Section):
       `prompt_buckets`: "geometric" (the default: prompt_bucket · 2^k, e.g. 256, 512, 1024) or
       "linear" (multiples of prompt_bucket), `respo_jax.sampling.params.padded_prompt_length`.
       `prompt_bucket` 256: DAPO-Math's prompts (27-977 tokens, 76% within 128) fall in 3 buckets, not
-      the 4 of 128, each a set of programs to compile (~10 s of the race's cold start at M = 1); the
-      update runs a mini-batch's prompt once (`share_prompts`), so the wider padding of the short
-      prompts costs ~2% of the race's iteration there (5.49 s against 5.40 s, medians of 6).
+      the 4 of 128, each a set of programs to compile; the update runs a mini-batch's prompt once
+      (`share_prompts`), so the wider padding of the short prompts costs little.
     - `max_tokens_per_microbatch`: a mini-batch (and the recomputation of log π_old) runs in
       micro-batches of whole responses of at most this many prompt + response tokens, whose gradients
       are accumulated exactly; memory then no longer grows with M·G. The default fits the CPU
@@ -235,46 +239,53 @@ class RolloutConfig(_Section):
     prompts_per_minibatch: int = 8  # M
     group_size: int = 8  # G
     reuse: int = 4  # N, the rollout-reuse ratio
-    max_new_tokens: int = 8
+    max_new_tokens: int = 8  # the longest response, in tokens (the rollout's cap)
     temperature: float = 1.0  # the trainer's log-probs use the same temperature (verl divides the logits)
-    top_p: float = 1.0
-    top_k: int = 0
+    top_p: float = 1.0  # nucleus truncation of the sampled distribution (1: none)
+    top_k: int = 0  # top-k truncation of the sampled distribution (0: none)
     # How the rollout batch is split into the N mini-batches: "consecutive" (the paper: prompt-major
     # order, mini-batch k = prompts [kM, (k+1)M)) or "balanced" (verl's trainer.balance_batch: responses
     # reordered by sequence-length workload over `balance_ranks` data-parallel ranks first).
     minibatch_order: str = "consecutive"
-    balance_ranks: int = 1
+    balance_ranks: int = 1  # data-parallel ranks of the "balanced" mini-batch order
     # The update runs each mini-batch prompt once for its G responses (PolicyBatch.prompt_group): the
     # same log-probs and gradients without G - 1 copies of the prompt's forward and backward. It applies
     # where a mini-batch's rows are prompt-major groups on one batch shard: "consecutive" order, a dense
     # model without Routing Replay (a MoE's load-balancing loss counts every row's prompt), one device
     # on the mesh's batch axes; elsewhere every row runs its own prompt.
     share_prompts: bool = True
+    # padded prompt lengths are buckets of this many tokens (one program set per bucket)
     prompt_bucket: int = 256
+    # "geometric" buckets (prompt_bucket * 2^k) or "linear" (multiples of prompt_bucket)
     prompt_buckets: str = "geometric"
-    response_bucket: int = 64
+    response_bucket: int = 64  # padded response lengths are multiples of this (at most max_new_tokens)
+    # prompt + response tokens per micro-batch; gradients accumulated exactly
     max_tokens_per_microbatch: int = 16384
+    # the rollout engine: "continuous" (paged KV cache, slots refilled) or "static"
     scheduler: str = "continuous"
-    sampler_max_rows: int = 256
-    max_slots: int = 256
-    steps_per_schedule: int = 64
+    sampler_max_rows: int = 256  # static engine: rollout rows generated per sampler call, at most
+    max_slots: int = 256  # continuous engine: rows decoded together
+    steps_per_schedule: int = 64  # continuous engine: decode steps between two scheduling decisions
+    # continuous engine: the fewest slots a decode segment runs (halvings of max_slots)
     min_decode_slots: int = 16
-    page_size: int = 16
+    page_size: int = 16  # continuous engine: tokens per KV page
     num_pages: int = 0  # 0: unset (kv_cache_bytes, or enough for every slot)
     kv_cache_bytes: int = 0  # 0: unset
+    # attention over pages: "gather" (everywhere), "pallas_tpu" or "pallas_gpu"
     paged_attention_impl: str = "gather"
-    compile_ahead: bool = True
+    compile_ahead: bool = True  # compile every prompt bucket's programs before the first rollout
     # Routing Replay (R3, MoE only): the sampler records the experts it routed every token to, and the
     # recomputation of log π_old and every policy forward reuse them (gate weights still come from the
     # current router, which keeps its gradient), so sampler and trainer run the same experts.
     routing_replay: bool = False
+    # the most prompt buckets the training prompts may fall in (checked at start-up)
     max_prompt_buckets: int = 16
     # DAPO dynamic sampling (verl's algorithm.filter_groups): drop the groups whose G responses all get
     # the same raw accuracy (reward > 0, before the overlong penalty) and draw the next prompt batches
     # until N·M informative groups are kept (extras dropped) or `max_generation_batches` were generated;
     # then train on the groups kept (`RLTrainer.iteration`).
     filter_groups: bool = False
-    max_generation_batches: int = 10
+    max_generation_batches: int = 10  # dynamic sampling: prompt batches drawn per iteration, at most
     old_logprobs: str = "auto"  # "auto", "sampler" or "recompute" (above)
 
     def validate(self) -> None:
@@ -374,7 +385,8 @@ class ObjectiveConfig(_Section):
     """The policy objective by registry name, its hyperparameters and the loss aggregation mode."""
 
     section = "objective"
-    name: str = "respo"
+    name: str = "respo"  # the policy objective by registry name (respo_jax.objectives.OBJECTIVES)
+    # the objective's hyperparameters over its registry defaults (e.g. {"eps_high": 0.28})
     hparams: dict = dataclasses.field(default_factory=dict)
     # MoE only: weight of the router load-balancing loss (Switch Transformer, transformers' normalisation)
     # added to the policy loss; 0 = not added (its value is still logged for MoE models). Qwen3-MoE
@@ -419,13 +431,13 @@ class OptimConfig(_Section):
     """
 
     section = "optim"
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
+    learning_rate: float = 1e-3  # AdamW's peak learning rate
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    b1: float = 0.9  # AdamW's first-moment decay
+    b2: float = 0.999  # AdamW's second-moment decay
+    max_grad_norm: float = 1.0  # gradients are clipped to this global norm
+    warmup_steps: int = 0  # linear learning-rate warm-up length W in schedule_per units (0: none)
+    warmup_ratio: float = 0.0  # W = int(warmup_ratio * total steps) instead (verl's lr_warmup_steps_ratio)
     schedule_per: str = "update"
 
     def validate(self) -> None:
@@ -448,9 +460,9 @@ class WarmupConfig(_Section):
     so that RL has a signal (the paper starts from a pretrained base model)."""
 
     section = "warmup"
-    steps: int = 0
-    batch_size: int = 64
-    learning_rate: float = 3e-3
+    steps: int = 0  # supervised warm-up steps before RL (0: none; synthetic task only)
+    batch_size: int = 64  # reference responses per warm-up step
+    learning_rate: float = 3e-3  # the warm-up's Adam learning rate
 
     def validate(self) -> None:
         self._check_types()
@@ -468,13 +480,14 @@ class RunConfig(_Section):
     # When > 0, the run length in policy updates instead (the paper fixes 1,024 for every N): the run
     # has policy_updates / rollout.reuse iterations, and `iterations` is not read.
     policy_updates: int = 0
-    seed: int = 0
+    seed: int = 0  # the RL seed (sampling, shuffles); the model's init follows it too
+    # the run directory (config, metrics, checkpoints, rollouts, curves)
     out_dir: str = "runs/respo_synthetic"
     checkpoint_every: int = 0  # 0: only at the end
     resume: bool = False  # continue the run in out_dir from its latest intact checkpoint (see run_dir)
     overwrite: bool = False  # delete the run in out_dir first (its config, metrics, checkpoints, ...)
     eval_problems: int = 128  # held-out problems for the greedy accuracy before and after (0: none)
-    progress: bool = True
+    progress: bool = True  # show a progress bar on stderr
     # Keep XLA's host buffers mapped between steps (respo_jax.host_allocator); applied at start-up.
     host_allocator: bool = True
     # Where every metric row goes: "jsonl" (metrics.jsonl, always on) plus "tensorboard" and/or "wandb",
@@ -486,8 +499,8 @@ class RunConfig(_Section):
     # Sampled pass@1 beside the greedy accuracy (respo_jax.training.held_out): samples per held-out
     # problem (0: greedy only), at this temperature and top-p (the paper: 1 and 0.7).
     eval_samples: int = 0
-    eval_temperature: float = 1.0
-    eval_top_p: float = 0.7
+    eval_temperature: float = 1.0  # sampled held-out pass@1: the temperature
+    eval_top_p: float = 0.7  # sampled held-out pass@1: the top-p
 
     def validate(self) -> None:
         self._check_types()
@@ -527,10 +540,10 @@ class MeshSection(_Section):
     the one logical-axis table `respo_jax.sharding.ShardingRules` on this mesh."""
 
     section = "mesh"
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
-    expert: int = 1
+    data: int = -1  # devices on the data axis (-1: those the other axes leave)
+    fsdp: int = 1  # devices on the fsdp axis (parameters and optimizer state split)
+    tensor: int = 1  # devices on the tensor axis (heads, MLP and vocabulary split)
+    expert: int = 1  # devices on the expert axis (MoE experts split, all-to-all dispatch)
 
     def validate(self) -> None:
         self._check_types()

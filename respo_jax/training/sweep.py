@@ -47,7 +47,7 @@ class SweepConfig(_Section):
     compilation_cache: keep XLA's compiled programs in runs_dir/.jax_cache, so cells with the same
       shapes compile once across cells and restarts.
 
-    The second study (issue 28) adds, each empty or off by default (the first study's sweep):
+    The second study adds, each empty or off by default (the first study's sweep):
     learning_rates: a step-size grid; each lr runs policy_updates * max(lr) / lr updates (lr x updates
       fixed; policy_updates is the count at the largest lr), and optim.learning_rate is the common lr.
     on_policy_objectives: the objectives run at N = 1 ('' : all; at N = 1 W = 1, so GRPO, VESPO and
@@ -75,9 +75,9 @@ class SweepConfig(_Section):
     selection_seed: int = -1
     controls: str = ""
     long_difficulty: str = ""
-    long_max_new_tokens: int = 0
-    long_reuse: str = "8,32"
-    long_seeds: str = "0,1,2"
+    long_max_new_tokens: int = 0  # the long-response regime's rollout cap (>= 1 when long_difficulty is set)
+    long_reuse: str = "8,32"  # the long-response regime's N values
+    long_seeds: str = "0,1,2"  # the long-response regime's seeds
 
     @property
     def objective_list(self) -> list[str]:

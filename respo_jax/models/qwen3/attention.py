@@ -46,11 +46,10 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 
 # Query rows per block of `causal_block_attention`. On CPU the small benchmark config (seq 511) is flat
 # between 64 and 256; the tiny one (seq 127) is faster at 64 than at 128: two causal blocks skip a quarter
-# of the score FLOPs (experiments/benchmarks/README.md).
+# of the score FLOPs (docs/results/benchmarks.md).
 CAUSAL_BLOCK = 64
 # The most query blocks a sequence is cut into. The blocks are unrolled in the program, so its compile
-# time grows with their number: the race's update step at 1,088 tokens (17 blocks of 64) compiled in
-# 15.9 s, at 5 blocks in 8.5 s, and ran faster (3.3 s instead of 3.7 s); the log π_old pass 5.0 s -> 2.2 s.
+# time grows with their number (fewer, wider blocks also ran faster: docs/results/measurements.md).
 MAX_CAUSAL_BLOCKS = 4
 
 
@@ -70,7 +69,7 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
     that only score the keys a causal mask can let through: rows [start, end) against keys [0, end).
     Skips ~half of the score/value FLOPs and of the float32 [.., seq, keys] buffers, and runs each
     block as [batch, kv_heads, group·rows, head_dim] matmuls: attention forward + backward ~2× faster
-    on CPU (experiments/benchmarks/README.md). `block` rows per query block (None: `causal_block_rows`
+    on CPU (docs/results/benchmarks.md). `block` rows per query block (None: `causal_block_rows`
     of the sequence, at most `MAX_CAUSAL_BLOCKS` blocks). Batch and kv_heads stay separate dimensions,
     so a mesh can split them (over data and tensor axes) without any resharding.
 

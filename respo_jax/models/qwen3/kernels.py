@@ -59,10 +59,8 @@ def default_kernels(backend: str) -> dict[str, str | bool]:
 def default_lm_head_impl(platform_name: str, vocab_shards: int) -> str:
     """The log-prob head (``lm_head.chunked_token_logprobs``) for a platform and the number of devices
     the vocabulary is split over. ``token_chunks`` (whole-vocabulary logits per token chunk) on CPU,
-    where it measured faster (experiments/benchmarks/lm_head.py: 1.0-1.3x the blocked kernel at 1,024
-    tokens, hidden 256 and 2,048, the real vocabulary; in the race's whole update step, 1.12 s against
-    1.51-1.66 s at M = 1 and 4.4 s against 5.6-5.7 s at M = 4 for blocks of 1,024-4,096 columns, though
-    its temp buffer is 776 MB against 328 MB and 3.2 GB against 0.86 GB), and wherever the vocabulary is
+    where it runs faster though with a larger temp buffer (docs/results/measurements.md; measured by
+    experiments/benchmarks/lm_head.py), and wherever the vocabulary is
     split over devices (slicing vocabulary blocks out of the sharded weight would gather it on every device);
     ``vocab_chunks`` (vocabulary blocks with an online log-sum-exp: no [tokens, vocab] logits beyond a
     block) on an accelerator with the vocabulary whole, where memory is what the head costs."""
@@ -74,9 +72,8 @@ def default_lm_head_forward_impl(vocab_shards: int) -> str:
     ``Qwen3ForCausalLM.token_logprobs(..., forward_only=True)``): ``vocab_chunks`` on every platform
     with the vocabulary whole, since its forward keeps each [tokens, vocab block] of logits in the
     caches through the log-sum-exp and entropy passes and so runs 1,024-token chunks at no more memory
-    than a block: log π_old + entropy of a race mini-batch (hidden 256, the real vocabulary) took 0.42 s
-    instead of 0.71 s at M = 1 (512 tokens) and 1.6-1.8 s instead of 2.7 s at M = 4 on CPU, where the
-    whole-vocabulary chunks must stay at 64 tokens for memory. ``token_chunks`` where the vocabulary is
+    than a block, where the whole-vocabulary chunks must stay at 64 tokens for memory (faster on CPU
+    too: docs/results/measurements.md). ``token_chunks`` where the vocabulary is
     split over devices (``default_lm_head_impl``)."""
     return "token_chunks" if vocab_shards > 1 else "vocab_chunks"
 
@@ -85,10 +82,9 @@ def update_compiler_options(platform_name: str) -> dict[str, str] | None:
     """XLA options of the policy-update program (``training.step.make_policy_step``) on a platform.
 
     On CPU, YNNPACK takes only the update's matmuls, not its elementwise and reduce fusions: the LM
-    head's log-sum-exp over [tokens, vocab] logits ran as a YNNPACK reduce fusion in 330 ms per update
-    at the race's M = 1 (512 tokens, the real vocabulary), as XLA's own loop fusion in 25 ms; the update
-    took 1.42 s instead of 1.80 s (alternated, parameters equal to 4e-9), and no longer at M = 4. Only
-    this program: process-wide, the same setting slowed the sampler and the log π_old pass. None (the
+    head's log-sum-exp over [tokens, vocab] logits runs an order of magnitude slower as a YNNPACK reduce
+    fusion than as XLA's own loop fusion (docs/results/measurements.md). Only this program:
+    process-wide, the same setting slowed the sampler and the log π_old pass. None (the
     compiler's defaults) elsewhere."""
     if platform_name == "cpu":
         return {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}

@@ -53,7 +53,7 @@ def rows(x: jax.Array) -> jax.Array:
     """x [..., features] -> [tokens, features]. Dense layers run their matmuls on these 2-D token rows:
     from 3-D operands XLA:CPU builds the weight-gradient dots with explicit transposes of the
     [batch, seq, features] activations, which cost ~25% of a layer's forward + backward on CPU
-    (experiments/benchmarks/README.md). Under a mesh the merge is free too: the batch is the major,
+    (docs/results/benchmarks.md). Under a mesh the merge is free too: the batch is the major,
     split dimension and the sequence the minor one, so XLA's SPMD partitioner keeps the token rows
     split as the batch was (same collectives as the 3-D einsums; checked on an 8-device mesh)."""
     return x.reshape(-1, x.shape[-1])

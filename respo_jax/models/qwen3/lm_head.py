@@ -52,7 +52,7 @@ LSE_LANES = 128
 # ``token_chunks`` keeps the forward's softmax for the backward when all the chunks' [tokens, vocab]
 # float32 probabilities fit in this many bytes, instead of recomputing the logits (a quarter of the
 # head's matmul FLOPs) and their exponential there: 1.2 GB for the 2,048 response tokens of a 32-row
-# mini-batch at Qwen3's vocabulary (the race at M = 4), 10 GB (recomputed) for the paper's 256 rows.
+# mini-batch at Qwen3's vocabulary, 10 GB (recomputed) for the paper's 256 rows.
 KEEP_PROBS_BYTES = 2 << 30
 
 
@@ -270,10 +270,8 @@ def row_logsumexp(logits: jax.Array, lanes: int = LSE_LANES) -> jax.Array:
     Each lane's max, then its sum of exp(z − that max), are reduced down the long axis, lanes side by
     side (contiguous, vectorised reads); the lanes' sums are rescaled to the row's max at the end (the
     online log-sum-exp's combination). XLA:CPU splits a reduction over a whole row into windows of 32
-    consecutive values that do not vectorise: in the race's M = 1 update step (512 tokens × 151,936)
-    the log-sum-exp's passes took 127 ms that way and 56 ms this way (profiled), and the 4 updates of
-    an iteration 3.90 s against 4.00 s (medians of 8, alternated). A vocabulary with no power-of-two
-    factor of 8 or more, or `lanes` under 8, takes jax.nn.logsumexp."""
+    consecutive values that do not vectorise, about twice as slow (docs/results/measurements.md). A
+    vocabulary with no power-of-two factor of 8 or more, or `lanes` under 8, takes jax.nn.logsumexp."""
     vocab = logits.shape[-1]
     lanes = math.gcd(vocab, lanes)
     if lanes < 8:

@@ -38,7 +38,7 @@ from respo_jax.sharding import axis_size, sharded_init, state_shardings
 # are 620 MB. Under a gradient, larger chunks win (fewer [vocab, embed] gradient accumulations); a
 # forward-only pass (log π_old and its entropy) with whole-vocabulary logits (``token_chunks``) is
 # faster in small chunks, whose logits stay in cache (the measurements are in
-# experiments/benchmarks/README.md, RL iterations); the vocabulary-blocked kernel keeps only a block in
+# docs/results/benchmarks.md, RL iterations); the vocabulary-blocked kernel keeps only a block in
 # cache whatever the chunk, so it takes the large chunks.
 LOGPROB_CHUNK_TOKENS = 1024
 INFERENCE_CHUNK_TOKENS = 64

@@ -82,7 +82,7 @@ EXPERT_TILE = 128
 def _tiled_ffn(x, group_sizes, gate_proj, up_proj, down_proj, tile: int):
     """`grouped_ffn` without `ragged_dot`, for backends that lack a grouped-matmul kernel (XLA:CPU lowers
     `ragged_dot` to work and memory proportional to rows × experts: several times slower than this
-    (experiments/benchmarks/README.md), and 34 GB for 128 experts × 4096 tokens).
+    (docs/results/benchmarks.md), and 34 GB for 128 experts × 4096 tokens).
 
     Each group is padded to a multiple of ``tile`` rows, so every tile belongs to one expert; all tiles
     then run as one batched matmul with their expert's weights gathered per tile. The padding is at
