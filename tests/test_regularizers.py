@@ -117,17 +117,20 @@ def _case(seed, rows=7, width=9, scale=0.5):
 @pytest.mark.parametrize("estimator", ["k1", "abs", "k2", "k3", "k3+", "k1+"])
 def test_kl_penalty_is_verls_with_its_clamps_and_straight_through_gradient(estimator):
     logp, _, ref, mask, _ = _case(0, scale=2.0)
-    logp[0, :3] = ref[0, :3] - np.array([25.0, 12.0, -25.0])  # k3's clamps: the log-ratio at ±20, the value at 10
+    # k3's clamps: the log-ratio at ±20, the value at 10
+    logp[0, :3] = ref[0, :3] - np.array([25.0, 12.0, -25.0])
     got = np.asarray(kl_penalty(jnp.float32(logp), jnp.float32(ref), estimator), np.float64)
     want = verl_kl_penalty(np.float32(logp), np.float32(ref), estimator.rstrip("+"))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-    grad = np.asarray(jax.grad(lambda x: jnp.sum(kl_penalty(x, jnp.float32(ref), estimator)))(jnp.float32(logp)))
+    grad = jax.grad(lambda x: jnp.sum(kl_penalty(x, jnp.float32(ref), estimator)))(jnp.float32(logp))
+    grad = np.asarray(grad)
     diff = np.float64(np.float32(logp)) - np.float32(ref)
     if estimator.endswith("+"):  # verl: backward of 0.5 (logp - ref)^2
         want_grad = diff
     elif estimator == "k3":  # d/dlogp (e^x - x - 1), x = ref - logp, 0 where a clamp binds
         x = -diff
-        want_grad = np.where((np.abs(x) < 20) & (np.exp(x) - x - 1 < 10), 1 - np.exp(np.clip(x, -20, 20)), 0.0)
+        inside = (np.abs(x) < 20) & (np.exp(x) - x - 1 < 10)
+        want_grad = np.where(inside, 1 - np.exp(np.clip(x, -20, 20)), 0.0)
     else:
         want_grad = {"k1": np.ones_like(diff), "abs": np.sign(diff), "k2": diff}[estimator]
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-4)
@@ -139,12 +142,13 @@ def test_the_kl_and_entropy_terms_are_verls_agg_loss_with_the_objectives_denomin
     entropy = np.random.default_rng(2).gamma(2.0, 1.0, logp.shape)
     regs = Regularizers(kl_coef=0.3, kl_estimator="k3", entropy_coef=0.02)
     den = loss_denominator(jnp.float32(mask), mode, 6.0)
-    total = regs.loss_total(jnp.float32(logp), jnp.float32(ref), jnp.float32(entropy), jnp.float32(mask), mode, 6.0)
-    want = (0.3 * verl_agg_loss(verl_kl_penalty(logp, ref, "k3"), mask, mode, 6.0)
+    logp, ref, entropy32 = jnp.float32(logp), jnp.float32(ref), jnp.float32(entropy)
+    total = regs.loss_total(logp, ref, entropy32, jnp.float32(mask), mode, 6.0)
+    want = (0.3 * verl_agg_loss(verl_kl_penalty(np.asarray(logp), np.asarray(ref), "k3"), mask, mode, 6.0)
             - 0.02 * verl_agg_loss(entropy, mask, mode, 6.0))
     np.testing.assert_allclose(float(total / den), want, rtol=1e-5, atol=1e-6)
     empty = jnp.zeros_like(jnp.float32(mask))  # no response token at all: nothing is added
-    assert float(regs.loss_total(jnp.float32(logp), jnp.float32(ref), jnp.float32(entropy), empty, mode, 6.0)) == 0
+    assert float(regs.loss_total(logp, ref, entropy32, empty, mode, 6.0)) == 0
 
 
 def test_response_kl_and_the_adaptive_controller_are_verls():
@@ -152,7 +156,8 @@ def test_response_kl_and_the_adaptive_controller_are_verls():
     total, mean = response_kl(jnp.float32(old), jnp.float32(ref), jnp.float32(mask), "k3")
     kld = verl_kl_penalty(np.float32(old), np.float32(ref), "k3") * mask
     np.testing.assert_allclose(np.asarray(total), kld.sum(-1), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(mean), kld.sum(-1) / np.maximum(mask.sum(-1), 1), rtol=1e-5, atol=1e-6)
+    want_mean = kld.sum(-1) / np.maximum(mask.sum(-1), 1)
+    np.testing.assert_allclose(np.asarray(mean), want_mean, rtol=1e-5, atol=1e-6)
     controller, value = VerlAdaptiveKLController(0.05, 0.02, 500), 0.05
     for current in (0.001, 0.019, 0.021, 0.5, 0.02):
         controller.update(current, 64)
@@ -173,7 +178,8 @@ def test_the_chunked_heads_entropy_gradient_is_the_dense_float64_gradient():
 
         def dense(h64, w64):
             z = (np.einsum("bse,ve->bsv", h64, w64) if tied else h64 @ w64) / temperature
-            logq = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
+            top = z.max(-1, keepdims=True)
+            logq = z - np.log(np.exp(z - top).sum(-1, keepdims=True)) - top
             logp = np.take_along_axis(logq, t[..., None], -1)[..., 0]
             return float((a * logp - c * (np.exp(logq) * logq).sum(-1)).sum())
 
@@ -189,9 +195,9 @@ def test_the_chunked_heads_entropy_gradient_is_the_dense_float64_gradient():
         want_w = numeric(w, lambda x: dense(np.float64(h), x))
         for impl in ("vocab_chunks", "token_chunks"):
             def loss(h_, w_):
-                logp, entropy = chunked_token_logprobs(h_, w_, jnp.asarray(t), tied=tied, temperature=temperature,
-                                                       chunk_tokens=2, return_entropy=True, entropy_gradient=True,
-                                                       impl=impl, vocab_chunk=4)
+                logp, entropy = chunked_token_logprobs(
+                    h_, w_, jnp.asarray(t), tied=tied, temperature=temperature, chunk_tokens=2,
+                    return_entropy=True, entropy_gradient=True, impl=impl, vocab_chunk=4)
                 return jnp.sum(a * logp + c * entropy)
 
             got_h, got_w = jax.grad(loss, argnums=(0, 1))(jnp.asarray(h), jnp.asarray(w))
@@ -220,8 +226,8 @@ def test_the_sequence_masks_are_their_papers_formulas_with_padding_and_empty_row
 def test_m2po_masks_the_largest_second_moments_until_the_mean_fits():
     for seed, tau in ((20, 0.04), (21, 0.01), (22, 0.2), (23, 10.0)):
         logp, old, _, mask, adv = _case(seed, rows=6, width=7, scale=0.3)
-        got = np.asarray(mask_weights(OffPolicyMask("m2po", threshold=tau), jnp.float32(logp), jnp.float32(old),
-                                      jnp.float32(adv), jnp.float32(mask)))
+        got = np.asarray(mask_weights(OffPolicyMask("m2po", threshold=tau), jnp.float32(logp),
+                                      jnp.float32(old), jnp.float32(adv), jnp.float32(mask)))
         want = ref_m2po_keep(np.float32(logp), np.float32(old), mask, tau)
         np.testing.assert_array_equal(got, want * mask)
         kept = (np.float64(np.float32(logp)) - np.float32(old)) ** 2
@@ -258,7 +264,8 @@ def test_the_regularized_step_is_exact_under_micro_batching(objective, mask):
     for rows in (1, 4):
         _, (got, _), metrics = step(copy(params), tx.init(params), batch, rows)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(one)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5 * np.abs(np.asarray(b)).max())
+            b = np.asarray(b)
+            np.testing.assert_allclose(np.asarray(a), b, rtol=0, atol=1e-5 * np.abs(b).max())
         for key in ("loss", "kl_ref", "entropy_bonus", "off_policy_masked_fraction"):
             np.testing.assert_allclose(float(metrics[key]), float(one_metrics[key]), rtol=1e-5, err_msg=key)
 
@@ -318,7 +325,8 @@ def test_without_regularizers_the_step_is_the_same_program():
 @pytest.mark.parametrize("overrides, message", [
     (["objective.kl_coef=-0.1"], "objective.kl_coef=-0.1: expected a finite number >= 0"),
     (["objective.entropy_coef=-1"], "objective.entropy_coef=-1: expected a finite number >= 0"),
-    (["objective.kl_coef=0.1", "objective.kl_estimator=k4"], "objective.kl_estimator='k4': unknown KL estimator"),
+    (["objective.kl_coef=0.1", "objective.kl_estimator=k4"],
+     "objective.kl_estimator='k4': unknown KL estimator"),
     (["objective.kl_in_reward=true"], "objective.kl_in_reward=True: expected false with objective.kl_coef=0"),
     (["objective.kl_coef=0.1", "objective.kl_target=0.1", "objective.kl_horizon=100"],
      "objective.kl_target=0.1: expected 0 without objective.kl_in_reward=true"),
@@ -327,12 +335,14 @@ def test_without_regularizers_the_step_is_the_same_program():
     (["objective.reference_checkpoint=/tmp"], "objective.reference_checkpoint='/tmp': expected '' with"),
     (["objective.kl_coef=0.1", "objective.reference_checkpoint=/no/such/folder"],
      "objective.reference_checkpoint='/no/such/folder': expected an existing checkpoint folder"),
-    (["objective.kl_coef=0.1", "objective.log_kl_ref=true"], "objective.log_kl_ref=True: expected false with"),
+    (["objective.kl_coef=0.1", "objective.log_kl_ref=true"],
+     "objective.log_kl_ref=True: expected false with"),
     (['objective.off_policy_mask={"kind": "m3po"}'], "kind='m3po': expected one of"),
     (['objective.off_policy_mask={"kind": "deepseek_v32"}'], "needs delta (no published default)"),
     (['objective.off_policy_mask={"kind": "geometric", "delta": 0.1}'], "kind 'geometric' takes only"),
     (['objective.off_policy_mask={"kind": "geometric", "low": 1.2}'], "expected low < 1 < high"),
-    (['objective.off_policy_mask={"kind": "m2po", "threshold": 0}'], "threshold=0: expected a finite number > 0"),
+    (['objective.off_policy_mask={"kind": "m2po", "threshold": 0}'],
+     "threshold=0: expected a finite number > 0"),
     (['objective.off_policy_mask={"threshold": 0.1}'], "needs a 'kind'"),
 ])
 def test_bad_regularizer_settings_are_one_line_start_up_errors(overrides, message):
@@ -401,3 +411,9 @@ def test_a_run_with_a_reference_resumes_exactly(jit_cache, tmp_path):
     want, got = (without_timings(read_records(tmp_path / n)) for n in ("whole", "part"))
     assert [r for r in got if r["phase"] == "rl"] == [r for r in want if r["phase"] == "rl"]
     assert len({r["kl_reward_coef"] for r in want if r["phase"] == "rl"}) > 1
+    # objective.reference_checkpoint: the reference is that run's last step, not this run's start.
+    other = train(jit_cache, tmp_path / "other", "run.iterations=1", "objective.kl_coef=0.5",
+                  f"objective.reference_checkpoint={tmp_path / 'whole' / 'checkpoints'}")
+    assert other.returncode == 0, other.stderr[-2000:]
+    fresh = [r["kl_ref"] for r in read_records(tmp_path / "part") if r["phase"] == "rl"][0]
+    assert [r["kl_ref"] for r in read_records(tmp_path / "other") if r["phase"] == "rl"][0] > 2 * fresh

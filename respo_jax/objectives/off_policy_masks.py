@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from respo_jax.objectives.aggregation import safe_divide
+from respo_jax.objectives.validation import check_config_keys
 
 MASK_KINDS = ("deepseek_v32", "geometric", "m2po")
 # The fields each kind takes, and SkyRL's / AReaL's defaults where they publish one.
@@ -46,7 +47,8 @@ _FIELDS = {"deepseek_v32": {"delta": None}, "geometric": {"low": 0.99, "high": 1
 
 
 def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
         raise ValueError(f"{name}={value!r}: expected a finite number > 0")
     return float(value)
 
@@ -88,10 +90,7 @@ class OffPolicyMask:
         """The mask a config dict describes; None for {} (off). Unknown keys raise ValueError."""
         if not values:
             return None
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - fields)
-        if unknown:
-            raise ValueError(f"unknown key(s) {unknown}; expected some of {sorted(fields)}")
+        check_config_keys(cls, values)
         if "kind" not in values:
             raise ValueError(f"needs a 'kind', one of {MASK_KINDS}")
         return cls(**values)
@@ -114,7 +113,8 @@ def deepseek_v32_keep(logp, old_logp, advantages, mask, delta: float):
 
 
 def geometric_keep(logp, old_logp, mask, low: float, high: float):
-    """[batch] bool: the geometric-mean mask M_i, compared in log space (log low <= mean log r <= log high)."""
+    """[batch] bool: the geometric-mean mask M_i, compared in log space (log low <= mean log r <=
+    log high)."""
     mean = _mean_log_ratio(logp, old_logp, mask)
     return (mean >= math.log(low)) & (mean <= math.log(high))
 
@@ -138,9 +138,9 @@ def m2po_cutoff(logp, old_logp, mask, threshold: float):
     return jnp.where(total_fits | ~jnp.any(fits), jnp.inf, ordered[first])
 
 
-def mask_weights(spec: OffPolicyMask, logp, old_logp, advantages, mask, cutoff=None):
-    """[batch, seq] float32 0/1, stop-gradient (0 on padding): the mask's keep weights for these rows.
-    ``cutoff``: m2po's mini-batch cutoff (``m2po_cutoff``; None: from these rows alone)."""
+def mask_weights(spec: OffPolicyMask, logp, old_logp, advantages, mask):
+    """[batch, seq] float32 0/1, stop-gradient (0 on padding): the mask's keep weights for these rows
+    (m2po: its cutoff from these rows, so the caller passes the whole mini-batch)."""
     logp, old_logp = jax.lax.stop_gradient(logp), jnp.asarray(old_logp, jnp.float32)
     mask = jnp.asarray(mask, jnp.float32)
     valid = mask > 0
@@ -149,8 +149,7 @@ def mask_weights(spec: OffPolicyMask, logp, old_logp, advantages, mask, cutoff=N
     elif spec.kind == "geometric":
         keep = geometric_keep(logp, old_logp, mask, spec.low, spec.high)[:, None]
     else:
-        cutoff = m2po_cutoff(logp, old_logp, mask, spec.threshold) if cutoff is None else cutoff
-        keep = jnp.square(logp - old_logp) < cutoff
+        keep = jnp.square(logp - old_logp) < m2po_cutoff(logp, old_logp, mask, spec.threshold)
     return jax.lax.stop_gradient(jnp.where(valid & keep, 1.0, 0.0))
 
 

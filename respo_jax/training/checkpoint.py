@@ -198,7 +198,8 @@ def _compare_with_stored(folder: str, expected) -> str | None:
 def restore_checkpoint(directory: str, params_like, opt_state_like, step: int | None = None,
                        reference_like=None):
     """Restores and verifies (params, opt_state, meta) of `step` (default: the latest) onto the given
-    pytree structure; with `reference_like`, (params, opt_state, meta, reference). Raises FileNotFoundError when there is no checkpoint, CheckpointError (one line)
+    pytree structure; with `reference_like`, (params, opt_state, meta, reference).
+    Raises FileNotFoundError when there is no checkpoint, CheckpointError (one line)
     when the step is damaged: files that do not match the manifest, unreadable, wrong shapes or dtypes,
     non-finite values."""
     steps = list_steps(directory)
@@ -251,7 +252,8 @@ class Restored:
 
 
 def restore_latest_intact(directory: str, params_like, opt_state_like,
-                          report: Callable[[str], None] | None = None, reference_like=None) -> Restored | None:
+                          report: Callable[[str], None] | None = None,
+                          reference_like=None) -> Restored | None:
     """The newest intact checkpoint (with its reference policy when `reference_like` is given), or None
     when there is no checkpoint at all. Each damaged step newer
     than it is reported (one line each) through `report` (default: stderr) and listed in `damaged`;

@@ -436,7 +436,8 @@ class ObjectiveConfig(_Section):
         self._need("kl_target", self.kl_target >= 0, "a finite number >= 0")
         self._need("kl_horizon", self.kl_horizon >= 0, "a finite number >= 0")
         self._need("kl_target", not self.kl_target or self.kl_in_reward,
-                   "0 without objective.kl_in_reward=true (the adaptive controller sets the reward's KL weight)")
+                   "0 without objective.kl_in_reward=true (the adaptive controller sets the reward's "
+                   "KL weight)")
         self._need("kl_horizon", bool(self.kl_target) == bool(self.kl_horizon),
                    "> 0 exactly when objective.kl_target > 0 (the adaptive controller needs both)")
         self._need("reference_checkpoint", not self.reference_checkpoint or self.uses_reference,

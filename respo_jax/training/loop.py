@@ -186,6 +186,13 @@ class RLTrainer:
             self.objective = dataclasses.replace(self.objective, loss_scale_factor=float(r.max_new_tokens))
         self.correction = config.objective.correction()  # rollout correction, None when off
         self.regularizers = config.objective.regularizers()  # KL in the loss, entropy bonus, off-policy mask
+        if config.objective.reference_checkpoint:
+            from respo_jax.training.checkpoint import latest_step
+
+            if latest_step(config.objective.reference_checkpoint) is None:
+                raise ConfigError(f"objective.reference_checkpoint="
+                                  f"{config.objective.reference_checkpoint!r}: expected a checkpoints folder "
+                                  "holding at least one step")
         self.engine: EngineConfig = r.engine_config()  # the rollouts' and the held-out evaluation's
         # per-response arrays of the last iteration (rollout file); None when it trained on no response
         self.last_rollout: dict | None = None
@@ -627,7 +634,8 @@ class RLTrainer:
         policy_batches, logprob_parts = self.with_old_logprobs(batch, minibatches)  # log π_old, no update yet
         kl_reward = {}
         if self.config.objective.kl_in_reward:  # verl's apply_kl_penalty: the scores, then the advantages
-            policy_batches, batch, kl_reward = self.kl_penalized_advantages(batch, minibatches, policy_batches)
+            policy_batches, batch, kl_reward = self.kl_penalized_advantages(batch, minibatches,
+                                                                            policy_batches)
         learning_rate = self.learning_rate_of_updates(len(policy_batches))
         step_metrics = self.update(policy_batches)  # the N policy updates
         record = self.report(sampled, batch, minibatches, logprob_parts, step_metrics, learning_rate,
@@ -705,13 +713,15 @@ class RLTrainer:
         kl_sum = np.zeros(batch.lengths.shape[0], np.float64)
         kl_mean = np.zeros_like(kl_sum)
         for rows, (policy, _) in zip(minibatches, policy_batches):
-            total, mean = self.placer.fetch(_response_kl(policy.old_logp, policy.ref_logp, policy.response_mask,
-                                                         estimator=objective.kl_estimator))
+            kl = _response_kl(policy.old_logp, policy.ref_logp, policy.response_mask,
+                              estimator=objective.kl_estimator)
+            total, mean = self.placer.fetch(kl)
             kl_sum[rows], kl_mean[rows] = total, mean
         real = batch.real_rows
         scores = batch.scores[:real] - beta * kl_sum[:real]
-        advantages = np.asarray(_group_advantages(jnp.asarray(scores.reshape(-1, r.group_size), jnp.float32),
-                                                  normalize_by_std=self.objective.scale_advantages)).reshape(-1)
+        grouped = jnp.asarray(scores.reshape(-1, r.group_size), jnp.float32)
+        advantages = np.asarray(_group_advantages(grouped, normalize_by_std=self.objective.scale_advantages))
+        advantages = advantages.reshape(-1)
         advantages = np.concatenate([advantages, np.zeros(batch.advantages.shape[0] - real, np.float32)])
         placed = []
         for rows, (policy, micro) in zip(minibatches, policy_batches):

@@ -168,7 +168,8 @@ def make_policy_step(
         weights = None
         if rollout_correction is not None:
             if part.sampler_logp is None:
-                raise ValueError("rollout correction needs PolicyBatch.sampler_logp (the sampler's log-probs)")
+                raise ValueError("rollout correction needs PolicyBatch.sampler_logp (the sampler's "
+                                 "log-probs)")
             weights, _ = rollout_correction_weights(part.old_logp, part.sampler_logp, part.response_mask,
                                                     rollout_correction)
         if off_policy_mask is not None:

@@ -58,7 +58,8 @@ KEEP_PROBS_BYTES = 2 << 30
 
 def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *, tied: bool,
                            temperature: float = 1.0, chunk_tokens: int = 1024, return_entropy: bool = False,
-                           entropy_gradient: bool = False, impl: str = "vocab_chunks", vocab_chunk: int = VOCAB_CHUNK,
+                           entropy_gradient: bool = False,
+                           impl: str = "vocab_chunks", vocab_chunk: int = VOCAB_CHUNK,
                            keep_probs_bytes: int = KEEP_PROBS_BYTES, lse_lanes: int = LSE_LANES):
     """log softmax(hidden @ W / temperature)[target] per position: [batch, seq] float32.
 
