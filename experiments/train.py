@@ -152,6 +152,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
     if restored is not None:
         s = trainer.state
         s.params, s.opt_state, last_saved = restored.params, restored.opt_state, restored.step
+        s.reference = restored.reference  # None: the run keeps none, or the checkpoint predates it
         trainer.restore_meta(restored.meta)
         for step in restored.damaged if primary else ():  # one process moves the shared folders
             moved = set_aside(checkpoint_dir, step)
@@ -171,8 +172,9 @@ def _run_locked(config: ExperimentConfig) -> dict:
         def checkpoint() -> None:
             nonlocal last_saved
             s = trainer.state
+            trainer.ensure_reference()  # a run of no iteration still saves the reference it would use
             meta = dict(trainer.checkpoint_meta(), metrics_records=len(records))
-            save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta)
+            save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta, reference=s.reference)
             last_saved = s.iteration
 
         def evaluate() -> None:
@@ -232,7 +234,8 @@ class _NoLog:
 def _restore(trainer: RLTrainer, checkpoint_dir: str) -> Restored | None:
     """The latest intact checkpoint of the run being resumed (None: none yet), checked against the config."""
     s, config = trainer.state, trainer.config
-    restored = restore_latest_intact(checkpoint_dir, s.params, s.opt_state)
+    restored = restore_latest_intact(checkpoint_dir, s.params, s.opt_state,
+                                     reference_like=trainer.reference_like())
     if restored is None:
         return None
     if "metrics_records" not in restored.meta:

@@ -111,6 +111,13 @@ def test_objectives_notebook_plots_weights_registers_kernels_and_trains_them_sid
     assert float(respo_pos[2]) == pytest.approx((1 + w) / 2 * math.exp(1 - w), rel=1e-3)
     assert [float(v) for v in markdown_rows(fig1, "GRPO")[0][2:]] == pytest.approx(
         [math.exp(-5), math.exp(-2), math.exp(-1), 1.0, 0.0, 0.0], rel=1e-3)
+    # Each off-policy mask swapped in on the hand-made batch removes some of its tokens and moves the loss.
+    masks = next(md for md in run.markdown() if md.startswith("| mask |"))
+    (plain,) = markdown_rows(masks, "none")
+    assert float(plain[1]) == 0.0
+    for kind in ("deepseek_v32", "geometric", "m2po"):
+        (row,) = markdown_rows(masks, kind)
+        assert 0.0 < float(row[1]) < 1.0 and row[2] != plain[2], row
     new = weight_tables[1]
     assert [row[0] for row in markdown_rows(new, "log-Gaussian")] == ["log-Gaussian"] * 2
     gauss_pos, gauss_neg = markdown_rows(new, "log-Gaussian")

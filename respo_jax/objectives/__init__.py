@@ -7,7 +7,8 @@ loss, metrics = objective(logp, old_logp, advantages, mask)
 
 New objectives are registered without editing the package (``registry``: ``register_objective`` with
 ``kernel_objective`` / ``reshaping_objective``); ``response_gradient_weight`` measures any objective's
-per-response gradient weight (Fig. 1) by differentiating it.
+per-response gradient weight (Fig. 1) by differentiating it. ``regularizers`` (KL to a reference
+policy, entropy bonus) and ``off_policy_masks`` (DeepSeek-V3.2, geometric-mean, M2PO) add to any objective.
 """
 
 from respo_jax.objectives.advantages import group_advantages
@@ -53,17 +54,23 @@ from respo_jax.objectives.registry import (
     reshaping_objective,
     unregister_objective,
 )
+from respo_jax.objectives.off_policy_masks import MASK_KINDS, OffPolicyMask, mask_weights
+from respo_jax.objectives.regularizers import KL_ESTIMATORS, Regularizers, kl_penalty
 from respo_jax.objectives.rollout_correction import RolloutCorrection, rollout_correction_weights
 
 __all__ = [
     "AGGREGATION_MODES",
     "BUILTIN_OBJECTIVES",
     "COMMON_KEYS",
+    "KL_ESTIMATORS",
+    "MASK_KINDS",
     "LossTerms",
     "OBJECTIVES",
     "ObjectiveOutput",
     "ObjectiveSpec",
+    "OffPolicyMask",
     "PolicyObjective",
+    "Regularizers",
     "RolloutCorrection",
     "TokenLoss",
     "aggregate_loss",
@@ -72,11 +79,13 @@ __all__ = [
     "get_objective",
     "group_advantages",
     "kernel_objective",
+    "kl_penalty",
     "grpo_objective",
     "gspo_objective",
     "log_power_mean_kernel",
     "log_reshaping_kernel",
     "loss_denominator",
+    "mask_weights",
     "plot_gradient_weights",
     "power_mean_kernel",
     "register_objective",

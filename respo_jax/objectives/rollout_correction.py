@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from respo_jax.objectives.aggregation import safe_divide
+from respo_jax.objectives.validation import check_config_keys
 
 # verl's SAFETY_BOUND: log-ratios are clamped to +-20 before exp() (exp(20) ~ 4.9e8).
 SAFETY_BOUND = 20.0
@@ -77,10 +78,7 @@ class RolloutCorrection:
         """The correction a config dict describes; None for {} (off). Unknown keys raise ValueError."""
         if not values:
             return None
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - fields)
-        if unknown:
-            raise ValueError(f"unknown key(s) {unknown}; expected some of {sorted(fields)}")
+        check_config_keys(cls, values)
         return cls(**values)
 
 

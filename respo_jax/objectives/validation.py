@@ -7,6 +7,8 @@ entries) are checked only when the arrays are concrete, i.e. when the objective 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,3 +75,11 @@ def check_policy_inputs(logp, old_logp, advantages, mask) -> None:
                 f"{name} has {int(bad.sum())} NaN/inf value(s) at response tokens (mask == 1), "
                 f"first at [{rows[0]}, {cols[0]}]: {x_np[rows[0], cols[0]]}"
             )
+
+
+def check_config_keys(cls, values) -> None:
+    """ValueError when the config dict ``values`` holds a key that is no field of the dataclass ``cls``."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; expected some of {sorted(fields)}")

@@ -12,6 +12,7 @@ per batch. A mini-batch too large for memory is split into micro-batches of whol
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -37,6 +38,8 @@ class PolicyBatch:
                     sequence without its last token); log π_old and the policy forward replay them
     sampler_logp:   None, or (rollout correction) [batch, response_len] float32: the sampler's log-prob
                     of each response token (0 where masked)
+    ref_logp:       None, or (KL to a reference policy) [batch, response_len] float32: log π_ref of each
+                    response token (0 where masked)
     prompt_group:   (static) the rows come in consecutive groups of this many with the same prompt
                     (tokens, positions and mask), and the forward runs each group's prompt once
                     (`response_logprobs`); 1: no sharing
@@ -54,6 +57,7 @@ class PolicyBatch:
     prompt_len: int = flax.struct.field(pytree_node=False, default=0)
     routing: jnp.ndarray | None = None
     sampler_logp: jnp.ndarray | None = None
+    ref_logp: jnp.ndarray | None = None
     prompt_group: int = flax.struct.field(pytree_node=False, default=1)
 
     def take(self, rows: np.ndarray) -> "PolicyBatch":
@@ -68,6 +72,7 @@ class PolicyBatch:
             advantages=self.advantages[rows],
             routing=None if self.routing is None else self.routing[rows],
             sampler_logp=None if self.sampler_logp is None else self.sampler_logp[rows],
+            ref_logp=None if self.ref_logp is None else self.ref_logp[rows],
         )
 
 
@@ -198,26 +203,30 @@ def microbatch_size(rows: int, seq_len: int, max_tokens: int) -> int:
     return math.ceil(rows / count)
 
 
+def split_rows(x, zero: bool = True, *, rows_per_microbatch: int):
+    """[rows, ...] as [count, rows_per_microbatch, ...] (traceable), the rows missing from the last
+    micro-batch filled with zeros (`zero`) or copies of row 0: `split_microbatches`' layout."""
+    rows = x.shape[0]
+    count = math.ceil(rows / rows_per_microbatch)
+    filler = count * rows_per_microbatch - rows
+    if filler:
+        fill = jnp.zeros_like(x[:1]) if zero else x[:1]
+        x = jnp.concatenate([x, jnp.repeat(fill, filler, axis=0)], axis=0)
+    return x.reshape(count, rows_per_microbatch, *x.shape[1:])
+
+
 def split_microbatches(batch: PolicyBatch, rows_per_microbatch: int) -> PolicyBatch:
     """The batch as [count, rows_per_microbatch, ...] arrays (traceable; shapes are static).
 
     Rows missing from the last micro-batch are filled with copies of row 0 whose response mask and
     advantage are zero: they contribute nothing to any loss total, denominator or gradient, and their
     activations stay finite (an all-padding row would attend to nothing and give NaN)."""
-    rows = batch.input_ids.shape[0]
-    count = math.ceil(rows / rows_per_microbatch)
-    filler = count * rows_per_microbatch - rows
-
-    def pad(x, zero: bool):
-        if filler:
-            fill = jnp.zeros_like(x[:1]) if zero else x[:1]
-            x = jnp.concatenate([x, jnp.repeat(fill, filler, axis=0)], axis=0)
-        return x.reshape(count, rows_per_microbatch, *x.shape[1:])
-
+    pad = functools.partial(split_rows, rows_per_microbatch=rows_per_microbatch)
     return batch.replace(
         input_ids=pad(batch.input_ids, False), positions=pad(batch.positions, False),
         attention_mask=pad(batch.attention_mask, False), response_mask=pad(batch.response_mask, True),
         old_logp=pad(batch.old_logp, True), advantages=pad(batch.advantages, True),
         routing=None if batch.routing is None else pad(batch.routing, False),
         sampler_logp=None if batch.sampler_logp is None else pad(batch.sampler_logp, True),
+        ref_logp=None if batch.ref_logp is None else pad(batch.ref_logp, True),
     )

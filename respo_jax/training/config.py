@@ -395,9 +395,39 @@ class ObjectiveConfig(_Section):
     # Rollout correction between the sampler's log-probs and log π_old ({}: off), e.g.
     # {"level": "token", "mode": "truncate", "threshold": 2.0}: `respo_jax.objectives.RolloutCorrection`.
     rollout_correction: dict = dataclasses.field(default_factory=dict)
+    # Weight of the KL to the reference policy in the loss (verl's kl_loss_coef, TRL's beta), >= 0; with
+    # kl_in_reward, the initial weight of the KL penalty in the reward (verl's kl_ctrl.kl_coef). 0 (the
+    # default): no reference policy is held or run.
+    kl_coef: float = 0.0
+    # The per-token KL estimator, verl's names: "k1" (log-ratio), "k2" (half its square), "k3" (the
+    # low-variance e^x - x - 1, clamped to ±10, verl's low_var_kl) or "abs"; a trailing "+" keeps the
+    # value and takes the gradient of k2 (straight-through). k3: verl's and TRL's default.
+    kl_estimator: str = "k3"
+    # Put the KL in the reward instead of the loss (verl's use_kl_in_reward): each response's score loses
+    # kl_coef · Σ_t kl(π_old, π_ref) before the group advantages. Off by default, as in verl.
+    kl_in_reward: bool = False
+    # kl_in_reward only: verl's adaptive KL controller — the target mean KL per response (> 0) and the
+    # horizon in responses (> 0); 0 / 0 (the default): the coefficient stays kl_coef (fixed controller).
+    kl_target: float = 0.0
+    kl_horizon: float = 0.0
+    # The reference policy: "" (the default) the parameters RL starts from (after any warm-up); else a
+    # respo-jax checkpoint folder (a run's checkpoints/, its latest step) read onto the model's shapes.
+    reference_checkpoint: str = ""
+    # Compute and log kl_ref with kl_coef = 0 too (the control run of a KL comparison); costs the
+    # reference's memory and one forward per mini-batch. Off by default.
+    log_kl_ref: bool = False
+    # Weight of the entropy bonus (verl's entropy_coeff), >= 0: the loss loses entropy_coef · agg(H), H the
+    # token entropy of the policy's distribution, aggregated like the objective. 0 (the default): no
+    # entropy is computed in the update.
+    entropy_coef: float = 0.0
+    # An off-policy mask on the objective's token loss ({}: off): {"kind": "deepseek_v32", "delta": δ},
+    # {"kind": "geometric", "low": 0.99, "high": 1.01} or {"kind": "m2po", "threshold": 0.04}:
+    # `respo_jax.objectives.OffPolicyMask`.
+    off_policy_mask: dict = dataclasses.field(default_factory=dict)
 
     def validate(self) -> None:
         from respo_jax.objectives import OBJECTIVES, get_objective
+        from respo_jax.objectives.regularizers import check_kl_estimator
 
         self._check_types()
         self._need("load_balancing_weight", self.load_balancing_weight >= 0, "a finite number >= 0")
@@ -407,6 +437,47 @@ class ObjectiveConfig(_Section):
         except (KeyError, TypeError, ValueError) as err:
             raise ConfigError(f"objective.hparams={self.hparams!r}: {_one_line(err)}") from None
         self.correction()
+        self._need("kl_coef", self.kl_coef >= 0, "a finite number >= 0")
+        self._need("entropy_coef", self.entropy_coef >= 0, "a finite number >= 0")
+        try:
+            check_kl_estimator(self.kl_estimator)
+        except ValueError as err:
+            raise ConfigError(f"objective.kl_estimator={self.kl_estimator!r}: {_one_line(err)}") from None
+        self._need("kl_in_reward", not self.kl_in_reward or self.kl_coef > 0,
+                   "false with objective.kl_coef=0 (a penalty of weight 0)")
+        self._need("kl_target", self.kl_target >= 0, "a finite number >= 0")
+        self._need("kl_horizon", self.kl_horizon >= 0, "a finite number >= 0")
+        self._need("kl_target", not self.kl_target or self.kl_in_reward,
+                   "0 without objective.kl_in_reward=true (the adaptive controller sets the reward's "
+                   "KL weight)")
+        self._need("kl_horizon", bool(self.kl_target) == bool(self.kl_horizon),
+                   "> 0 exactly when objective.kl_target > 0 (the adaptive controller needs both)")
+        self._need("reference_checkpoint", not self.reference_checkpoint or self.uses_reference,
+                   "'' with objective.kl_coef=0 and objective.log_kl_ref=false (no reference is used)")
+        self._need("reference_checkpoint", not self.reference_checkpoint
+                   or os.path.isdir(self.reference_checkpoint), "an existing checkpoint folder")
+        self._need("log_kl_ref", not (self.log_kl_ref and self.kl_coef > 0),
+                   "false with objective.kl_coef > 0 (kl_ref is logged anyway)")
+        self.regularizers()
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the run holds a reference policy and computes its log-probs."""
+        return self.kl_coef > 0 or self.log_kl_ref
+
+    def regularizers(self):
+        """The typed `Regularizers` of the update step (the KL term only when it is in the loss);
+        ConfigError naming the key for a bad mask."""
+        from respo_jax.objectives.off_policy_masks import OffPolicyMask
+        from respo_jax.objectives.regularizers import Regularizers
+
+        try:
+            mask = OffPolicyMask.from_dict(self.off_policy_mask)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"objective.off_policy_mask={self.off_policy_mask!r}: {_one_line(err)}") \
+                from None
+        return Regularizers(kl_coef=0.0 if self.kl_in_reward else float(self.kl_coef),
+                            kl_estimator=self.kl_estimator, entropy_coef=float(self.entropy_coef), mask=mask)
 
     def correction(self):
         """The typed `RolloutCorrection` (None: off); ConfigError naming the key for a bad one."""

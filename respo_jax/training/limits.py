@@ -7,7 +7,9 @@ it is deliberately conservative on memory — only a cache larger than the devic
 refused, since the cache grows with the responses and most runs never reach the worst case. The cache
 checked is the engine's: the static engine's dense cache of one row chunk, or the continuous engine's
 page pool (`rollout.num_pages` / `kv_cache_bytes`, or its default of a full row per slot), which must
-also hold one row of the longest prompt (the engine's own rule, `respo_jax.sampling.scheduler`).
+also hold one row of the longest prompt (the engine's own rule, `respo_jax.sampling.scheduler`). A run
+with a reference policy (`objective.kl_coef` > 0 or `log_kl_ref`) holds a second copy of the parameters,
+counted with the cache.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from __future__ import annotations
 import math
 import os
 
+import jax
 import numpy as np
+from flax import nnx
 
+from respo_jax.models import qwen3
 from respo_jax.models.qwen3.kernels import platform
 from respo_jax.sampling.params import padded_prompt_length
 from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages
@@ -31,6 +36,30 @@ def kv_cache_bytes(model_cfg, rows: int, slots: int, dtype) -> int:
     [layers, rows, slots, kv_heads, head_dim] twice (`respo_jax.models.qwen3.init_cache`)."""
     per_token = model_cfg.num_hidden_layers * model_cfg.num_key_value_heads * model_cfg.head_dim
     return 2 * rows * slots * per_token * np.dtype(dtype).itemsize
+
+
+def parameter_bytes(model_cfg, dtype) -> int:
+    """Bytes of the model's parameters stored in `dtype`, counted from the abstract model (nothing is
+    allocated)."""
+    abstract = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    return count * np.dtype(dtype).itemsize
+
+
+def _check_reference(config: ExperimentConfig, model_cfg, cache_bytes: int, memory_bytes: int | None) -> None:
+    """The reference policy's parameters (a frozen copy of the policy's) and the sampler's cache together
+    fit `memory_bytes` (None: not checked); nothing to check without a reference."""
+    objective = config.objective
+    if memory_bytes is None or not objective.uses_reference:
+        return
+    reference = parameter_bytes(model_cfg, config.model.param_dtype or config.model.dtype)
+    if reference + cache_bytes > memory_bytes:
+        key = (f"objective.kl_coef={objective.kl_coef}" if objective.kl_coef
+               else f"objective.log_kl_ref={objective.log_kl_ref}")
+        raise ConfigError(
+            f"{key}: the reference policy's parameters ({reference / 2**30:.1f} GiB) and the sampler's KV "
+            f"cache ({cache_bytes / 2**30:.1f} GiB) take more than the {memory_bytes / 2**30:.1f} GiB of "
+            "memory of the devices; expected a smaller model, cache or no reference (kl_coef=0)")
 
 
 def device_memory_bytes(devices) -> int | None:
@@ -104,6 +133,7 @@ def check_limits(config: ExperimentConfig, model_cfg, longest_prompt: int, memor
             f"{slots} tokens (padded prompt + rollout.max_new_tokens={r.max_new_tokens}) takes "
             f"{needed / 2**30:.1f} GiB, more than the {memory_bytes / 2**30:.1f} GiB of memory of the "
             f"devices; expected at most {fit} rows at this length, or fewer new tokens")
+    _check_reference(config, model_cfg, needed, memory_bytes)
 
 
 def _check_page_pool(config: ExperimentConfig, model_cfg, longest_prompt: int, memory_bytes: int | None) -> None:
@@ -135,3 +165,4 @@ def _check_page_pool(config: ExperimentConfig, model_cfg, longest_prompt: int, m
             f"{key}: the rollout engine's page pool ({num_pages} pages of {r.page_size} tokens) takes "
             f"{needed / 2**30:.1f} GiB, more than the {memory_bytes / 2**30:.1f} GiB of memory of the devices; "
             "set a smaller rollout.kv_cache_bytes (admission waits for pages; no row is cut)")
+    _check_reference(config, model_cfg, needed, memory_bytes)

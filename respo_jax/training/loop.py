@@ -36,6 +36,7 @@ from respo_jax.data.prompts import encode_prompt
 from respo_jax.exported_programs import ProgramCache
 from respo_jax.models import qwen3
 from respo_jax.objectives import BUILTIN_OBJECTIVES, get_objective, group_advantages
+from respo_jax.objectives.regularizers import adaptive_kl_coef, response_kl
 from respo_jax.rewards import SCORED, TIMED_OUT, RewardScorer, get_reward, overlong_penalty
 from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.sampling.paged_attention import check_paged_attention_impl
@@ -90,6 +91,11 @@ class TrainState:
     opt_state: object
     iteration: int = 0
     policy_updates: int = 0
+    # The frozen reference policy (objective.kl_coef > 0 or log_kl_ref), on the parameters' shardings;
+    # None when the run uses none (it is then neither allocated nor run).
+    reference: nnx.State | None = None
+    # The reward's KL weight (objective.kl_in_reward; the adaptive controller's current value).
+    kl_reward_coef: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +153,7 @@ def program_config(config: ExperimentConfig) -> dict:
 # first iteration at M = 1 ran 12 such programs for the advantages and 2 for the learning rates, 14 of
 # the 23 its second launch read from the cache (11 with these two jitted).
 _group_advantages = jax.jit(group_advantages, static_argnames=("normalize_by_std", "eps"))
+_response_kl = jax.jit(response_kl, static_argnames=("estimator",))
 
 
 def prompt_groups_hold(prompts: list[list[int]], group: int) -> bool:
@@ -178,6 +185,14 @@ class RLTrainer:
             # Dr.GRPO's constant is the generation budget, not the padded width of a batch.
             self.objective = dataclasses.replace(self.objective, loss_scale_factor=float(r.max_new_tokens))
         self.correction = config.objective.correction()  # rollout correction, None when off
+        self.regularizers = config.objective.regularizers()  # KL in the loss, entropy bonus, off-policy mask
+        if config.objective.reference_checkpoint:
+            from respo_jax.training.checkpoint import latest_step
+
+            if latest_step(config.objective.reference_checkpoint) is None:
+                raise ConfigError(f"objective.reference_checkpoint="
+                                  f"{config.objective.reference_checkpoint!r}: expected a checkpoints folder "
+                                  "holding at least one step")
         self.engine: EngineConfig = r.engine_config()  # the rollouts' and the held-out evaluation's
         # per-response arrays of the last iteration (rollout file); None when it trained on no response
         self.last_rollout: dict | None = None
@@ -207,7 +222,8 @@ class RLTrainer:
         self.prompt_group = r.group_size if (
             r.share_prompts and r.minibatch_order == "consecutive" and not model.config.is_moe
             and self.batch_shards == 1) else 1
-        self.state = TrainState(graphdef, params, init_optimizer_state(self.tx, params, param_sh))
+        self.state = TrainState(graphdef, params, init_optimizer_state(self.tx, params, param_sh),
+                                kl_reward_coef=float(config.objective.kl_coef))
         self.programs = self.program_cache(model.config)  # traced programs kept for the next launch
         # The jitted programs: (params, opt_state, batch, micro) -> (params, opt_state, metrics), and
         # (params, batch, micro) -> (old_logp, token entropy) [rows, response_len].
@@ -217,7 +233,8 @@ class RLTrainer:
                                             rollout_correction=self.correction,
                                             compiler_options=qwen3.kernels.update_compiler_options(
                                                 qwen3.kernels.platform(self.mesh)),
-                                            program_cache=self.programs)
+                                            program_cache=self.programs,
+                                            regularizers=self.regularizers)
         self.old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
                                             shardings=self.shardings)
         # log π_old from the sampler or a forward pass of its own (`rollout.old_logprobs`), decided once
@@ -289,13 +306,38 @@ class RLTrainer:
 
     # -- data ------------------------------------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
-        """The JSON part of a checkpoint: counters and the prompt batches' resumable position."""
-        return {"iteration": self.state.iteration, "policy_updates": self.state.policy_updates,
+        """The JSON part of a checkpoint: counters, the prompt batches' resumable position (and the
+        reward's KL weight with objective.kl_in_reward)."""
+        meta = {"iteration": self.state.iteration, "policy_updates": self.state.policy_updates,
                 "batches": self.batches.get_state()}
+        if self.config.objective.kl_in_reward:
+            meta["kl_reward_coef"] = self.state.kl_reward_coef
+        return meta
 
     def restore_meta(self, meta: dict) -> None:
         self.state.iteration, self.state.policy_updates = int(meta["iteration"]), int(meta["policy_updates"])
         self.batches.set_state(meta["batches"])
+        if self.config.objective.kl_in_reward:
+            self.state.kl_reward_coef = float(meta["kl_reward_coef"])
+
+    # -- reference policy --------------------------------------------------------------------------------
+    def reference_like(self):
+        """The reference's structure for a checkpoint restore (the parameters'); None without one."""
+        return self.state.params if self.config.objective.uses_reference else None
+
+    def ensure_reference(self) -> None:
+        """Holds the frozen reference once RL starts (after any warm-up): objective.reference_checkpoint's
+        parameters, else a copy of the current ones, on the parameters' shardings. A resumed run's comes
+        from its checkpoint."""
+        objective = self.config.objective
+        if not objective.uses_reference or self.state.reference is not None:
+            return
+        if objective.reference_checkpoint:
+            from respo_jax.training.checkpoint import restore_params
+
+            self.state.reference, _, _ = restore_params(objective.reference_checkpoint, self.state.params)
+        else:
+            self.state.reference = jax.tree.map(jnp.copy, self.state.params)
 
     def score(self, tokens: np.ndarray, lengths: np.ndarray,
               records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -466,8 +508,10 @@ class RLTrainer:
         sampler_logp = np.zeros(responses.shape, np.float32) if self.correction else None
         batch, micro = self.policy_batch([[self.tokenizer.pad_id] * prompt_len] * rows, responses, lengths,
                                          np.zeros(rows, np.float32), routing, sampler_logp)
-        if self.old_logprobs_source == "recompute":
+        if self.old_logprobs_source == "recompute" or self.config.objective.uses_reference:
             self.old_logprobs.lower(self.state.params, batch, micro).compile()
+        if self.config.objective.uses_reference:  # the update's batches carry the reference's log-probs
+            batch = batch.replace(ref_logp=batch.old_logp)
         self.policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
 
     def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
@@ -586,11 +630,17 @@ class RLTrainer:
         rollout_seconds = time.perf_counter() - rollout_started
         batch = self.training_rows(sampled)  # group-normalized advantages
         minibatches = self.minibatch_rows(batch)  # N mini-batches: consecutive or verl's balanced order
+        self.ensure_reference()
         policy_batches, logprob_parts = self.with_old_logprobs(batch, minibatches)  # log π_old, no update yet
+        kl_reward = {}
+        if self.config.objective.kl_in_reward:  # verl's apply_kl_penalty: the scores, then the advantages
+            policy_batches, batch, kl_reward = self.kl_penalized_advantages(batch, minibatches,
+                                                                            policy_batches)
         learning_rate = self.learning_rate_of_updates(len(policy_batches))
         step_metrics = self.update(policy_batches)  # the N policy updates
-        return self.report(sampled, batch, minibatches, logprob_parts, step_metrics, learning_rate,
-                           timing=(started, compiled_before, rollout_seconds))
+        record = self.report(sampled, batch, minibatches, logprob_parts, step_metrics, learning_rate,
+                             timing=(started, compiled_before, rollout_seconds))
+        return {**record, **kl_reward}
 
     def training_rows(self, sampled: dict) -> TrainingRows:
         """The kept groups' rows (`sample_groups`) with their group-normalized advantages.
@@ -645,9 +695,44 @@ class RLTrainer:
                 token_entropy = batch.sampler_entropy[rows, :old_logp.shape[1]]  # logprob_metrics masks it
             else:
                 old_logp, token_entropy = self.old_logprobs(self.state.params, policy, micro)
+            if self.state.reference is not None:  # the same forward program, of the frozen reference
+                policy = policy.replace(ref_logp=self.old_logprobs(self.state.reference, policy, micro)[0])
             policy_batches.append((policy.replace(old_logp=old_logp), micro))
             parts.append((policy.response_mask, old_logp, token_entropy))
         return policy_batches, parts
+
+    def kl_penalized_advantages(self, batch: TrainingRows, minibatches: list[np.ndarray],
+                                policy_batches: list) -> tuple[list, TrainingRows, dict]:
+        """objective.kl_in_reward (verl's ``apply_kl_penalty``): each response's score loses
+        β Σ_t kl(log π_old, log π_ref), the group advantages are recomputed from the penalized scores and
+        placed in the mini-batches, and β is updated by the adaptive controller when one is configured.
+        Returns the batches, the rows with their new advantages, and the metrics kl_reward (the batch
+        mean of each response's token-mean KL) and kl_reward_coef (the β used)."""
+        objective, r = self.config.objective, self.config.rollout
+        beta = self.state.kl_reward_coef
+        kl_sum = np.zeros(batch.lengths.shape[0], np.float64)
+        kl_mean = np.zeros_like(kl_sum)
+        for rows, (policy, _) in zip(minibatches, policy_batches):
+            kl = _response_kl(policy.old_logp, policy.ref_logp, policy.response_mask,
+                              estimator=objective.kl_estimator)
+            total, mean = self.placer.fetch(kl)
+            kl_sum[rows], kl_mean[rows] = total, mean
+        real = batch.real_rows
+        scores = batch.scores[:real] - beta * kl_sum[:real]
+        grouped = jnp.asarray(scores.reshape(-1, r.group_size), jnp.float32)
+        advantages = np.asarray(_group_advantages(grouped, normalize_by_std=self.objective.scale_advantages))
+        advantages = advantages.reshape(-1)
+        advantages = np.concatenate([advantages, np.zeros(batch.advantages.shape[0] - real, np.float32)])
+        placed = []
+        for rows, (policy, micro) in zip(minibatches, policy_batches):
+            local = advantages[rows][self.placer.rows(len(rows))]
+            placed.append((policy.replace(advantages=self.placer.place(local, len(rows))), micro))
+        current = float(kl_mean[:real].mean()) if real else 0.0
+        if objective.kl_target and real:
+            self.state.kl_reward_coef = adaptive_kl_coef(beta, current, real, objective.kl_target,
+                                                         objective.kl_horizon)
+        return placed, dataclasses.replace(batch, advantages=advantages), {"kl_reward": current,
+                                                                           "kl_reward_coef": beta}
 
     def learning_rate_of_updates(self, updates: int) -> float | None:
         """The mean learning rate of the next `updates` policy updates (the optimizer counts them in

@@ -22,8 +22,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS, forward_chunk_tokens
 from respo_jax.objectives import PolicyObjective, RolloutCorrection, rollout_correction_weights
-from respo_jax.objectives.aggregation import safe_divide
-from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches
+from respo_jax.objectives.aggregation import aggregation_terms, safe_divide
+from respo_jax.objectives.off_policy_masks import mask_weights, masked_fraction
+from respo_jax.objectives.regularizers import Regularizers, kl_penalty
+from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches, split_rows
 from respo_jax.exported_programs import ProgramCache
 
 
@@ -104,6 +106,7 @@ def make_policy_step(
     rollout_correction: RolloutCorrection | None = None,
     compiler_options: dict | None = None,
     program_cache: ProgramCache | None = None,
+    regularizers: Regularizers | None = None,
 ):
     """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
     a `PolicyBatch` (one mini-batch).
@@ -141,22 +144,54 @@ def make_policy_step(
     `rollout_correction`: each token's loss term is multiplied by the importance weight between
     `batch.old_logp` and `batch.sampler_logp` (`respo_jax.objectives.rollout_correction`; the batch must
     carry the sampler's log-probs), in the gradient and in the reported loss.
-    """
 
-    def token_weight(part: PolicyBatch):
-        if rollout_correction is None:
-            return None
-        if part.sampler_logp is None:
-            raise ValueError("rollout correction needs PolicyBatch.sampler_logp (the sampler's log-probs)")
-        weights, _ = rollout_correction_weights(part.old_logp, part.sampler_logp, part.response_mask,
-                                                rollout_correction)
+    `regularizers` (`respo_jax.objectives.regularizers`; None or inactive: none of this is traced):
+    kl_coef > 0 adds kl_coef · agg(kl(log π_θ, batch.ref_logp)) to the loss (the batch carries the
+    reference's log-probs); entropy_coef > 0 subtracts entropy_coef · agg(H), H the differentiable
+    entropy of the policy's distribution from the same chunked head; both aggregated like the objective
+    (its mode, the mini-batch denominator), so exact under micro-batching. An off-policy mask
+    (`respo_jax.objectives.off_policy_masks`) multiplies the objective's token loss by its 0/1 weights,
+    computed from the stop-gradient log-probs of the update; M2PO's batch-wide cutoff comes from the whole
+    mini-batch (a forward pass before the micro-batch loop when it is split). Metrics: `kl_ref` (whenever
+    the batch carries ref_logp), `entropy_bonus`, `off_policy_masked_fraction`.
+    """
+    regs = regularizers if regularizers is not None and regularizers.active else None
+    kl_estimator = "k3" if regularizers is None else regularizers.kl_estimator
+    with_entropy = regs is not None and regs.entropy_coef > 0
+    with_kl = regs is not None and regs.kl_coef > 0
+    off_policy_mask = None if regs is None else regs.mask
+    if off_policy_mask is not None and off_policy_mask.per_batch:
+        mask_logprobs = make_logprob_fn(graphdef, temperature=temperature)
+
+    def token_weight(part: PolicyBatch, logp=None, keep=None):
+        """The rollout correction's weights times the off-policy mask's (`keep`, or from `logp`)."""
+        weights = None
+        if rollout_correction is not None:
+            if part.sampler_logp is None:
+                raise ValueError("rollout correction needs PolicyBatch.sampler_logp (the sampler's "
+                                 "log-probs)")
+            weights, _ = rollout_correction_weights(part.old_logp, part.sampler_logp, part.response_mask,
+                                                    rollout_correction)
+        if off_policy_mask is not None:
+            if keep is None:
+                keep = mask_weights(off_policy_mask, logp, part.old_logp, part.advantages, part.response_mask)
+            weights = keep if weights is None else weights * keep
         return weights
 
     def logprobs_of(params, batch: PolicyBatch):
         model = nnx.merge(graphdef, params)
         return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask,
                                  batch.prompt_len, temperature=temperature, chunk_size=chunk_size,
-                                 routing=batch.routing, return_aux=True, prompt_group=batch.prompt_group)
+                                 routing=batch.routing, return_aux=True, prompt_group=batch.prompt_group,
+                                 return_entropy=with_entropy)
+
+    def regularizer_total(logp, entropy, part: PolicyBatch):
+        if regs is None:
+            return 0.0
+        if with_kl and part.ref_logp is None:
+            raise ValueError("a KL penalty needs PolicyBatch.ref_logp (the reference policy's log-probs)")
+        return regs.loss_total(logp, part.ref_logp if with_kl else None, entropy, part.response_mask,
+                               objective.aggregation, objective.loss_scale_factor)
 
     def place(part: PolicyBatch) -> PolicyBatch:
         return part if shardings is None else jax.lax.with_sharding_constraint(part, shardings.batch)
@@ -166,33 +201,46 @@ def make_policy_step(
         denominator = objective.denominator(batch.response_mask)
         input_tokens = jnp.maximum(jnp.sum(batch.attention_mask[:, :-1]), 1)
 
-        def grad_of(part: PolicyBatch):
+        def grad_of(part: PolicyBatch, keep=None):
             def loss_fn(p):
                 logp, aux = logprobs_of(p, part)
+                logp, entropy = logp if with_entropy else (logp, None)
                 terms = objective.evaluate(logp, part.old_logp, part.advantages, part.response_mask,
-                                           token_weight(part)).terms
-                loss = safe_divide(terms.total, denominator)
+                                           token_weight(part, logp, keep)).terms
+                loss = safe_divide(terms.total + regularizer_total(logp, entropy, part), denominator)
                 if aux is None:  # a dense model
-                    return loss, (logp, None)
+                    return loss, (logp, entropy, None)
                 aux = aux * jnp.sum(part.attention_mask[:, :-1]) / input_tokens  # this part's token share
-                return loss + load_balancing_weight * aux, (logp, aux)
+                return loss + load_balancing_weight * aux, (logp, entropy, aux)
 
-            (_, (logp, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-            return grads, logp, aux
+            (_, (logp, entropy, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            return grads, logp, entropy, aux
 
+        keep = None
         if microbatch_rows is None or microbatch_rows >= rows:
-            grads, logp, aux = grad_of(batch)
+            grads, logp, entropy, aux = grad_of(batch)
         else:
-            def accumulate(total, part):
-                grads, logp, aux = grad_of(place(part))
-                return jax.tree.map(jnp.add, total, grads), (logp, aux)
-
             zeros = jax.tree.map(jnp.zeros_like, params)
-            grads, (logp, aux) = jax.lax.scan(accumulate, zeros, split_microbatches(batch, microbatch_rows))
+            parts = split_microbatches(batch, microbatch_rows)
+            if off_policy_mask is not None and off_policy_mask.per_batch:  # M2PO: the whole mini-batch's
+                now = jax.lax.stop_gradient(mask_logprobs(params, batch, microbatch_rows))
+                keep = mask_weights(off_policy_mask, now, batch.old_logp, batch.advantages,
+                                    batch.response_mask)
+                parts = (parts, split_rows(keep, rows_per_microbatch=microbatch_rows))
+            else:
+                parts = (parts, None)
+
+            def accumulate(total, args):
+                part, part_keep = args
+                grads, logp, entropy, aux = grad_of(place(part), part_keep)
+                return jax.tree.map(jnp.add, total, grads), (logp, entropy, aux)
+
+            grads, (logp, entropy, aux) = jax.lax.scan(accumulate, zeros, parts)
             logp, aux = logp.reshape(-1, logp.shape[-1])[:rows], None if aux is None else jnp.sum(aux)
+            entropy = None if entropy is None else entropy.reshape(-1, entropy.shape[-1])[:rows]
         logp = jax.lax.stop_gradient(logp)
-        out = objective.evaluate(logp, batch.old_logp, batch.advantages, batch.response_mask,
-                                 token_weight(batch))
+        weights = token_weight(batch, logp, keep)
+        out = objective.evaluate(logp, batch.old_logp, batch.advantages, batch.response_mask, weights)
         mask = batch.response_mask
         tokens = jnp.maximum(jnp.sum(mask), 1.0)
         kl = sequence_approx_kl(logp, batch.old_logp, mask)
@@ -200,6 +248,7 @@ def make_policy_step(
         metrics = dict(out.metrics)
         metrics["approx_kl"] = jnp.sum(jnp.where(non_empty, kl, 0.0)) / jnp.maximum(jnp.sum(non_empty), 1.0)
         metrics["neg_logp"] = -jnp.sum(logp * mask) / tokens  # an entropy proxy
+        metrics.update(regularizer_metrics(logp, entropy, batch, keep))
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         if aux is not None:
@@ -207,6 +256,25 @@ def make_policy_step(
         metrics = dict(metrics, loss=out.terms.loss(), grad_norm=optax.tree.norm(grads),
                        responses={**out.responses, "approx_kl": kl}, params_finite=tree_all_finite(params))
         return params, opt_state, metrics
+
+    def regularizer_metrics(logp, entropy, batch: PolicyBatch, keep) -> dict:
+        """kl_ref, entropy_bonus (each aggregated like the objective) and off_policy_masked_fraction."""
+        metrics = {}
+        mask = batch.response_mask
+
+        def aggregated(values):
+            terms = aggregation_terms(values, mask, objective.aggregation, objective.loss_scale_factor)
+            return jax.lax.stop_gradient(terms.loss())
+
+        if batch.ref_logp is not None:
+            metrics["kl_ref"] = aggregated(kl_penalty(logp, batch.ref_logp, kl_estimator))
+        if entropy is not None:
+            metrics["entropy_bonus"] = aggregated(entropy)
+        if off_policy_mask is not None:
+            if keep is None:
+                keep = mask_weights(off_policy_mask, logp, batch.old_logp, batch.advantages, mask)
+            metrics["off_policy_masked_fraction"] = masked_fraction(keep, mask)
+        return metrics
 
     if program_cache is not None and program_cache.usable():
         return program_cache.jit(step, "policy_step", static_argnums=(3,), donate_argnums=(0, 1),

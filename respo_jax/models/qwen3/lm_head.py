@@ -58,6 +58,7 @@ KEEP_PROBS_BYTES = 2 << 30
 
 def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *, tied: bool,
                            temperature: float = 1.0, chunk_tokens: int = 1024, return_entropy: bool = False,
+                           entropy_gradient: bool = False,
                            impl: str = "vocab_chunks", vocab_chunk: int = VOCAB_CHUNK,
                            keep_probs_bytes: int = KEEP_PROBS_BYTES, lse_lanes: int = LSE_LANES):
     """log softmax(hidden @ W / temperature)[target] per position: [batch, seq] float32.
@@ -75,7 +76,10 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
     (``row_logsumexp``); 1 reduces whole rows, as where the vocabulary is split over devices (the view
     would split its shards).
     `return_entropy=True` also returns the entropy of the whole distribution at each position,
-    `(logp, entropy)`, from the same chunks; it is a diagnostic (no gradient flows through either).
+    `(logp, entropy)`, from the same chunks; a diagnostic (no gradient flows through either) unless
+    `entropy_gradient=True`, which differentiates both (an entropy bonus): the backward recomputes each
+    chunk's logits and adds the entropy's cotangent g_H · dH/dz = -g_H · p (log p + H) / T to the
+    log-probs' (still no [tokens, vocab] array beyond one chunk or block).
     """
     if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
         raise ValueError(f"hidden must be [batch, seq, embed] and targets [batch, seq]; got {hidden.shape} "
@@ -103,6 +107,12 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
     temperature = float(temperature)
     vocab = weight.shape[0 if tied else 1]
     blocks = _Blocks(vocab=vocab, width=min(vocab_chunk, vocab), tied=bool(tied), temperature=temperature)
+    if return_entropy and entropy_gradient:
+        if impl == "vocab_chunks":
+            logp, entropy = _vocab_logprobs_entropy(h, weight, t, blocks)
+        else:
+            logp, entropy = _logprobs_entropy(h, weight, t, tied, temperature, lse_lanes)
+        return unchunk(logp), unchunk(entropy)
     if return_entropy:
         h, w = jax.lax.stop_gradient(h), jax.lax.stop_gradient(weight)
         if impl == "vocab_chunks":
@@ -221,11 +231,20 @@ def _vocab_logprobs_bwd(blocks, residuals, g):
     the saved log-sum-exp (one elementwise pass), then d hidden += it @ Wᵀ and the block's rows of
     d W += itᵀ @ hidden (float32 accumulators)."""
     h, weight, t, lse = residuals
+    return _vocab_backward(blocks, h, weight, t, lse, g)
+
+
+def _vocab_backward(blocks, h, weight, t, lse, g, entropy=None, g_h=None):
+    """`_vocab_logprobs_bwd`, plus (`entropy`, `g_h` given) the entropy's cotangent −g_H · p (log p + H)."""
+    with_entropy = entropy is not None
+    if not with_entropy:
+        entropy = g_h = jnp.zeros_like(lse)
 
     def chunk(grad_w, args):
-        h_c, t_c, lse_c, g_c = args
+        h_c, t_c, lse_c, g_c, ent_c, gh_c = args
         rows = token_rows(h_c)
         t_r, lse_r, g_r = t_c.reshape(-1, 1), lse_c.reshape(-1, 1), g_c.reshape(-1, 1)
+        ent_r, gh_r = ent_c.reshape(-1, 1), gh_c.reshape(-1, 1)
 
         def step(carry, w, start):
             dh, grad_w = carry
@@ -233,6 +252,8 @@ def _vocab_logprobs_bwd(blocks, residuals, g):
             cols = start + jax.lax.broadcasted_iota(jnp.int32, (1, z.shape[-1]), 1)
             probs = jnp.exp(z - lse_r)
             g_z = jnp.where(cols == t_r, 1.0 - probs, -probs) * g_r
+            if with_entropy:
+                g_z = g_z - gh_r * probs * (z - lse_r + ent_r)
             g_z = blocks.scaled(g_z).astype(rows.dtype)
             dh = dh + jnp.einsum("tv,ve->te" if blocks.tied else "tv,ev->te", g_z, w,
                                  preferred_element_type=jnp.float32)
@@ -244,11 +265,33 @@ def _vocab_logprobs_bwd(blocks, residuals, g):
         dh, grad_w = blocks.walk(weight, step, (jnp.zeros(rows.shape, jnp.float32), grad_w))
         return grad_w, dh.reshape(h_c.shape).astype(h_c.dtype)
 
-    grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, lse, g))
+    grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, lse, g, entropy, g_h))
     return dh, grad_w.astype(weight.dtype), None
 
 
 _vocab_logprobs.defvjp(_vocab_logprobs_fwd, _vocab_logprobs_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _vocab_logprobs_entropy(h, weight, t, blocks):
+    """h: [n, batch, c, embed], t: [n, batch, c] -> (log-probs, entropy), each [n, batch, c] float32,
+    both differentiable."""
+    logp, _, entropy = _vocab_forward(h, weight, t, blocks, with_entropy=True)
+    return logp, entropy
+
+
+def _vocab_logprobs_entropy_fwd(h, weight, t, blocks):
+    logp, lse, entropy = _vocab_forward(h, weight, t, blocks, with_entropy=True)
+    return (logp, entropy), (h, weight, t, lse, entropy)
+
+
+def _vocab_logprobs_entropy_bwd(blocks, residuals, cotangents):
+    h, weight, t, lse, entropy = residuals
+    g, g_h = cotangents
+    return _vocab_backward(blocks, h, weight, t, lse, g, entropy, g_h)
+
+
+_vocab_logprobs_entropy.defvjp(_vocab_logprobs_entropy_fwd, _vocab_logprobs_entropy_bwd)
 
 
 # ---------------------------------------------------------------------------------------- token_chunks
@@ -307,8 +350,7 @@ def _chunk_forward(h_c, weight, t_c, tied, temperature, lanes):
 
 def _chunk_with_entropy(h_c, weight, t_c, tied, temperature, lanes):
     """(log-prob of the targets, entropy H = logsumexp(z) − Σ softmax(z)·z): each [batch, c] float32."""
-    logits, lse, logp = _chunk_scores(h_c, weight, t_c, tied, temperature, lanes)
-    entropy = lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1)
+    logp, entropy, _ = _chunk_with_entropy_lse(h_c, weight, t_c, tied, temperature, lanes)
     return logp, entropy
 
 
@@ -347,15 +389,27 @@ def _logprobs_bwd(tied, temperature, keep_probs, lanes, residuals, g):
     the weight's gradient accumulated in float32 over chunks. The softmax: the forward's (`keep_probs`)
     or exp(logits − log-sum-exp) from the logits recomputed here."""
     h, weight, t, saved = residuals
+    return _token_chunks_backward(tied, temperature, keep_probs, h, weight, t, saved, g)
+
+
+def _token_chunks_backward(tied, temperature, keep_probs, h, weight, t, saved, g, entropy=None, g_h=None):
+    """`_logprobs_bwd`, plus (`entropy`, `g_h` given; `saved` the log-sum-exp) the entropy's cotangent
+    −g_H · p (log p + H)."""
+    with_entropy = entropy is not None
+    if not with_entropy:
+        entropy = g_h = jnp.zeros_like(g)
 
     def chunk(grad_w, args):
-        h_c, t_c, saved_c, g_c = args
+        h_c, t_c, saved_c, g_c, ent_c, gh_c = args
         if keep_probs:
             probs = saved_c
         else:
-            probs = jnp.exp(_logits(h_c, weight, tied, temperature) - saved_c[..., None])
+            log_probs = _logits(h_c, weight, tied, temperature) - saved_c[..., None]
+            probs = jnp.exp(log_probs)
         target = jax.lax.broadcasted_iota(jnp.int32, probs.shape, probs.ndim - 1) == t_c[..., None]
         g_logits = jnp.where(target, 1.0 - probs, -probs) * g_c[..., None]
+        if with_entropy:
+            g_logits = g_logits - gh_c[..., None] * probs * (log_probs + ent_c[..., None])
         if temperature != 1.0:
             g_logits = g_logits / jnp.float32(temperature)
         g_logits = g_logits.astype(h_c.dtype)
@@ -366,8 +420,37 @@ def _logprobs_bwd(tied, temperature, keep_probs, lanes, residuals, g):
                         preferred_element_type=jnp.float32)
         return grad_w + dw, dh.astype(h_c.dtype)
 
-    grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, saved, g))
+    grad_w, dh = jax.lax.scan(chunk, jnp.zeros(weight.shape, jnp.float32), (h, t, saved, g, entropy, g_h))
     return dh, grad_w.astype(weight.dtype), None
 
 
 _logprobs.defvjp(_logprobs_fwd, _logprobs_bwd)
+
+
+def _chunk_with_entropy_lse(h_c, weight, t_c, tied, temperature, lanes):
+    """(log-prob of the targets, entropy H = logsumexp(z) − Σ softmax(z)·z, log-sum-exp): each [batch, c]
+    float32."""
+    logits, lse, logp = _chunk_scores(h_c, weight, t_c, tied, temperature, lanes)
+    return logp, lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _logprobs_entropy(h, weight, t, tied, temperature, lanes):
+    """h: [n, batch, c, embed], t: [n, batch, c] -> (log-probs, entropy), each [n, batch, c] float32,
+    both differentiable."""
+    return _logprobs_entropy_fwd(h, weight, t, tied, temperature, lanes)[0]
+
+
+def _logprobs_entropy_fwd(h, weight, t, tied, temperature, lanes):
+    logp, entropy, lse = jax.lax.map(
+        lambda args: _chunk_with_entropy_lse(args[0], weight, args[1], tied, temperature, lanes), (h, t))
+    return (logp, entropy), (h, weight, t, lse, entropy)
+
+
+def _logprobs_entropy_bwd(tied, temperature, lanes, residuals, cotangents):
+    h, weight, t, lse, entropy = residuals
+    g, g_h = cotangents
+    return _token_chunks_backward(tied, temperature, False, h, weight, t, lse, g, entropy, g_h)
+
+
+_logprobs_entropy.defvjp(_logprobs_entropy_fwd, _logprobs_entropy_bwd)

@@ -225,8 +225,9 @@ class Qwen3ForCausalLM(nnx.Module):
         logits never exist for more than one chunk (the vocabulary is 151,936). ``temperature``
         divides the logits first (π of the sampling temperature, as the sampler and verl's actor do).
         ``return_entropy=True`` also returns the entropy of the full distribution at each scored
-        position, [batch, seq - start]: ``(logp, entropy)``. ``forward_only=True`` (no gradient will
-        be taken) runs the head kernel ``lm_head_forward_impl`` instead of ``lm_head_impl``.
+        position, [batch, seq - start]: ``(logp, entropy)``, both differentiable (an entropy bonus)
+        unless ``forward_only``. ``forward_only=True`` (no gradient will be taken) runs the head kernel
+        ``lm_head_forward_impl`` instead of ``lm_head_impl``.
         ``return_aux=True`` appends ``aux_loss`` from the same forward (MoE trainers add
         ``router_aux_loss_coef · aux``; ``aux_loss`` is None for dense models).
 
@@ -286,7 +287,8 @@ class Qwen3ForCausalLM(nnx.Module):
         lanes = LSE_LANES if axis_size(self.config.mesh, self.config.rules.vocab) == 1 else 1
         out = chunked_token_logprobs(hidden, weight, targets[:, start:], tied=tied,
                                      temperature=temperature, chunk_tokens=chunk_size,
-                                     return_entropy=return_entropy, impl=impl, lse_lanes=lanes)
+                                     return_entropy=return_entropy, entropy_gradient=not forward_only,
+                                     impl=impl, lse_lanes=lanes)
         logp, entropy = out if return_entropy else (out, None)
         return logp, entropy, aux
 
