@@ -406,9 +406,10 @@ class ObjectiveConfig(_Section):
     # Put the KL in the reward instead of the loss (verl's use_kl_in_reward): each response's score loses
     # kl_coef · Σ_t kl(π_old, π_ref) before the group advantages. Off by default, as in verl.
     kl_in_reward: bool = False
-    # kl_in_reward only: verl's adaptive KL controller — the target mean KL per response (> 0) and the
-    # horizon in responses (> 0); 0 / 0 (the default): the coefficient stays kl_coef (fixed controller).
+    # kl_in_reward only: verl's adaptive KL controller's target mean KL per response (> 0); 0 (the
+    # default): the coefficient stays kl_coef (fixed controller). Set together with kl_horizon.
     kl_target: float = 0.0
+    # kl_in_reward only: the adaptive controller's horizon in responses (> 0); 0 with kl_target 0.
     kl_horizon: float = 0.0
     # The reference policy: "" (the default) the parameters RL starts from (after any warm-up); else a
     # respo-jax checkpoint folder (a run's checkpoints/, its latest step) read onto the model's shapes.
