@@ -17,6 +17,14 @@ against the model's positions, the sampler's memory) and, on resume, the checkpo
 user error prints one line to stderr and exits with status 2 (nothing written); a run that fails after
 it started (NaN/inf, no intact checkpoint, a damaged data file, a full disk) prints one line and exits
 with status 1, its last good checkpoints kept.
+
+SIGTERM (a preemptible VM, Slurm, Kubernetes) or SIGINT (Ctrl-C) stops the run at the next step
+boundary (respo_jax.training.preemption): the policy update in flight finishes, a checkpoint is saved at
+that iteration, the logs and trackers are closed, one line on stderr says what was kept and the command
+that resumes it, and the exit status is 143 (SIGTERM) or 130 (SIGINT); a second signal exits at once.
+A signal during the warm-up stops after the warm-up step in flight with no checkpoint (the warm-up's
+own optimizer is not kept: the resume redoes it); one during the final evaluation lets it finish.
+`run.checkpoint_every_minutes` adds time-based checkpoints, which bound what a hard kill loses.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import sys
+import traceback
 
 import jax
 import numpy as np
@@ -46,6 +56,7 @@ from respo_jax.training.checkpoint import (
 )
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer
+from respo_jax.training import preemption
 from respo_jax.training.plots import plot_training_curves
 from respo_jax.training.run_lock import RunLock
 from respo_jax.training.trackers import check_available, open_trackers
@@ -61,14 +72,34 @@ def load_config(path: str, expected: type = ExperimentConfig):
         raise ConfigError(f"--config {path!r}: no such file")
     spec = importlib.util.spec_from_file_location("experiment_config", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"--config {path!r}: the file has no get_config()")
-    config = module.get_config()
+    try:
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigError(f"--config {path!r}: the file has no get_config()")
+        config = module.get_config()
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the config file's own error, whatever it raised
+        raise ConfigError(config_file_error(path, err)) from None
     if not isinstance(config, expected):
         raise ConfigError(f"--config {path!r}: get_config() returned {type(config).__name__}, "
                           f"expected {expected.__name__}")
     return config
+
+
+def config_file_error(path: str, err: Exception) -> str:
+    """'--config FILE:LINE: <exception>' for an error raised by (or a syntax error in) a config file; the
+    line is the deepest one of that file in the traceback."""
+    line = None
+    if isinstance(err, SyntaxError) and err.filename and os.path.samefile(err.filename, path):
+        line = err.lineno
+    else:
+        for frame in traceback.extract_tb(err.__traceback__):
+            if os.path.exists(frame.filename) and os.path.samefile(frame.filename, path):
+                line = frame.lineno
+    message = err.msg if isinstance(err, SyntaxError) else str(err)
+    where = f"{path}:{line}" if line else path
+    return f"--config {where}: {type(err).__name__}: {' '.join(str(message).split())}"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -76,7 +107,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
-    return run_experiment(apply_overrides(load_config(args.config), args.overrides))
+    try:
+        return run_experiment(apply_overrides(load_config(args.config), args.overrides))
+    except preemption.Preempted as err:
+        raise preemption.Preempted(f"{err}; resume: {resume_command(args.config, args.overrides)}",
+                                   err.signum) from None
+
+
+def resume_command(config_path: str, overrides: list[str]) -> str:
+    """The command line that resumes the run `config_path` with `overrides` describes."""
+    kept = [item for item in overrides if item.split("=", 1)[0].strip() not in ("run.resume", "run.overwrite")]
+    config = [] if config_path == DEFAULT_CONFIG else ["--config", config_path]
+    return shlex.join(["python", "-m", "experiments.train", *config, *kept, "run.resume=true"])
 
 
 def run_experiment(config: ExperimentConfig) -> dict:
@@ -93,12 +135,13 @@ def run_experiment(config: ExperimentConfig) -> dict:
         initialize_from_env()
     except ValueError as err:
         raise ConfigError(f"multi-process launch: {err}") from None
-    lock = _lock_run_dir(config.run.out_dir)
-    try:
-        return _run_locked(config)
-    finally:
-        if lock is not None:  # a refused start removes the directory it created (nothing else is in it)
-            lock.release(remove_if_created=True)
+    with preemption.handling():  # SIGTERM / SIGINT: stop at the next step boundary with a checkpoint
+        lock = _lock_run_dir(config.run.out_dir)
+        try:
+            return _run_locked(config)
+        finally:
+            if lock is not None:  # a refused start removes the directory it created (nothing else in it)
+                lock.release(remove_if_created=True)
 
 
 def _lock_run_dir(out_dir: str) -> RunLock | None:
@@ -160,6 +203,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
         with writing("the rewound metrics.jsonl", out_dir):
             records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
     show = config.run.progress and primary
+    clock = preemption.Clock(config.run.checkpoint_every_minutes)
     trackers = open_trackers(config, info, records if plan.mode == "resume" else None, enabled=primary)
     with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log, trackers:
 
@@ -174,16 +218,32 @@ def _run_locked(config: ExperimentConfig) -> dict:
             meta = dict(trainer.checkpoint_meta(), metrics_records=len(records))
             save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta)
             last_saved = s.iteration
+            clock.reset()
+
+        def boundary(where: str, can_save: bool = True) -> None:
+            """A step boundary: every process agrees on a stop a signal asks for and on a checkpoint the
+            clock asks for (run.checkpoint_every_minutes); a stop saves this step and raises Preempted."""
+            signum, due = preemption.stop_agreed(clock)
+            if can_save and (signum or due) and last_saved != trainer.state.iteration:
+                checkpoint()
+            if signum:
+                kept = (f"checkpoint step {last_saved} saved in {checkpoint_dir}" if last_saved is not None
+                        else "no checkpoint yet (the resume starts from the beginning)")
+                raise preemption.Preempted(f"{preemption.signal_name(signum)} {where}: {kept}",
+                                           signum)
 
         def evaluate() -> None:
             held_out = trainer.evaluation()  # greedy, and sampled pass@1 with run.eval_samples
             if held_out is not None:
                 emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, **held_out})
 
+        boundary("before its first step", can_save=False)
         if restored is None:
             for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):
                 emit(record)
+                boundary(f"after warm-up step {record['step']} of {config.warmup.steps}", can_save=False)
             evaluate()
+            boundary("after the warm-up and the first evaluation")  # checkpoint step 0
         remaining = config.num_iterations - trainer.state.iteration
         bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
         for _ in bar:
@@ -198,8 +258,10 @@ def _run_locked(config: ExperimentConfig) -> dict:
             every = config.run.checkpoint_every
             if every and trainer.state.iteration % every == 0:
                 checkpoint()
+            boundary(f"after RL iteration {trainer.state.iteration} of {config.num_iterations}")
         if last_saved != trainer.state.iteration:
             checkpoint()
+        boundary("before the final evaluation")
         evaluate()  # after the last checkpoint: a resumed finished run re-evaluates instead of repeating it
     summary = summarize(records)
     if not primary:

@@ -58,7 +58,8 @@ RESUME_HINT = "the checkpoints written so far are kept; make room and rerun with
 # problems) defines the run; so does the learning-rate warm-up length that optim.warmup_ratio derives
 # from the run length.
 RESUMABLE_KEYS = frozenset({
-    "run.iterations", "run.policy_updates", "run.checkpoint_every", "run.progress", "run.resume",
+    "run.iterations", "run.policy_updates", "run.checkpoint_every", "run.checkpoint_every_minutes",
+    "run.progress", "run.resume",
     "run.overwrite", "run.out_dir", "run.host_allocator", "rollout.max_tokens_per_microbatch",
     "rollout.sampler_max_rows", "rollout.compile_ahead", "rollout.max_prompt_buckets",
     "run.compilation_cache_dir", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "run.loggers",
