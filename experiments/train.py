@@ -59,7 +59,7 @@ from respo_jax.training.loop import RLTrainer
 from respo_jax.training import preemption
 from respo_jax.training.plots import plot_training_curves
 from respo_jax.training.run_lock import RunLock
-from respo_jax.training.trackers import check_available, open_trackers
+from respo_jax.training.trackers import check_available, open_trackers, parse_loggers
 from respo_jax.training.write_errors import writing
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
@@ -68,23 +68,29 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synth
 def load_config(path: str, expected: type = ExperimentConfig):
     """Imports a config file and calls its `get_config()`, which must return an `expected` instance
     (`ExperimentConfig` for training, `respo_jax.eval.config.EvalConfig` for evaluation)."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config {path!r}: no such file")
-    spec = importlib.util.spec_from_file_location("experiment_config", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        if not hasattr(module, "get_config"):
-            raise ConfigError(f"--config {path!r}: the file has no get_config()")
-        config = module.get_config()
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the config file's own error, whatever it raised
-        raise ConfigError(config_file_error(path, err)) from None
+    config = call_config_file(path, "get_config")
     if not isinstance(config, expected):
         raise ConfigError(f"--config {path!r}: get_config() returned {type(config).__name__}, "
                           f"expected {expected.__name__}")
     return config
+
+
+def call_config_file(path: str, function: str, module_name: str = "experiment_config"):
+    """Imports the config file `path` and returns what its `function()` returns; a ConfigError (one line,
+    `config_file_error`) for a missing file or function, a syntax error or an exception raised in it."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config {path!r}: no such file")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        if not hasattr(module, function):
+            raise ConfigError(f"--config {path!r}: the file has no {function}()")
+        return getattr(module, function)()
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the config file's own error, whatever it raised
+        raise ConfigError(config_file_error(path, err)) from None
 
 
 def config_file_error(path: str, err: Exception) -> str:
@@ -168,6 +174,7 @@ def _lock_run_dir(out_dir: str) -> RunLock | None:
 def _run_locked(config: ExperimentConfig) -> dict:
     """`run_experiment` once the run directory is this process's (or process 0's) alone."""
     plan = run_dir.plan_run_dir(config)
+    run_dir.check_writable(plan, parse_loggers(config.run.loggers))  # before anything is deleted or rewritten
     if config.run.host_allocator and expected_platform() == "cpu":
         configure_host_allocator()
     configure_compilation_cache(config.run.compilation_cache_dir)
