@@ -197,16 +197,16 @@ def crash_training(command: Callable[..., list[str]], env: dict, cwd: str, out_d
 
 
 def crash_command(command: list[str], env: dict, cwd: str, progress: Callable[[], int], at: int,
-                  signum: int, timeout: float = 300) -> tuple[int | None, str]:
-    """Runs `command`, sends `signum` once `progress() >= at`, and reruns it to the end; returns (the
-    killed process's exit status, or None when it ended before the point, and the rerun's stderr when
-    it failed)."""
+                  signum: int, phase: str, timeout: float = 300) -> tuple[int | None, str]:
+    """Runs `command` (an evaluation, a sweep), sends `signum` once `progress() >= at`, and reruns it to
+    the end; returns (the killed process's exit status, None when it ended before the point; what went
+    wrong, "" when nothing: `check_stopped`'s problems of `phase`, or the rerun's failure)."""
     process = launch(command, env, cwd)
     sent, stderr = kill_at(process, "", lambda _: progress() >= at, signum, timeout)
     status = process.returncode if sent else None
     rerun = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if status is not None:
-        problems = check_stopped(status, stderr, signum, None, "evaluation")
+        problems = check_stopped(status, stderr, signum, None, phase)
         if problems:
             return status, "; ".join(problems)
     return status, "" if rerun.returncode == 0 else f"rerun failed ({rerun.returncode}): {rerun.stderr[-2000:]}"

@@ -292,18 +292,20 @@ def _sweep(config: StarvationConfig, report_only: bool) -> dict:
         # The cell list grows as the selection cells finish (the cells at a selected lr), so the list
         # is rebuilt after every cell; the order is `StarvationConfig.cells`'.
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="cells", disable=False)
-        while todo:
-            cell = todo[0]
-            if cell.regime not in bases:
-                bases[cell.regime] = prepare_base(config, show=True, regime=cell.regime)
-            bar.set_postfix_str(cell.name)
-            run_cell(config, cell, bases[cell.regime])
-            best, selection = selected_learning_rates(config, bases)
-            cells = config.cells(best)
-            todo = [c for c in cells if not (c.regime in bases and finished(config, c, bases[c.regime]))]
-            bar.total = len(cells)
-            bar.update(1)
-        bar.close()
+        try:
+            while todo:
+                cell = todo[0]
+                if cell.regime not in bases:
+                    bases[cell.regime] = prepare_base(config, show=True, regime=cell.regime)
+                bar.set_postfix_str(cell.name)
+                run_cell(config, cell, bases[cell.regime])
+                best, selection = selected_learning_rates(config, bases)
+                cells = config.cells(best)
+                todo = [c for c in cells if not (c.regime in bases and finished(config, c, bases[c.regime]))]
+                bar.total = len(cells)
+                bar.update(1)
+        finally:  # also when a cell stops on a signal: its one line then starts a line of its own
+            bar.close()
     runs = {c: load_run(config.cell_dir(c)) for c in cells
             if c.regime in bases and finished(config, c, bases[c.regime])}
     if not runs:
