@@ -236,9 +236,10 @@ def test_a_start_that_cannot_write_a_folder_is_refused_before_it_changes_anythin
 UNSHARE = ["unshare", "-m", "--propagation", "private"]
 
 
-def _in_mount_namespace(mounts: str, command: list[str], env: dict, timeout: int = 240):
-    """`command` after `mounts` (shell lines) in a private mount namespace: the mounts vanish with it."""
-    script = f"set -e\n{mounts}\nexec \"$@\"\n"
+def _in_mount_namespace(mounts: str, command: list[str], env: dict, timeout: int = 240, after: str = ""):
+    """`command` after `mounts` (shell lines) in a private mount namespace, then `after` (shell lines;
+    its output goes to stdout); the mounts vanish with the namespace. The exit status is `command`'s."""
+    script = f"set -e\n{mounts}\nset +e\n\"$@\"\nstatus=$?\n{after}\nexit $status\n"
     return subprocess.run([*UNSHARE, "sh", "-c", script, "sh", *command], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -397,8 +398,10 @@ def test_read_only_prewarmed_cache_is_used_and_a_full_one_is_one_line(tmp_path, 
         dd if=/dev/zero of={full}/filler bs=64k 2>/dev/null || true""")
     out = tmp_path / "full_disk"
     result = _in_mount_namespace(mounts, train_cmd(out, *REFERENCE_ARGS, f"run.compilation_cache_dir={full}"),
-                                 env)
+                                 env, after=f"echo records: $(ls -A {full}/respo_jax_compiled_ahead | wc -l)\n"
+                                            f"echo temporary files: $(ls -A {full} | grep -c '[.]tmp$')")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "records: 0\n" in result.stdout and "temporary files: 0\n" in result.stdout, result.stdout[-500:]
     warnings = [line for line in result.stderr.splitlines() if "cache" in line.lower()]
     assert len(warnings) == 1 and warnings[0].startswith("warning: cannot write the compilation cache"), \
         result.stderr[-3000:]

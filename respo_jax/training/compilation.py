@@ -15,10 +15,10 @@ program that produced it; a changed config lowers to another program and compile
 
 The cache has no size cap (JAX's default). A cap makes JAX scan the whole cache directory on every write
 to evict old entries, so compiling into a large capped cache is several times slower than compiling
-without any cache (the README's numbers). Without a cap JAX writes an entry in place,
-without a lock; runs and processes may share the directory all the same, since an entry read half
-written (or torn by a kill) fails to decompress, and JAX warns and compiles the program instead of
-using it.
+without any cache (the README's numbers). Without a cap JAX would write an entry in place, without a
+lock; this module has it write each entry to a temporary name and rename it (`_atomic_put`), so runs
+and processes sharing the directory never read half an entry, and a kill or a full disk leaves none
+(an entry damaged otherwise fails to decompress, and JAX compiles the program instead of using it).
 
 The cache is an optimisation, so it can never stop or change a run: an existing directory this process
 cannot write (a cluster's pre-warmed, read-only cache) is read and never written (JAX is told to keep
@@ -161,6 +161,7 @@ def configure_compilation_cache(setting: str, key: str = "run.compilation_cache_
                               "name a writable directory, or none to turn the cache off") from None
         read_only = existed and not _can_write(path)
     _install_warning_hook()
+    _install_atomic_put()
     if (path == jax.config.jax_compilation_cache_dir and _configured.get("path", "unset") == path
             and _cache_state["read_only"] == read_only):
         return path  # already in force: keep the initialised cache
@@ -211,6 +212,40 @@ def cache_write_failed(path: str, err: BaseException | str) -> None:
         _cache_state["write_failed"] = reason
         print(f"warning: cannot write the compilation cache ({path}: {reason}); the run goes on, and what "
               "was not written is compiled again by a later launch", file=sys.stderr)
+
+
+def _install_atomic_put() -> None:
+    """Makes JAX's file cache (`jax._src.lru_cache.LRUCache`, uncapped) write each entry whole: to a
+    temporary file in the cache folder, then renamed; a failed write removes the temporary file and
+    raises, which JAX reports as a warning (`_install_warning_hook`). A capped cache keeps JAX's own
+    write (its eviction bookkeeping goes with it)."""
+    try:
+        from jax._src import lru_cache
+    except ImportError:
+        return
+    cache_type, suffix = getattr(lru_cache, "LRUCache", None), getattr(lru_cache, "_CACHE_SUFFIX", None)
+    if cache_type is None or suffix is None or getattr(cache_type.put, "_respo_jax_atomic", False):
+        return
+    original = cache_type.put
+
+    def put(self, key: str, value: bytes) -> None:
+        if getattr(self, "eviction_enabled", True) or not key:
+            return original(self, key, value)
+        path = os.path.join(str(self.path), f"{key}{suffix}")
+        if os.path.exists(path):
+            return
+        fd, temp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=str(self.path))
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(value)
+            os.replace(temp, path)
+        except BaseException:
+            if os.path.exists(temp):
+                os.remove(temp)
+            raise
+
+    put._respo_jax_atomic = True
+    cache_type.put = put
 
 
 def _install_warning_hook() -> None:
