@@ -209,14 +209,18 @@ def crash_command(command: list[str], env: dict, cwd: str, progress: Callable[[]
         problems = check_stopped(status, stderr, signum, None, phase)
         if problems:
             return status, "; ".join(problems)
-    return status, "" if rerun.returncode == 0 else f"rerun failed ({rerun.returncode}): {rerun.stderr[-2000:]}"
+    if rerun.returncode != 0:
+        return status, f"rerun failed ({rerun.returncode}): {rerun.stderr[-2000:]}"
+    return status, ""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="a folder for the runs")
     parser.add_argument("--seed", type=int, default=None, help="the kill points' seed (default: random)")
-    parser.add_argument("overrides", nargs="*", help="training overrides (warm-up >= 2 steps, >= 6 iterations)")
+    parser.add_argument("overrides", nargs="*",
+                        help="training overrides (warm-up >= 2 steps, >= 6 iterations)")
     args = parser.parse_args(argv)
     seed = random.randrange(2**31) if args.seed is None else args.seed
     print(f"crash suite seed {seed}", flush=True)

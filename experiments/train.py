@@ -45,7 +45,7 @@ from experiments.cli import ArgumentParser, run_cli, run_failures
 from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.distributed import initialize_from_env, is_primary_process, sync_processes
 from respo_jax.host_allocator import configure_host_allocator, expected_platform
-from respo_jax.training import run_dir
+from respo_jax.training import preemption, run_dir
 from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.checkpoint import (
     CheckpointError,
@@ -56,7 +56,6 @@ from respo_jax.training.checkpoint import (
 )
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.loop import RLTrainer
-from respo_jax.training import preemption
 from respo_jax.training.plots import plot_training_curves
 from respo_jax.training.run_lock import RunLock
 from respo_jax.training.trackers import check_available, open_trackers, parse_loggers
@@ -122,7 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 def resume_command(config_path: str, overrides: list[str]) -> str:
     """The command line that resumes the run `config_path` with `overrides` describes."""
-    kept = [item for item in overrides if item.split("=", 1)[0].strip() not in ("run.resume", "run.overwrite")]
+    dropped = ("run.resume", "run.overwrite")
+    kept = [item for item in overrides if item.split("=", 1)[0].strip() not in dropped]
     config = [] if config_path == DEFAULT_CONFIG else ["--config", config_path]
     return shlex.join(["python", "-m", "experiments.train", *config, *kept, "run.resume=true"])
 
@@ -246,26 +246,29 @@ def _run_locked(config: ExperimentConfig) -> dict:
 
         boundary("before its first step", can_save=False)
         if restored is None:
-            for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):
-                emit(record)
-                boundary(f"after warm-up step {record['step']} of {config.warmup.steps}", can_save=False)
+            # `with`: a bar is closed before a stop's one line is printed
+            with tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show) as steps:
+                for record in steps:
+                    emit(record)
+                    boundary(f"after warm-up step {record['step']} of {config.warmup.steps}", can_save=False)
             evaluate()
             boundary("after the warm-up and the first evaluation")  # checkpoint step 0
         remaining = config.num_iterations - trainer.state.iteration
-        bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
-        for _ in bar:
-            record = trainer.iteration()  # raises NonFiniteError before anything of a diverged step is kept
-            if primary and trainer.last_rollout is not None:  # None: dynamic sampling kept no group
-                with writing(f"the rollout file of iteration {trainer.state.iteration}",
-                             os.path.join(out_dir, run_dir.ROLLOUT_DIR), run_dir.RESUME_HINT):
-                    write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
-            emit(record)
-            bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",
-                            len=f"{record['response_length']:.1f}")
-            every = config.run.checkpoint_every
-            if every and trainer.state.iteration % every == 0:
-                checkpoint()
-            boundary(f"after RL iteration {trainer.state.iteration} of {config.num_iterations}")
+        with tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}",
+                  disable=not show) as bar:
+            for _ in bar:
+                record = trainer.iteration()  # NonFiniteError before anything of a diverged step is kept
+                if primary and trainer.last_rollout is not None:  # None: dynamic sampling kept no group
+                    with writing(f"the rollout file of iteration {trainer.state.iteration}",
+                                 os.path.join(out_dir, run_dir.ROLLOUT_DIR), run_dir.RESUME_HINT):
+                        write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (E.3)
+                emit(record)
+                bar.set_postfix(score=f"{record['train_accuracy']:.3f}",
+                                logW=f"{record.get('log_w_mean', 0.0):+.2f}", len=f"{record['response_length']:.1f}")
+                every = config.run.checkpoint_every
+                if every and trainer.state.iteration % every == 0:
+                    checkpoint()
+                boundary(f"after RL iteration {trainer.state.iteration} of {config.num_iterations}")
         if last_saved != trainer.state.iteration:
             checkpoint()
         boundary("before the final evaluation")

@@ -112,7 +112,8 @@ def test_a_sigterm_to_one_process_stops_both_at_the_same_step_with_one_checkpoin
     workers = [subprocess.Popen([sys.executable, "-m", "experiments.train", *ARGS, "run.iterations=6",
                                  f"run.out_dir={out}"], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True,
-                                env=_env(2, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i, JAX_COORDINATOR_ADDRESS=address))
+                                env=_env(2, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i,
+                                         JAX_COORDINATOR_ADDRESS=address))
                for i in range(2)]
     metrics = os.path.join(out, "metrics.jsonl")
     while all(w.poll() is None for w in workers):

@@ -268,8 +268,8 @@ def test_a_read_only_tensorboard_is_refused_before_resume_deletes_anything(tmp_p
 @pytest.mark.slow
 def test_sigint_stops_like_sigterm_and_a_second_signal_exits_at_once(tmp_path, jit_cache, reference):
     """SIGINT once RL iteration 2 is logged: one line, exit 130, a checkpoint at the iteration in flight
-    (never a swallowed KeyboardInterrupt). Resumed, SIGTERM repeated from start-up on: the second one the process takes
-    exits at once (143) with its own line. The last resume equals the uninterrupted run bit for bit."""
+    (never a swallowed KeyboardInterrupt). Resumed, SIGTERM repeated from start-up on: the second one
+    the process takes exits at once (143) with its own line. The last resume equals the uninterrupted run bit for bit."""
     out = tmp_path / "run"
     env = run_env(jit_cache)
     process = crash_suite.launch(train_cmd(out, *REFERENCE_ARGS), env, str(ROOT))
@@ -279,7 +279,8 @@ def test_sigint_stops_like_sigterm_and_a_second_signal_exits_at_once(tmp_path, j
     # the signal came after iteration 2 was logged: the run stops at that boundary or after iteration 3
     step = list_steps(out / "checkpoints")[-1]
     assert step in (2, 3) and list_steps(out / "checkpoints") == [step]
-    assert line.startswith(f"stopped: SIGINT after RL iteration {step} of 8: checkpoint step {step} saved in ")
+    assert line.startswith(f"stopped: SIGINT after RL iteration {step} of 8: checkpoint step {step} "
+                           "saved in ")
     assert line.endswith("run.resume=true") and not crash_suite.check_stopped(130, stderr, signal.SIGINT,
                                                                                str(out), "rollout")
 
@@ -323,7 +324,8 @@ def test_randomized_crash_suite_training_evaluation_and_sweep(tmp_path, jit_cach
 
     rng = random.Random(seed + 1)
     evaluation = [sys.executable, "-m", "experiments.evaluate", f"eval.checkpoint={reference}",
-                  "eval.benchmarks=synthetic", "eval.synthetic_problems=8", "eval.batch_size=2", "eval.samples=1",
+                  "eval.benchmarks=synthetic", "eval.synthetic_problems=8", "eval.batch_size=2",
+                  "eval.samples=1",
                   "eval.max_new_tokens=6", "eval.num_workers=1", "eval.progress=false", "eval.dtype=float32"]
     want, got = tmp_path / "eval_whole", tmp_path / "eval_killed"
     whole = subprocess.run([*evaluation, f"eval.out_dir={want}"], cwd=ROOT, env=env, capture_output=True,
@@ -339,7 +341,8 @@ def test_randomized_crash_suite_training_evaluation_and_sweep(tmp_path, jit_cach
         assert (got / name).read_bytes() == (want / name).read_bytes(), name
 
     sweep = [sys.executable, "-m", "experiments.gradient_starvation", "--quick", "sweep.objectives=respo",
-             "sweep.reuse=1", "sweep.seeds=0", "sweep.policy_updates=4", "warmup.steps=2", "warmup.batch_size=8",
+             "sweep.reuse=1", "sweep.seeds=0", "sweep.policy_updates=4", "warmup.steps=2",
+             "warmup.batch_size=8",
              "run.eval_problems=4", "rollout.prompts_per_minibatch=2", "rollout.group_size=2",
              "rollout.max_new_tokens=32", 'task.overrides={"num_operands": 3}']
     want, got = tmp_path / "sweep_whole", tmp_path / "sweep_killed"
@@ -347,7 +350,7 @@ def test_randomized_crash_suite_training_evaluation_and_sweep(tmp_path, jit_cach
                            env=env, capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
     os.makedirs(got)
-    for name in ("base", ".jax_cache"):  # the shared base model and the sweep's programs: only the cell is killed
+    for name in ("base", ".jax_cache"):  # the base model and the sweep's programs: only the cell is killed
         shutil.copytree(want / name, got / name)
     cell = "respo_n1_seed0"
     signum = rng.choice((signal.SIGTERM, signal.SIGKILL))
@@ -398,7 +401,8 @@ def test_read_only_prewarmed_cache_is_used_and_a_full_one_is_one_line(tmp_path, 
         dd if=/dev/zero of={full}/filler bs=64k 2>/dev/null || true""")
     out = tmp_path / "full_disk"
     result = _in_mount_namespace(mounts, train_cmd(out, *REFERENCE_ARGS, f"run.compilation_cache_dir={full}"),
-                                 env, after=f"echo records: $(ls -A {full}/respo_jax_compiled_ahead | wc -l)\n"
+                                 env, after=f"echo records: $(ls -A {full}/respo_jax_compiled_ahead | wc -l)"
+                                            "\n"
                                             f"echo temporary files: $(ls -A {full} | grep -c '[.]tmp$')")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "records: 0\n" in result.stdout and "temporary files: 0\n" in result.stdout, result.stdout[-500:]

@@ -200,7 +200,7 @@ def _can_write(folder: str) -> bool:
 
 
 def cache_read_only() -> bool:
-    """Whether the configured compilation cache is only read (an existing directory that cannot be written)."""
+    """Whether the configured compilation cache is only read (an existing folder that cannot be written)."""
     return _cache_state["read_only"]
 
 
