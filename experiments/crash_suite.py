@@ -145,8 +145,12 @@ def check_stopped(returncode: int, stderr: str, signum: int, out_dir: str, phase
     if signum == signal.SIGKILL:
         return [] if returncode == -signal.SIGKILL else [f"{phase}: SIGKILL gave exit status {returncode}"]
     problems = []
-    if returncode == 0 and phase in ("final evaluation", "evaluation"):
-        return []  # the evaluation in flight finished, and with it the run
+    if returncode == 0 and phase == "evaluation":
+        return []  # the sampler call in flight was the last one
+    if returncode == 0 and phase == "final evaluation":  # it finished, and with it the run
+        if "came during the final evaluation: it finished" not in stderr or "Traceback" in stderr:
+            return [f"{phase}: the run finished without its line: {stderr[-2000:]}"]
+        return []
     if returncode != 128 + signum:
         problems.append(f"{phase}: {signal.Signals(signum).name} gave exit status {returncode}, "
                         f"expected {128 + signum}: {stderr[-2000:]}")
@@ -168,17 +172,32 @@ def check_stopped(returncode: int, stderr: str, signum: int, out_dir: str, phase
     return problems
 
 
+def random_signals(rng: random.Random, points: list) -> list[tuple[tuple, int]]:
+    """Every point, each with SIGTERM or SIGKILL drawn from `rng`."""
+    return [(point, rng.choice((signal.SIGTERM, signal.SIGKILL))) for point in points]
+
+
+def every_phase(signum: int) -> Callable[[random.Random, list], list[tuple[tuple, int]]]:
+    """Every point, each with `signum`."""
+    return lambda rng, points: [(point, signum) for point in points]
+
+
+def some_phases(signum: int, count: int) -> Callable[[random.Random, list], list[tuple[tuple, int]]]:
+    """`count` points drawn from `rng` (in the run's order), each with `signum`."""
+    return lambda rng, points: [(point, signum) for point in
+                                [points[i] for i in sorted(rng.sample(range(len(points)), count))]]
+
+
 def crash_training(command: Callable[..., list[str]], env: dict, cwd: str, out_dir: str, seed: int,
                    warmup_steps: int, iterations: int, checkpoint_every: int, evaluates: bool,
-                   timeout: float = 300) -> tuple[list[str], list[str]]:
-    """Kills one training run at a point of each phase in turn (`training_points`), resuming after
-    each, then resumes it to the end. `command(out_dir, *overrides)` is the training command line.
-    Returns (what happened, one line per kill; problems found)."""
+                   choose: Callable = random_signals, timeout: float = 300) -> tuple[list[str], list[str]]:
+    """Kills one training run at the points `choose(rng, training_points(...))` picks, with the signal
+    it gives each, in turn, resuming after each, then resumes it to the end. `command(out_dir,
+    *overrides)` is the training command line. Returns (what happened, one line per kill; problems)."""
     rng = random.Random(seed)
     points = training_points(rng, warmup_steps, iterations, checkpoint_every, evaluates)
     log, problems = [], []
-    for index, (phase, where, reached) in enumerate(points):
-        signum = rng.choice((signal.SIGTERM, signal.SIGKILL))
+    for index, ((phase, where, reached), signum) in enumerate(choose(rng, points)):
         extra = ("run.resume=true",) if index else ()
         process = launch(command(out_dir, *extra), env, cwd)
         sent, stderr = kill_at(process, out_dir, reached, signum, timeout)

@@ -23,7 +23,8 @@ boundary (respo_jax.training.preemption): the policy update in flight finishes, 
 that iteration, the logs and trackers are closed, one line on stderr says what was kept and the command
 that resumes it, and the exit status is 143 (SIGTERM) or 130 (SIGINT); a second signal exits at once.
 A signal during the warm-up stops after the warm-up step in flight with no checkpoint (the warm-up's
-own optimizer is not kept: the resume redoes it); one during the final evaluation lets it finish.
+own optimizer is not kept: the resume redoes it); one during the final evaluation lets it finish, and
+the run ends normally (exit status 0) with a line saying so.
 `run.checkpoint_every_minutes` adds time-based checkpoints, which bound what a hard kill loses.
 """
 
@@ -273,6 +274,9 @@ def _run_locked(config: ExperimentConfig) -> dict:
             checkpoint()
         boundary("before the final evaluation")
         evaluate()  # after the last checkpoint: a resumed finished run re-evaluates instead of repeating it
+        if preemption.requested() and primary:  # it came during the final evaluation, which finished
+            print(f"{preemption.signal_name(preemption.requested())} came during the final evaluation: it "
+                  "finished, and so did the run (nothing to resume)", file=sys.stderr)
     summary = summarize(records)
     if not primary:
         return summary

@@ -303,30 +303,43 @@ def test_sigint_stops_like_sigterm_and_a_second_signal_exits_at_once(tmp_path, j
     assert_same_run(out, reference)
 
 
-@pytest.mark.slow
-def test_randomized_crash_suite_training_evaluation_and_sweep(tmp_path, jit_cache, reference):
-    """experiments/crash_suite.py: one run killed by SIGTERM or SIGKILL (drawn from the printed seed) at a
-    point of each phase — start-up, warm-up, rollout, update, checkpoint save, final evaluation — chosen
-    by what the run has written, resumed after each; then an evaluation of the reference run killed
-    after its first sampler call and rerun; then a sweep cell killed mid-run and the sweep rerun. Each
-    equals its uninterrupted run bit for bit."""
+def _crash_seed() -> int:
     seed = int(os.environ.get("RESPO_CRASH_SEED", random.randrange(2**31)))
     print(f"crash suite seed {seed} (RESPO_CRASH_SEED={seed} replays it)")
-    env = run_env(jit_cache)
+    return seed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choose", ["sigterm_everywhere", "sigkill_somewhere"])
+def test_randomized_crash_suite_training(tmp_path, jit_cache, reference, choose):
+    """experiments/crash_suite.py: one run stopped at a point of each phase — start-up, warm-up, rollout,
+    update, checkpoint save, final evaluation — each by SIGTERM (one line, the checkpoint of the step in
+    flight), or at three of them by SIGKILL; points drawn from the printed seed by what the run has
+    written, the run resumed after each. The last resume equals the uninterrupted run bit for bit."""
+    seed = _crash_seed()
+    chooser = (crash_suite.every_phase(signal.SIGTERM) if choose == "sigterm_everywhere"
+               else crash_suite.some_phases(signal.SIGKILL, 3))
     out = tmp_path / "run"
     log, problems = crash_suite.crash_training(
-        lambda out_dir, *extra: train_cmd(out_dir, *REFERENCE_ARGS, *extra), env, str(ROOT), str(out), seed,
-        warmup_steps=2, iterations=8, checkpoint_every=3, evaluates=True)
+        lambda out_dir, *extra: train_cmd(out_dir, *REFERENCE_ARGS, *extra), run_env(jit_cache), str(ROOT),
+        str(out), seed, warmup_steps=2, iterations=8, checkpoint_every=3, evaluates=True, choose=chooser)
     print("\n".join(log))
     assert not problems, "\n".join(problems)
-    assert len(log) == 6
+    assert len(log) == (6 if choose == "sigterm_everywhere" else 3)
     assert_same_run(out, reference)
 
-    rng = random.Random(seed + 1)
+
+@pytest.mark.slow
+def test_randomized_crash_suite_evaluation(tmp_path, jit_cache, reference):
+    """An evaluation of the reference run killed (SIGTERM or SIGKILL, from the printed seed) after its
+    first sampler call and rerun: its completions and summary equal an uninterrupted evaluation's."""
+    seed = _crash_seed()
+    env = run_env(jit_cache)
+    rng = random.Random(seed)
     evaluation = [sys.executable, "-m", "experiments.evaluate", f"eval.checkpoint={reference}",
                   "eval.benchmarks=synthetic", "eval.synthetic_problems=8", "eval.batch_size=2",
-                  "eval.samples=1",
-                  "eval.max_new_tokens=6", "eval.num_workers=1", "eval.progress=false", "eval.dtype=float32"]
+                  "eval.samples=1", "eval.max_new_tokens=6", "eval.num_workers=1", "eval.progress=false",
+                  "eval.dtype=float32"]
     want, got = tmp_path / "eval_whole", tmp_path / "eval_killed"
     whole = subprocess.run([*evaluation, f"eval.out_dir={want}"], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=240)
@@ -340,10 +353,16 @@ def test_randomized_crash_suite_training_evaluation_and_sweep(tmp_path, jit_cach
     for name in ("completions.jsonl", "summary.json"):
         assert (got / name).read_bytes() == (want / name).read_bytes(), name
 
+
+@pytest.mark.slow
+def test_randomized_crash_suite_sweep(tmp_path, jit_cache):
+    """A sweep cell killed (SIGTERM or SIGKILL, from the printed seed) at its RL iteration 2 and the sweep
+    rerun: the cell's log and the sweep's summary equal an uninterrupted sweep's."""
+    rng = random.Random(_crash_seed())
+    env = run_env(jit_cache)
     sweep = [sys.executable, "-m", "experiments.gradient_starvation", "--quick", "sweep.objectives=respo",
              "sweep.reuse=1", "sweep.seeds=0", "sweep.policy_updates=4", "warmup.steps=2",
-             "warmup.batch_size=8",
-             "run.eval_problems=4", "rollout.prompts_per_minibatch=2", "rollout.group_size=2",
+             "warmup.batch_size=8", "run.eval_problems=4", "rollout.prompts_per_minibatch=2", "rollout.group_size=2",
              "rollout.max_new_tokens=32", 'task.overrides={"num_operands": 3}']
     want, got = tmp_path / "sweep_whole", tmp_path / "sweep_killed"
     whole = subprocess.run([*sweep, f"sweep.runs_dir={want}", f"sweep.out_dir={want / 'out'}"], cwd=ROOT,
