@@ -201,6 +201,30 @@ def test_a_rebuilt_output_tree_must_be_the_declared_one(tmp_path):
         assert (program.entries_read, program.entries_written) == (0, 1)
 
 
+def test_every_byte_of_a_compile_ahead_record_is_verified():
+    """A record (in this session's cache, under a key no run uses) is trusted only whole: any changed,
+    missing or added byte makes the next start compile ahead again (and rewrite it)."""
+    from respo_jax.training import compilation
+
+    cache = jax.config.jax_compilation_cache_dir
+    assert cache, "the test session sets JAX_COMPILATION_CACHE_DIR (tests/conftest.py)"
+    key = f"test-{os.getpid()}-{random.randrange(2**31)}"
+    path = os.path.join(cache, compilation.COMPILED_AHEAD_DIR, key)
+    try:
+        compilation.record_compile_ahead(key)
+        data = open(path, "rb").read()
+        assert compilation.cache_holds_compile_ahead(key) and key.encode() in data
+        for damaged in [data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:] for i in range(len(data))] + [
+                b"", data[:-1], data + b"x"]:
+            open(path, "wb").write(damaged)
+            assert not compilation.cache_holds_compile_ahead(key), damaged
+        compilation.record_compile_ahead(key)
+        assert compilation.cache_holds_compile_ahead(key)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+
+
 # ------------------------------------------------------------------------ mutate after checking
 
 
