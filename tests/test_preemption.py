@@ -444,8 +444,8 @@ def test_read_only_prewarmed_cache_is_used_and_a_full_one_is_one_line(tmp_path, 
         dd if=/dev/zero of={full}/filler bs=64k 2>/dev/null || true""")
     out = tmp_path / "full_disk"
     result = _in_mount_namespace(mounts, train_cmd(out, *REFERENCE_ARGS, f"run.compilation_cache_dir={full}"),
-                                 env, after=f"echo records: $(ls -A {full}/respo_jax_compiled_ahead | wc -l)"
-                                            "\n"
+                                 env, after=f"echo records: $(ls -A {full}/respo_jax_compiled_ahead "
+                                            "2>/dev/null | wc -l)\n"
                                             f"echo temporary files: $(ls -A {full} | grep -c '[.]tmp$')")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "records: 0\n" in result.stdout and "temporary files: 0\n" in result.stdout, result.stdout[-500:]
