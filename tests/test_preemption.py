@@ -293,7 +293,8 @@ def test_a_read_only_tensorboard_is_refused_before_resume_deletes_anything(tmp_p
 def test_sigint_stops_like_sigterm_and_a_second_signal_exits_at_once(tmp_path, jit_cache, reference):
     """SIGINT once RL iteration 2 is logged: one line, exit 130, a checkpoint at the iteration in flight
     (never a swallowed KeyboardInterrupt). Resumed, SIGTERM repeated from start-up on: the second one
-    the process takes exits at once (143) with its own line. The last resume equals the uninterrupted run bit for bit."""
+    the process takes exits at once (143) with its own line. The last resume equals the uninterrupted
+    run bit for bit."""
     out = tmp_path / "run"
     env = run_env(jit_cache)
     process = crash_suite.launch(train_cmd(out, *REFERENCE_ARGS), env, str(ROOT))
@@ -386,7 +387,8 @@ def test_randomized_crash_suite_sweep(tmp_path, jit_cache):
     env = run_env(jit_cache)
     sweep = [sys.executable, "-m", "experiments.gradient_starvation", "--quick", "sweep.objectives=respo",
              "sweep.reuse=1", "sweep.seeds=0", "sweep.policy_updates=4", "warmup.steps=2",
-             "warmup.batch_size=8", "run.eval_problems=4", "rollout.prompts_per_minibatch=2", "rollout.group_size=2",
+             "warmup.batch_size=8", "run.eval_problems=4", "rollout.prompts_per_minibatch=2",
+             "rollout.group_size=2",
              "rollout.max_new_tokens=32", 'task.overrides={"num_operands": 3}']
     want, got = tmp_path / "sweep_whole", tmp_path / "sweep_killed"
     whole = subprocess.run([*sweep, f"sweep.runs_dir={want}", f"sweep.out_dir={want / 'out'}"], cwd=ROOT,
