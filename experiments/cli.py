@@ -13,6 +13,7 @@ import sys
 from typing import Any, Callable, NoReturn
 
 from respo_jax.training.config import ConfigError
+from respo_jax.training.preemption import Preempted
 
 
 def run_failures() -> tuple[type[Exception], ...]:
@@ -48,10 +49,15 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str],
             usage_errors: tuple[type[Exception], ...] = (ConfigError,)) -> int:
     """Runs `main(argv)` and returns its exit status: the int `main` returns (0 when it returns
     anything else), 2 after one of `usage_errors` (the command could not start: nothing was written),
-    1 after one of `failures` (it started and failed); both print `error: <message>` to stderr.
+    1 after one of `failures` (it started and failed); both print `error: <message>` to stderr. A
+    run stopped by a signal (`respo_jax.training.preemption.Preempted`) prints `stopped: <what was
+    kept, how to resume>` and exits with 128 + the signal's number (143 SIGTERM, 130 SIGINT).
     Anything else is a bug and keeps its traceback."""
     try:
         status = main(argv)
+    except Preempted as err:
+        print(f"stopped: {err}", file=sys.stderr)
+        return err.status
     except usage_errors as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -67,6 +67,7 @@ from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict
 from respo_jax import runs
 from respo_jax.runs import atomic_write_bytes, atomic_write_json, read_json
+from respo_jax.training import preemption
 from respo_jax.training.run_lock import RunLock
 from respo_jax.training.write_errors import writing
 
@@ -491,6 +492,12 @@ def generate_and_score(pending: list[WorkItem], checkpoint: Checkpoint, settings
             with _writing(handle.name, "completions"):
                 append_completions(handle, records)
             on_records(records)
+            signum, _ = preemption.stop_agreed()
+            if signum and start + settings.batch_size < len(pending):
+                done = start + len(chunk)
+                raise preemption.Preempted(
+                    f"{preemption.signal_name(signum)} after {done} of {len(pending)} pending completions: "
+                    f"they are in {handle.name}; resume: rerun the same command", signum)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -501,7 +508,14 @@ def evaluate(config: EvalConfig) -> dict:
     """Runs (or resumes) the evaluation `config` describes; returns the summary plus bookkeeping.
 
     Everything is checked before the first write (ConfigError, nothing left behind): the checkpoint and
-    its weights, the benchmark files, the prompts' lengths, the out_dir's lock, protocol and completions."""
+    its weights, the benchmark files, the prompts' lengths, the out_dir's lock, protocol and completions.
+    SIGTERM / SIGINT (`respo_jax.training.preemption`): the sampler call in flight finishes and its
+    completions are appended, then `Preempted` (exit status 143 / 130, one line); rerunning resumes."""
+    with preemption.handling():
+        return _evaluate(config)
+
+
+def _evaluate(config: EvalConfig) -> dict:
     from respo_jax.training.loop import build_mesh
 
     from respo_jax.models.qwen3.kernels import platform

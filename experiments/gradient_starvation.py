@@ -18,7 +18,9 @@ One sweep at a time per sweep.runs_dir: a second one is refused in one line nami
 lock, `respo_jax.training.run_lock`, is held for the whole sweep; each cell's trainer also locks the
 cell's directory). Resumable per cell: a cell trains in `<name>.partial/` and is renamed to `<name>/`
 only when finished (metrics, rollout files, held-out evaluation; its checkpoints are deleted), so a
-killed sweep restarts the unfinished cell and never recomputes a finished one. A finished cell or
+killed sweep resumes the unfinished cell from its latest checkpoint and never recomputes a finished one
+(SIGTERM and SIGINT save a checkpoint at the iteration in flight and exit with status 143 / 130, see
+respo_jax.training.preemption). A finished cell or
 base model made with a different config is refused (ConfigError naming the keys), never mixed in. Exit
 status 2 on a configuration error (one line on stderr), 1 when a run fails.
 """
@@ -28,7 +30,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -46,7 +47,7 @@ from experiments.starvation_tables import second_study_markdown, summary_markdow
 from respo_jax.eval.report import ReportError, load_run
 from respo_jax.files import file_sha256
 from respo_jax.runs import atomic_write_bytes
-from respo_jax.training import run_dir
+from respo_jax.training import preemption, run_dir
 from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.run_lock import RunLock
@@ -65,15 +66,10 @@ GRID_FIGURE, CONTROLS_FIGURE, LONG_FIGURE = "grid.png", "controls.png", "long_re
 
 def load_sweep_config(path: str, quick: bool = False) -> StarvationConfig:
     """The config file's `get_config()` (or `get_quick_config()` with `quick`), a StarvationConfig."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config {path!r}: no such file")
-    spec = importlib.util.spec_from_file_location("starvation_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from experiments.train import call_config_file
+
     name = "get_quick_config" if quick else "get_config"
-    if not hasattr(module, name):
-        raise ConfigError(f"--config {path!r}: the file has no {name}()")
-    config = getattr(module, name)()
+    config = call_config_file(path, name, "starvation_config")
     if not isinstance(config, StarvationConfig):
         raise ConfigError(f"--config {path!r}: {name}() returned {type(config).__name__}, expected "
                           "StarvationConfig")
@@ -271,7 +267,10 @@ def main(argv: list[str] | None = None) -> dict:
     # holds its own directory's lock (experiments.train.run_experiment).
     lock = RunLock.acquire(config.sweep.runs_dir, "gradient-starvation sweep", key="sweep.runs_dir")
     try:
-        return _sweep(config, args.report_only)
+        with preemption.handling():  # a cell stopped by a signal keeps its checkpoint (experiments.train)
+            return _sweep(config, args.report_only)
+    except preemption.Preempted as err:
+        raise preemption.Preempted(f"{err}; resume the sweep: rerun the same command", err.signum) from None
     finally:
         lock.release(remove_if_created=True)
 
@@ -293,18 +292,20 @@ def _sweep(config: StarvationConfig, report_only: bool) -> dict:
         # The cell list grows as the selection cells finish (the cells at a selected lr), so the list
         # is rebuilt after every cell; the order is `StarvationConfig.cells`'.
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="cells", disable=False)
-        while todo:
-            cell = todo[0]
-            if cell.regime not in bases:
-                bases[cell.regime] = prepare_base(config, show=True, regime=cell.regime)
-            bar.set_postfix_str(cell.name)
-            run_cell(config, cell, bases[cell.regime])
-            best, selection = selected_learning_rates(config, bases)
-            cells = config.cells(best)
-            todo = [c for c in cells if not (c.regime in bases and finished(config, c, bases[c.regime]))]
-            bar.total = len(cells)
-            bar.update(1)
-        bar.close()
+        try:
+            while todo:
+                cell = todo[0]
+                if cell.regime not in bases:
+                    bases[cell.regime] = prepare_base(config, show=True, regime=cell.regime)
+                bar.set_postfix_str(cell.name)
+                run_cell(config, cell, bases[cell.regime])
+                best, selection = selected_learning_rates(config, bases)
+                cells = config.cells(best)
+                todo = [c for c in cells if not (c.regime in bases and finished(config, c, bases[c.regime]))]
+                bar.total = len(cells)
+                bar.update(1)
+        finally:  # also when a cell stops on a signal: its one line then starts a line of its own
+            bar.close()
     runs = {c: load_run(config.cell_dir(c)) for c in cells
             if c.regime in bases and finished(config, c, bases[c.regime])}
     if not runs:

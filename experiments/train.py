@@ -17,6 +17,15 @@ against the model's positions, the sampler's memory) and, on resume, the checkpo
 user error prints one line to stderr and exits with status 2 (nothing written); a run that fails after
 it started (NaN/inf, no intact checkpoint, a damaged data file, a full disk) prints one line and exits
 with status 1, its last good checkpoints kept.
+
+SIGTERM (a preemptible VM, Slurm, Kubernetes) or SIGINT (Ctrl-C) stops the run at the next step
+boundary (respo_jax.training.preemption): the policy update in flight finishes, a checkpoint is saved at
+that iteration, the logs and trackers are closed, one line on stderr says what was kept and the command
+that resumes it, and the exit status is 143 (SIGTERM) or 130 (SIGINT); a second signal exits at once.
+A signal during the warm-up stops after the warm-up step in flight with no checkpoint (the warm-up's
+own optimizer is not kept: the resume redoes it); one during the final evaluation lets it finish, and
+the run ends normally (exit status 0) with a line saying so.
+`run.checkpoint_every_minutes` adds time-based checkpoints, which bound what a hard kill loses.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import sys
+import traceback
 
 import jax
 import numpy as np
@@ -35,7 +46,7 @@ from experiments.cli import ArgumentParser, run_cli, run_failures
 from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.distributed import initialize_from_env, is_primary_process, sync_processes
 from respo_jax.host_allocator import configure_host_allocator, expected_platform
-from respo_jax.training import run_dir
+from respo_jax.training import preemption, run_dir
 from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.checkpoint import (
     CheckpointError,
@@ -48,7 +59,7 @@ from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overr
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.plots import plot_training_curves
 from respo_jax.training.run_lock import RunLock
-from respo_jax.training.trackers import check_available, open_trackers
+from respo_jax.training.trackers import check_available, open_trackers, parse_loggers
 from respo_jax.training.write_errors import writing
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
@@ -57,18 +68,44 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synth
 def load_config(path: str, expected: type = ExperimentConfig):
     """Imports a config file and calls its `get_config()`, which must return an `expected` instance
     (`ExperimentConfig` for training, `respo_jax.eval.config.EvalConfig` for evaluation)."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config {path!r}: no such file")
-    spec = importlib.util.spec_from_file_location("experiment_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"--config {path!r}: the file has no get_config()")
-    config = module.get_config()
+    config = call_config_file(path, "get_config")
     if not isinstance(config, expected):
         raise ConfigError(f"--config {path!r}: get_config() returned {type(config).__name__}, "
                           f"expected {expected.__name__}")
     return config
+
+
+def call_config_file(path: str, function: str, module_name: str = "experiment_config"):
+    """Imports the config file `path` and returns what its `function()` returns; a ConfigError (one line,
+    `config_file_error`) for a missing file or function, a syntax error or an exception raised in it."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config {path!r}: no such file")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        if not hasattr(module, function):
+            raise ConfigError(f"--config {path!r}: the file has no {function}()")
+        return getattr(module, function)()
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the config file's own error, whatever it raised
+        raise ConfigError(config_file_error(path, err)) from None
+
+
+def config_file_error(path: str, err: Exception) -> str:
+    """'--config FILE:LINE: <exception>' for an error raised by (or a syntax error in) a config file; the
+    line is the deepest one of that file in the traceback."""
+    line = None
+    if isinstance(err, SyntaxError) and err.filename and os.path.samefile(err.filename, path):
+        line = err.lineno
+    else:
+        for frame in traceback.extract_tb(err.__traceback__):
+            if os.path.exists(frame.filename) and os.path.samefile(frame.filename, path):
+                line = frame.lineno
+    message = err.msg if isinstance(err, SyntaxError) else str(err)
+    where = f"{path}:{line}" if line else path
+    return f"--config {where}: {type(err).__name__}: {' '.join(str(message).split())}"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -76,7 +113,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
-    return run_experiment(apply_overrides(load_config(args.config), args.overrides))
+    try:
+        return run_experiment(apply_overrides(load_config(args.config), args.overrides))
+    except preemption.Preempted as err:
+        raise preemption.Preempted(f"{err}; resume: {resume_command(args.config, args.overrides)}",
+                                   err.signum) from None
+
+
+def resume_command(config_path: str, overrides: list[str]) -> str:
+    """The command line that resumes the run `config_path` with `overrides` describes."""
+    dropped = ("run.resume", "run.overwrite")
+    kept = [item for item in overrides if item.split("=", 1)[0].strip() not in dropped]
+    config = [] if config_path == DEFAULT_CONFIG else ["--config", config_path]
+    return shlex.join(["python", "-m", "experiments.train", *config, *kept, "run.resume=true"])
 
 
 def run_experiment(config: ExperimentConfig) -> dict:
@@ -93,12 +142,13 @@ def run_experiment(config: ExperimentConfig) -> dict:
         initialize_from_env()
     except ValueError as err:
         raise ConfigError(f"multi-process launch: {err}") from None
-    lock = _lock_run_dir(config.run.out_dir)
-    try:
-        return _run_locked(config)
-    finally:
-        if lock is not None:  # a refused start removes the directory it created (nothing else is in it)
-            lock.release(remove_if_created=True)
+    with preemption.handling():  # SIGTERM / SIGINT: stop at the next step boundary with a checkpoint
+        lock = _lock_run_dir(config.run.out_dir)
+        try:
+            return _run_locked(config)
+        finally:
+            if lock is not None:  # a refused start removes the directory it created (nothing else in it)
+                lock.release(remove_if_created=True)
 
 
 def _lock_run_dir(out_dir: str) -> RunLock | None:
@@ -125,6 +175,7 @@ def _lock_run_dir(out_dir: str) -> RunLock | None:
 def _run_locked(config: ExperimentConfig) -> dict:
     """`run_experiment` once the run directory is this process's (or process 0's) alone."""
     plan = run_dir.plan_run_dir(config)
+    run_dir.check_writable(plan, parse_loggers(config.run.loggers))  # before anything is deleted or rewritten
     if config.run.host_allocator and expected_platform() == "cpu":
         configure_host_allocator()
     configure_compilation_cache(config.run.compilation_cache_dir)
@@ -161,6 +212,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
         with writing("the rewound metrics.jsonl", out_dir):
             records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
     show = config.run.progress and primary
+    clock = preemption.Clock(config.run.checkpoint_every_minutes)
     trackers = open_trackers(config, info, records if plan.mode == "resume" else None, enabled=primary)
     with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log, trackers:
 
@@ -176,33 +228,57 @@ def _run_locked(config: ExperimentConfig) -> dict:
             meta = dict(trainer.checkpoint_meta(), metrics_records=len(records))
             save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta, reference=s.reference)
             last_saved = s.iteration
+            clock.reset()
+
+        def boundary(where: str, can_save: bool = True) -> None:
+            """A step boundary: every process agrees on a stop a signal asks for and on a checkpoint the
+            clock asks for (run.checkpoint_every_minutes); a stop saves this step and raises Preempted."""
+            signum, due = preemption.stop_agreed(clock)
+            if can_save and (signum or due) and last_saved != trainer.state.iteration:
+                checkpoint()
+            if signum:
+                kept = (f"checkpoint step {last_saved} saved in {checkpoint_dir}" if last_saved is not None
+                        else "no checkpoint yet (the resume starts from the beginning)")
+                raise preemption.Preempted(f"{preemption.signal_name(signum)} {where}: {kept}",
+                                           signum)
 
         def evaluate() -> None:
             held_out = trainer.evaluation()  # greedy, and sampled pass@1 with run.eval_samples
             if held_out is not None:
                 emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, **held_out})
 
+        boundary("before its first step", can_save=False)
         if restored is None:
-            for record in tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show):
-                emit(record)
+            # `with`: a bar is closed before a stop's one line is printed
+            with tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show) as steps:
+                for record in steps:
+                    emit(record)
+                    boundary(f"after warm-up step {record['step']} of {config.warmup.steps}", can_save=False)
             evaluate()
+            boundary("after the warm-up and the first evaluation")  # checkpoint step 0
         remaining = config.num_iterations - trainer.state.iteration
-        bar = tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}", disable=not show)
-        for _ in bar:
-            record = trainer.iteration()  # raises NonFiniteError before anything of a diverged step is kept
-            if primary and trainer.last_rollout is not None:  # None: dynamic sampling kept no group
-                with writing(f"the rollout file of iteration {trainer.state.iteration}",
-                             os.path.join(out_dir, run_dir.ROLLOUT_DIR), run_dir.RESUME_HINT):
-                    write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (App. E.3)
-            emit(record)
-            bar.set_postfix(score=f"{record['train_accuracy']:.3f}", logW=f"{record.get('log_w_mean', 0.0):+.2f}",
-                            len=f"{record['response_length']:.1f}")
-            every = config.run.checkpoint_every
-            if every and trainer.state.iteration % every == 0:
-                checkpoint()
+        with tqdm(range(remaining), desc=f"{config.objective.name} N={config.rollout.reuse}",
+                  disable=not show) as bar:
+            for _ in bar:
+                record = trainer.iteration()  # NonFiniteError before anything of a diverged step is kept
+                if primary and trainer.last_rollout is not None:  # None: dynamic sampling kept no group
+                    with writing(f"the rollout file of iteration {trainer.state.iteration}",
+                                 os.path.join(out_dir, run_dir.ROLLOUT_DIR), run_dir.RESUME_HINT):
+                        write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (E.3)
+                emit(record)
+                bar.set_postfix(score=f"{record['train_accuracy']:.3f}",
+                                logW=f"{record.get('log_w_mean', 0.0):+.2f}", len=f"{record['response_length']:.1f}")
+                every = config.run.checkpoint_every
+                if every and trainer.state.iteration % every == 0:
+                    checkpoint()
+                boundary(f"after RL iteration {trainer.state.iteration} of {config.num_iterations}")
         if last_saved != trainer.state.iteration:
             checkpoint()
+        boundary("before the final evaluation")
         evaluate()  # after the last checkpoint: a resumed finished run re-evaluates instead of repeating it
+        if preemption.requested() and primary:  # it came during the final evaluation, which finished
+            print(f"{preemption.signal_name(preemption.requested())} came during the final evaluation: it "
+                  "finished, and so did the run (nothing to resume)", file=sys.stderr)
     summary = summarize(records)
     if not primary:
         return summary

@@ -19,8 +19,15 @@ Code outside `respo_jax` that a program calls must be pinned by `key`, or the ca
 Scope: one process on one device (a program's shardings are then the device itself); elsewhere
 `ProgramCache.usable()` is False and the programs are plain `jax.jit`, as is a program `jax.export`
 cannot serialize (a custom call without a compatibility guarantee). Entries are written to a temporary
-name and renamed, so concurrent runs sharing the directory never read half a file; a file whose
-checksum or format does not match is ignored and written anew.
+name and renamed, so concurrent runs sharing the directory never read half a file.
+
+An entry is verified whole before use: `MAGIC`, then the SHA-256 of every byte after it, then the
+header's length, the JSON header (the output structure, `_describe`, and its tree as text) and the
+serialized program. A changed byte anywhere (header or program) fails the checksum; a rebuilt output
+tree must equal the tree the header declares and have the program's number of outputs, and the
+program's inputs must be the arguments' shapes and dtypes. A damaged entry is ignored and written anew.
+A cache that cannot be written (read-only, e.g. a cluster's pre-warmed one; full) is only read: the
+program runs from its trace, and `respo_jax.training.compilation.cache_write_failed` says so once.
 
 Why written here: JAX's own caches are keyed by the lowered program, which is what a relaunch wants
 to skip; `jax.export` is the serialization JAX keeps compatible, and this module only adds the key,
@@ -42,7 +49,7 @@ import numpy as np
 from respo_jax.runs import atomic_write_bytes
 
 EXPORTED_DIR = "respo_jax_exported"  # in the compilation cache directory
-MAGIC = b"respo_jax exported program v1\n"
+MAGIC = b"respo_jax exported program v2\n"
 # JAX flags whose value changes what tracing produces (dtypes, precision, random bits, checks).
 TRACING_FLAGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
                  "jax_numpy_dtype_promotion", "jax_default_prng_impl", "jax_threefry_partitionable",
@@ -160,32 +167,49 @@ def _rebuild(description: Any, inputs: Sequence[Any]) -> Any:
     return parts if kind == "list" else tuple(parts)
 
 
+_DIGEST = 32  # bytes of a SHA-256
+
+
 def _read_entry(path: str) -> tuple[dict, bytes] | None:
-    """(header, serialized program) of the entry at `path`; None when absent, torn or of another format."""
+    """(header, serialized program) of the entry at `path`; None when absent, torn, damaged anywhere
+    (the checksum covers the header and the program) or of another format."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError:
         return None
-    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
+    start = len(MAGIC) + _DIGEST
+    if not data.startswith(MAGIC) or len(data) < start + 8:
         return None
-    (size,) = struct.unpack("<Q", data[len(MAGIC):len(MAGIC) + 8])
-    start = len(MAGIC) + 8
+    if hashlib.sha256(data[start:]).digest() != data[len(MAGIC):start]:
+        return None
+    (size,) = struct.unpack("<Q", data[start:start + 8])
     try:
-        header = json.loads(data[start:start + size])
+        header = json.loads(data[start + 8:start + 8 + size])
     except ValueError:
         return None
-    blob = data[start + size:]
-    if not isinstance(header, dict) or header.get("sha256") != hashlib.sha256(blob).hexdigest():
+    if not isinstance(header, dict) or len(data) < start + 8 + size:
         return None
-    return header, blob
+    return header, data[start + 8 + size:]
 
 
 def _write_entry(path: str, header: dict, blob: bytes) -> None:
     """Writes the entry whole or not at all (`runs.atomic_write_bytes`: a temporary file renamed)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    encoded = json.dumps(dict(header, sha256=hashlib.sha256(blob).hexdigest()), sort_keys=True).encode()
-    atomic_write_bytes(path, MAGIC + struct.pack("<Q", len(encoded)) + encoded + blob)
+    encoded = json.dumps(header, sort_keys=True).encode()
+    body = struct.pack("<Q", len(encoded)) + encoded + blob
+    atomic_write_bytes(path, MAGIC + hashlib.sha256(body).digest() + body)
+
+
+def _matches(exported, out_tree, header: dict, leaves: list) -> bool:
+    """Whether a read program fits its call: the rebuilt output tree is the one the header declares,
+    with one leaf per program output, and the program takes the arguments' shapes and dtypes."""
+    if str(out_tree) != header.get("tree") or out_tree.num_leaves != len(exported.out_avals):
+        return False
+    if len(exported.in_avals) != len(leaves):
+        return False
+    return all(tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+               for a, b in zip(exported.in_avals, map(jax.typeof, leaves)))
 
 
 def _aval(x) -> jax.ShapeDtypeStruct:
@@ -243,9 +267,9 @@ class ExportedProgram:
             try:
                 exported = export.deserialize(bytearray(blob))
                 out_tree = jax.tree.structure(_rebuild(header["outputs"], dynamic))
-                if out_tree.num_leaves != len(exported.out_avals) or len(exported.in_avals) != len(leaves):
+                if not _matches(exported, out_tree, header, leaves):
                     exported = None
-            except (ValueError, KeyError, TypeError, IndexError):
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError):
                 exported = None
             self.entries_read += exported is not None
         if exported is None:
@@ -285,13 +309,17 @@ class ExportedProgram:
             described = jax.tree.structure(_rebuild(description, dynamic)) == out_tree
         except ValueError:
             described = False
+        from respo_jax.training.compilation import cache_read_only, cache_write_failed
+
         if described:
             blob = bytes(exported.serialize())
-            try:
-                _write_entry(path, {"name": self.name, "outputs": description}, blob)
-                self.entries_written += 1
-            except OSError:
-                pass  # an unwritable cache costs the next launch a trace, nothing else
+            if not cache_read_only():  # a read-only cache is never written
+                try:
+                    _write_entry(path, {"name": self.name, "outputs": description, "tree": str(out_tree)},
+                                 blob)
+                    self.entries_written += 1
+                except OSError as err:  # an unwritable cache costs the next launch a trace, nothing else
+                    cache_write_failed(path, err)
             # Run what the next launch will read: the same bytes, so the same executable in the cache.
             exported = export.deserialize(bytearray(blob))
         return exported, out_tree

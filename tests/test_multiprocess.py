@@ -97,3 +97,38 @@ def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path)
             for key in ("length", "reward", "advantage"):
                 np.testing.assert_array_equal(got_rows[key], want_rows[key], err_msg=f"{name}: {key}")
             np.testing.assert_allclose(got_rows["log_w"], want_rows["log_w"], atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_one_process_stops_both_at_the_same_step_with_one_checkpoint(tmp_path):
+    """SIGTERM reaches process 1 only, once RL iteration 1 is logged (by process 0): the processes agree
+    at the next step boundary (respo_jax.training.preemption), save that step's checkpoint together
+    and both exit 143, each with one line naming the same step."""
+    import signal
+    import time
+
+    out = str(tmp_path / "run")
+    address = f"localhost:{_free_port()}"
+    workers = [subprocess.Popen([sys.executable, "-m", "experiments.train", *ARGS, "run.iterations=6",
+                                 f"run.out_dir={out}"], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=_env(2, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i,
+                                         JAX_COORDINATOR_ADDRESS=address))
+               for i in range(2)]
+    metrics = os.path.join(out, "metrics.jsonl")
+    while all(w.poll() is None for w in workers):
+        if os.path.exists(metrics) and sum('"phase": "rl"' in line for line in open(metrics)) >= 1:
+            workers[1].send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    errors = [w.communicate(timeout=900)[1] for w in workers]
+    for i, (worker, stderr) in enumerate(zip(workers, errors)):
+        assert worker.returncode == 143, f"process {i}:\n{stderr[-3000:]}"
+    lines = [[line for line in stderr.splitlines() if line.startswith("stopped: ")] for stderr in errors]
+    assert all(len(found) == 1 for found in lines), errors
+    iterations = [r["iteration"] for r in _metrics(out) if r["phase"] == "rl"]
+    step = iterations[-1]
+    assert step < 6 and sorted(os.listdir(os.path.join(out, "checkpoints"))) == [str(step)]
+    assert os.path.isfile(os.path.join(out, "checkpoints", str(step), "respo_manifest.json"))
+    for found in lines:
+        assert f"SIGTERM after RL iteration {step} of 6: checkpoint step {step} saved" in found[0], found

@@ -15,17 +15,26 @@ program that produced it; a changed config lowers to another program and compile
 
 The cache has no size cap (JAX's default). A cap makes JAX scan the whole cache directory on every write
 to evict old entries, so compiling into a large capped cache is several times slower than compiling
-without any cache (the README's numbers). Without a cap JAX writes an entry in place,
-without a lock; runs and processes may share the directory all the same, since an entry read half
-written (or torn by a kill) fails to decompress, and JAX warns and compiles the program instead of
-using it.
+without any cache (the README's numbers). Without a cap JAX would write an entry in place, without a
+lock; this module has it write each entry to a temporary name and rename it (`_atomic_put`), so runs
+and processes sharing the directory never read half an entry, and a kill or a full disk leaves none
+(an entry damaged otherwise fails to decompress, and JAX compiles the program instead of using it).
+
+The cache is an optimisation, so it can never stop or change a run: an existing directory this process
+cannot write (a cluster's pre-warmed, read-only cache) is read and never written (JAX is told to keep
+no program, and this module writes no record); a write that fails later (a full or failing disk) is one
+line on stderr the first time (`cache_write_failed`; JAX's per-program warnings are folded into it),
+the run goes on, and no compile-ahead record is written for programs that may not be there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import tempfile
 import threading
+import warnings
 
 from jax import monitoring
 
@@ -139,19 +148,30 @@ def configure_compilation_cache(setting: str, key: str = "run.compilation_cache_
     from respo_jax.training.config import ConfigError
 
     path = resolve_cache_dir(setting)
+    read_only = False
     if path is not None:
         try:
+            existed = os.path.isdir(path)
             os.makedirs(path, exist_ok=True)
-            if not os.access(path, os.W_OK):
-                raise PermissionError("not writable")
+            if not os.access(path, os.R_OK | os.X_OK):
+                raise PermissionError("not readable")
         except OSError as err:
             reason = err.strerror or str(err)
             raise ConfigError(f"{key}={setting!r}: cannot use {path!r} as the compilation cache ({reason}); "
                               "name a writable directory, or none to turn the cache off") from None
-    if path == jax.config.jax_compilation_cache_dir and _configured.get("path", "unset") == path:
+        read_only = existed and not _can_write(path)
+    _install_warning_hook()
+    _install_atomic_put()
+    if (path == jax.config.jax_compilation_cache_dir and _configured.get("path", "unset") == path
+            and _cache_state["read_only"] == read_only):
         return path  # already in force: keep the initialised cache
+    _cache_state["read_only"], _cache_state["write_failed"] = read_only, None
     jax.config.update("jax_compilation_cache_dir", path)
-    if path is not None:
+    if read_only:  # JAX keeps no program compiled in under this many seconds: it reads, never writes
+        print(f"compilation cache {path} is read-only: its programs are read, none is written",
+              file=sys.stderr)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", float(2**40))
+    elif path is not None:
         if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         if "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES" not in os.environ:
@@ -162,9 +182,92 @@ def configure_compilation_cache(setting: str, key: str = "run.compilation_cache_
 
 
 _configured: dict[str, str | None] = {}
+# read_only: the configured cache is only read; write_failed: a write into it failed (its first message)
+_cache_state: dict = {"read_only": False, "write_failed": None}
+_JAX_WRITE_WARNING = "Error writing persistent compilation cache entry"
 
 
-COMPILED_AHEAD_DIR = "respo_jax_compiled_ahead"  # in the cache directory: one empty file per key
+def _can_write(folder: str) -> bool:
+    """Whether a file can be created in `folder` (tried: permission bits do not stop root, and a
+    read-only mount stops everyone)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".respo_jax_probe.", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.remove(probe)
+    return True
+
+
+def cache_read_only() -> bool:
+    """Whether the configured compilation cache is only read (an existing folder that cannot be written)."""
+    return _cache_state["read_only"]
+
+
+def cache_write_failed(path: str, err: BaseException | str) -> None:
+    """Notes that a write into the compilation cache failed (a full or failing disk): one line on stderr
+    the first time in this process; the run goes on, and `record_compile_ahead` records nothing."""
+    if _cache_state["write_failed"] is None:
+        reason = (err.strerror or str(err)) if isinstance(err, OSError) else " ".join(str(err).split())
+        _cache_state["write_failed"] = reason
+        print(f"warning: cannot write the compilation cache ({path}: {reason}); the run goes on, and what "
+              "was not written is compiled again by a later launch", file=sys.stderr)
+
+
+def _install_atomic_put() -> None:
+    """Makes JAX's file cache (`jax._src.lru_cache.LRUCache`, uncapped) write each entry whole: to a
+    temporary file in the cache folder, then renamed; a failed write removes the temporary file and
+    raises, which JAX reports as a warning (`_install_warning_hook`). A capped cache keeps JAX's own
+    write (its eviction bookkeeping goes with it)."""
+    try:
+        from jax._src import lru_cache
+    except ImportError:
+        return
+    cache_type, suffix = getattr(lru_cache, "LRUCache", None), getattr(lru_cache, "_CACHE_SUFFIX", None)
+    if cache_type is None or suffix is None or getattr(cache_type.put, "_respo_jax_atomic", False):
+        return
+    original = cache_type.put
+
+    def put(self, key: str, value: bytes) -> None:
+        if getattr(self, "eviction_enabled", True) or not key:
+            return original(self, key, value)
+        path = os.path.join(str(self.path), f"{key}{suffix}")
+        if os.path.exists(path):
+            return
+        fd, temp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=str(self.path))
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(value)
+            os.replace(temp, path)
+        except BaseException:
+            if os.path.exists(temp):
+                os.remove(temp)
+            raise
+
+    put._respo_jax_atomic = True
+    cache_type.put = put
+
+
+def _install_warning_hook() -> None:
+    """Folds JAX's warning for each program it could not write into the cache into `cache_write_failed`."""
+    if getattr(warnings.showwarning, "_respo_jax_cache_hook", False):
+        return
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if text.startswith(_JAX_WRITE_WARNING):
+            import jax
+
+            cache_write_failed(jax.config.jax_compilation_cache_dir or "", text.split(": ", 1)[-1])
+            return
+        previous(message, category, filename, lineno, file, line)
+
+    show._respo_jax_cache_hook = True
+    warnings.showwarning = show
+
+
+COMPILED_AHEAD_DIR = "respo_jax_compiled_ahead"  # in the cache directory: one file per key, holding it
 
 
 def compiled_ahead_key(programs: dict) -> str:
@@ -196,23 +299,35 @@ def cache_holds_compile_ahead(key: str) -> bool:
     import jax
 
     cache = jax.config.jax_compilation_cache_dir
-    return bool(cache) and os.path.exists(os.path.join(cache, COMPILED_AHEAD_DIR, key))
+    if not cache:
+        return False
+    try:  # verified whole: a record holds its own key and nothing else
+        with open(os.path.join(cache, COMPILED_AHEAD_DIR, key), "rb") as handle:
+            return handle.read() == _record(key)
+    except OSError:
+        return False
+
+
+def _record(key: str) -> bytes:
+    return f"respo_jax compile-ahead {key}\n".encode()
 
 
 def record_compile_ahead(key: str) -> None:
     """Records, in this process's persistent compilation cache (if any), that the compile-ahead of `key`
     has finished and its programs are in the cache. Atomic (`respo_jax.runs.atomic_write_bytes`), so
-    concurrent runs may record the same key; an unwritable cache records nothing."""
+    concurrent runs may record the same key. Records nothing in a read-only cache or after a write into
+    the cache failed (the programs may not be there); a record that cannot be written is
+    `cache_write_failed`."""
     import jax
 
     from respo_jax.runs import atomic_write_bytes
 
     cache = jax.config.jax_compilation_cache_dir
-    if not cache:
+    if not cache or _cache_state["read_only"] or _cache_state["write_failed"] is not None:
         return
     folder = os.path.join(cache, COMPILED_AHEAD_DIR)
     try:
         os.makedirs(folder, exist_ok=True)
-        atomic_write_bytes(os.path.join(folder, key), b"")
-    except OSError:
-        pass  # only a later start's speed depends on the record
+        atomic_write_bytes(os.path.join(folder, key), _record(key))
+    except OSError as err:
+        cache_write_failed(folder, err)  # only a later start's speed depends on the record

@@ -556,6 +556,11 @@ class RunConfig(_Section):
     # the run directory (config, metrics, checkpoints, rollouts, curves)
     out_dir: str = "runs/respo_synthetic"
     checkpoint_every: int = 0  # 0: only at the end
+    # Also checkpoint at the first iteration boundary this many minutes after the last checkpoint (0:
+    # never), which bounds what a hard kill (kill -9, a lost host) can cost; SIGTERM and SIGINT checkpoint
+    # anyway (respo_jax.training.preemption). 30: a checkpoint of a billion-parameter model takes seconds,
+    # and half an hour is what a preemptible slice loses at most.
+    checkpoint_every_minutes: float = 30.0
     resume: bool = False  # continue the run in out_dir from its latest intact checkpoint (see run_dir)
     overwrite: bool = False  # delete the run in out_dir first (its config, metrics, checkpoints, ...)
     eval_problems: int = 128  # held-out problems for the greedy accuracy before and after (0: none)
@@ -585,6 +590,8 @@ class RunConfig(_Section):
         self._need("seed", 0 <= self.seed < 2**32, "an integer in [0, 2**32)")
         self._need("out_dir", bool(self.out_dir.strip()), "a directory path")
         self._need("checkpoint_every", self.checkpoint_every >= 0, "an integer >= 0 (0: only at the end)")
+        self._need("checkpoint_every_minutes", self.checkpoint_every_minutes >= 0,
+                   "a number of minutes >= 0 (0: no time-based checkpoints)")
         self._need("eval_problems", self.eval_problems >= 0, "an integer >= 0 (0: no eval)")
         self._need("overwrite", not (self.resume and self.overwrite),
                    "false with run.resume=true (continue the run, or replace it: not both)")

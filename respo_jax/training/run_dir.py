@@ -9,7 +9,10 @@ Its layout, file names, atomic writer, readers and the rule for a torn last line
   it are dropped, a torn last line with them, so the directory reads exactly as an uninterrupted run's;
   a log that is not one writer's (`check_log`: iterations repeated or out of order, as two runs in one
   directory leave them) is refused instead, since cutting it back would keep the wrong records.
-- the lock file `.lock` (`respo_jax.training.run_lock`) is not a run entry.
+- the lock file `.lock` (`respo_jax.training.run_lock`) is not a run entry;
+- every place a start will write, delete or rewrite is checked first (`check_writable`), so a start
+  that cannot write one of them (a read-only tensorboard/, a folder on a read-only mount) is refused
+  with the run directory as it was, never after deleting the end-of-run files.
 Files that are replaced as a whole are written atomically (`respo_jax.runs.atomic_write`); metrics
 records are appended and fsync'ed one by one, before any checkpoint that counts them.
 """
@@ -20,6 +23,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from typing import Any
 
 from respo_jax import runs
@@ -39,7 +43,7 @@ from respo_jax.runs import (  # noqa: F401 - the layout, re-exported for the tra
     atomic_write_json,
 )
 from respo_jax.training.config import ConfigError, ExperimentConfig, config_from_dict
-from respo_jax.training.write_errors import writing
+from respo_jax.training.write_errors import startup_write_error, writing
 
 # What a run that failed to write (a full disk) tells the user to do: its checkpoints are intact.
 RESUME_HINT = "the checkpoints written so far are kept; make room and rerun with run.resume=true"
@@ -58,7 +62,8 @@ RESUME_HINT = "the checkpoints written so far are kept; make room and rerun with
 # problems) defines the run; so does the learning-rate warm-up length that optim.warmup_ratio derives
 # from the run length.
 RESUMABLE_KEYS = frozenset({
-    "run.iterations", "run.policy_updates", "run.checkpoint_every", "run.progress", "run.resume",
+    "run.iterations", "run.policy_updates", "run.checkpoint_every", "run.checkpoint_every_minutes",
+    "run.progress", "run.resume",
     "run.overwrite", "run.out_dir", "run.host_allocator", "rollout.max_tokens_per_microbatch",
     "rollout.sampler_max_rows", "rollout.compile_ahead", "rollout.max_prompt_buckets",
     "run.compilation_cache_dir", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "run.loggers",
@@ -156,6 +161,52 @@ def plan_run_dir(config: ExperimentConfig) -> RunDirPlan:
             f"{', '.join(sorted(RESUMABLE_KEYS))} may change on resume)"
         )
     return RunDirPlan(out_dir, "resume", entries)
+
+
+def check_writable(plan: RunDirPlan, loggers: tuple[str, ...]) -> None:
+    """Before the first write of a start: every folder the run will create files in, delete from or
+    rewrite (`out_dir`, checkpoints/, rollouts/, tensorboard/ and its runs when TensorBoard logs; with
+    run.overwrite every folder of the old run) takes a new file, and metrics.jsonl opens for appending.
+    ConfigError (exit status 2) naming the first that cannot; nothing is changed. A folder is probed by
+    creating and removing a file in it (permission bits do not stop root; a read-only mount stops
+    everyone); the folders inside an overwritten run by `os.access`."""
+    out_dir = plan.out_dir
+    if not os.path.isdir(out_dir):
+        return  # created by the lock's probe, or refused there
+    folders = [out_dir] + [os.path.join(out_dir, name) for name in (CHECKPOINT_DIR, ROLLOUT_DIR)]
+    tensorboard = os.path.join(out_dir, TENSORBOARD_DIR)
+    if "tensorboard" in loggers or plan.mode == "overwrite":
+        folders.append(tensorboard)
+        if os.path.isdir(tensorboard):
+            folders += sorted(entry.path for entry in os.scandir(tensorboard) if entry.is_dir())
+    for folder in folders:
+        if os.path.isdir(folder):
+            _probe(folder)
+    if plan.mode == "overwrite":  # every folder the old run's entries hold is emptied
+        for name in plan.entries:
+            for root, dirs, _ in os.walk(os.path.join(out_dir, name)):
+                for folder in [root, *(os.path.join(root, d) for d in dirs)]:
+                    if not os.access(folder, os.W_OK | os.X_OK):
+                        raise startup_write_error(PermissionError(13, "Permission denied", folder),
+                                                  "run.out_dir", out_dir)
+    metrics = os.path.join(out_dir, METRICS_FILE)
+    if os.path.isfile(metrics):
+        try:
+            with open(metrics, "ab"):
+                pass
+        except OSError as err:
+            raise startup_write_error(err, "run.out_dir", out_dir) from None
+
+
+def _probe(folder: str) -> None:
+    """Creates and removes a file in `folder`; ConfigError naming it when the file cannot be made."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".respo_jax_probe.", dir=folder)
+    except OSError as err:
+        err.filename = folder
+        raise startup_write_error(err, "run.out_dir", os.path.dirname(folder)) from None
+    os.close(fd)
+    os.remove(probe)
 
 
 # -------------------------------------------------------------------------------------- writing

@@ -22,7 +22,7 @@ import sys
 import time
 
 from respo_jax.training.config import ConfigError
-from respo_jax.training.write_errors import is_write_error, startup_write_error
+from respo_jax.training.write_errors import startup_write_error
 
 LOCK_FILE = ".lock"
 
@@ -47,7 +47,8 @@ class RunLock:
     def acquire(cls, directory: str, what: str, key: str = "run.out_dir") -> "RunLock":
         """Locks `directory` for `what` (e.g. "training", "evaluation"); RunLockedError if it is held, a
         ConfigError naming `key` when the directory cannot be created or written (read-only, full, a
-        path below a file): the lock file is the run's first write, so it probes the directory."""
+        path below a file, a name too long, a symlink loop, a pseudo-file system such as /proc): the
+        lock file is the run's first write, so it probes the directory."""
         created = not os.path.isdir(directory)
         path = os.path.join(directory, LOCK_FILE)
         try:
@@ -78,9 +79,7 @@ class RunLock:
             except BaseException:
                 handle.close()
                 raise
-        except OSError as err:
-            if not is_write_error(err):
-                raise
+        except OSError as err:  # any: a path too long, under a pseudo-file system, a symlink loop, ...
             if created and os.path.isdir(directory) and not os.listdir(directory):
                 os.rmdir(directory)
             raise startup_write_error(err, key, directory) from None

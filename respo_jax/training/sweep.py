@@ -329,6 +329,6 @@ class StarvationConfig:
             optim=optim,
             warmup=dataclasses.replace(self.warmup, steps=0),
             run=dataclasses.replace(self.run, seed=cell.seed, policy_updates=updates,
-                                    out_dir=out_dir or self.cell_dir(cell), resume=False, overwrite=True,
+                                    out_dir=out_dir or self.cell_dir(cell), resume=True, overwrite=False,
                                     compilation_cache_dir=self.compilation_cache_dir),
         )

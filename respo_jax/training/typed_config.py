@@ -64,9 +64,12 @@ class _Section:
 
 
 def _parse_value(raw: str, annotation: Any, key: str) -> Any:
-    """Parses a command-line string as the field's declared type (`dict` fields take JSON)."""
+    """Parses a command-line string as the field's declared type (`dict` fields take JSON). Numbers are
+    ASCII: Python's int() would read other scripts' digits (`٤` as 4), which a config never means."""
     target = annotation if isinstance(annotation, type) else typing.get_origin(annotation) or annotation
     try:
+        if target in (int, float) and not raw.isascii():
+            raise ValueError(raw)
         if target is bool:
             lowered = raw.lower()
             if lowered not in ("true", "false", "1", "0"):
@@ -99,7 +102,7 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
     falling back to a plain string).
     """
     sections = {field.name: type(getattr(config, field.name)) for field in dataclasses.fields(config)}
-    hints = {name: typing.get_type_hints(cls) for name, cls in sections.items()}
+    hints = {name: _field_types(cls) for name, cls in sections.items()}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.field=value")
@@ -125,6 +128,13 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
             value = _parse_value(raw, field_types[field_name], key)
         config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{field_name: value})})
     return config.validate()
+
+
+def _field_types(section_type: type) -> dict[str, Any]:
+    """{field name: declared type} of a section: its dataclass fields only (not its class attributes,
+    such as `section`, which no override may set)."""
+    hints = typing.get_type_hints(section_type)
+    return {field.name: hints[field.name] for field in dataclasses.fields(section_type)}
 
 
 def config_from_dict(config_type: type[ConfigT], data: dict, validate: bool = True) -> ConfigT:

@@ -18,7 +18,7 @@ from respo_jax.training.config import ConfigError
 
 # errno values that mean "this place cannot take the write", as opposed to a bug
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
-                 errno.EEXIST, errno.EISDIR, errno.EFBIG, errno.EIO}
+                 errno.EEXIST, errno.EISDIR, errno.EFBIG, errno.EIO, errno.ENAMETOOLONG, errno.ELOOP}
 
 
 class RunWriteError(RuntimeError):

@@ -1,0 +1,268 @@
+"""Randomized crash tests: kill a training run, an evaluation and a sweep with SIGKILL and SIGTERM at
+random points, resume each, and compare with an uninterrupted run bit for bit.
+
+    python -m experiments.crash_suite --out /tmp/crash --seed 7 [training overrides ...]
+
+The kill points are chosen by progress through what the run writes (its lock file, metrics.jsonl's
+records, rollout files, checkpoint folders, completions.jsonl), never by wall time, so a loaded machine
+still hits every phase: start-up, warm-up, rollout, update, checkpoint save and final evaluation of a
+training run, a sampler call of an evaluation, a cell of a sweep. One training run is killed at one
+point of each phase in turn (each resume continues from the previous kill), with SIGTERM or SIGKILL drawn
+per point from `--seed`, which is printed first so that a failure replays. What is checked:
+- SIGTERM: exit status 143 and exactly one line on stderr (`stopped: SIGTERM ...`, no traceback), and
+  the checkpoint it names is the iteration the log reached (the step in flight), or none before the
+  first RL checkpoint; a signal during the final evaluation may let the run finish (exit status 0);
+- SIGKILL: the process is gone (the resume repairs what it left);
+- after the last resume: metrics.jsonl (timings aside), summary.json and the last checkpoint's arrays
+  equal the uninterrupted run's bit for bit; the evaluation's completions.jsonl and summary.json, and
+  the sweep's cell log and summary, likewise.
+
+`tests/test_preemption.py` runs it (slow) on the tiny configuration of `tests/tiny_runs.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from respo_jax import runs
+from respo_jax.training.checkpoint import MANIFEST, list_steps
+
+POLL_SECONDS = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class KillPoint:
+    """Kill with `signum` when `reached(out_dir)` first holds: `phase` is what the run is doing then."""
+
+    phase: str
+    where: str
+    signum: int
+    reached: Callable[[str], bool]
+
+
+def complete_records(path: str) -> int:
+    """Newline-terminated lines of a JSONL file (0 when absent)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+def _held_by(pid: int) -> Callable[[str], bool]:
+    def reached(out_dir: str) -> bool:
+        try:
+            with open(os.path.join(out_dir, ".lock"), encoding="utf-8") as handle:
+                return json.loads(handle.read()).get("pid") == pid
+        except (OSError, ValueError):
+            return False
+    return reached
+
+
+def _records(count: int) -> Callable[[str], bool]:
+    return lambda out_dir: complete_records(os.path.join(out_dir, runs.METRICS_FILE)) >= count
+
+
+def _rollout_file(iteration: int) -> Callable[[str], bool]:
+    return lambda out_dir: os.path.exists(os.path.join(out_dir, runs.ROLLOUT_DIR,
+                                                       runs.rollout_file_name(iteration)))
+
+
+def _checkpoint_started(step: int) -> Callable[[str], bool]:
+    """An entry of checkpoints/ for `step` exists (Orbax's temporary folder while it saves)."""
+    def reached(out_dir: str) -> bool:
+        folder = os.path.join(out_dir, runs.CHECKPOINT_DIR)
+        try:
+            return any(name == str(step) or name.startswith(f"{step}.") for name in os.listdir(folder))
+        except OSError:
+            return False
+    return reached
+
+
+def _checkpoint_finished(step: int) -> Callable[[str], bool]:
+    return lambda out_dir: os.path.exists(os.path.join(out_dir, runs.CHECKPOINT_DIR, str(step), MANIFEST))
+
+
+def training_points(rng: random.Random, warmup_steps: int, iterations: int, checkpoint_every: int,
+                    evaluates: bool) -> list[tuple[str, str, Callable[[str], bool] | None]]:
+    """(phase, where, event) of one point per phase of a training run, in the run's order, each after
+    what the kill before it can have left (a SIGTERM finishes the iteration in flight). The start-up
+    event (None) is the lock file of the process being killed."""
+    assert warmup_steps >= 2 and iterations >= 6 and checkpoint_every >= 3
+    first_rl = warmup_steps + int(evaluates)  # records before RL iteration 1
+    rollout_after = rng.randint(1, 2)  # iteration `rollout_after` logged: the next one's rollout runs
+    update_of = rng.randint(rollout_after + 2, rollout_after + 3)  # its rollout file: the update ended
+    # the first checkpoint after what the update kill left (a SIGTERM there saves step `update_of`)
+    save = [step for step in range(checkpoint_every, iterations, checkpoint_every) if step > update_of]
+    save = save[0] if save else iterations
+    points = [
+        ("start-up", "the process took the run directory's lock", None),
+        ("warm-up", f"warm-up step {1} logged", _records(1)),
+        ("rollout", f"RL iteration {rollout_after} logged", _records(first_rl + rollout_after)),
+        ("update", f"rollout file of iteration {update_of} written", _rollout_file(update_of)),
+        ("checkpoint save", f"checkpoint step {save} begun", _checkpoint_started(save)),
+        ("final evaluation", f"the last checkpoint (step {iterations}) finished",
+         _checkpoint_finished(iterations)),
+    ]
+    if save == iterations:  # no room for a separate save point: the last checkpoint's save is it
+        points.pop()
+    return points
+
+
+def launch(command: list[str], env: dict, cwd: str) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def kill_at(process: subprocess.Popen, out_dir: str, reached: Callable[[str], bool] | None,
+            signum: int, timeout: float) -> tuple[bool, str]:
+    """Waits until `reached(out_dir)` (None: this process holds the lock), sends `signum`; returns
+    (whether the signal was sent before the process ended, its stderr)."""
+    reached = reached or _held_by(process.pid)
+    deadline = time.monotonic() + timeout
+    sent = False
+    while process.poll() is None and time.monotonic() < deadline:
+        if reached(out_dir):
+            process.send_signal(signum)
+            sent = True
+            break
+        time.sleep(POLL_SECONDS)
+    _, stderr = process.communicate(timeout=timeout)
+    return sent, stderr
+
+
+def check_stopped(returncode: int, stderr: str, signum: int, out_dir: str, phase: str) -> list[str]:
+    """What is wrong with how a killed process ended (empty: nothing)."""
+    if signum == signal.SIGKILL:
+        return [] if returncode == -signal.SIGKILL else [f"{phase}: SIGKILL gave exit status {returncode}"]
+    problems = []
+    if returncode == 0 and phase == "evaluation":
+        return []  # the sampler call in flight was the last one
+    if returncode == 0 and phase == "final evaluation":  # it finished, and with it the run
+        if "came during the final evaluation: it finished" not in stderr or "Traceback" in stderr:
+            return [f"{phase}: the run finished without its line: {stderr[-2000:]}"]
+        return []
+    if returncode != 128 + signum:
+        problems.append(f"{phase}: {signal.Signals(signum).name} gave exit status {returncode}, "
+                        f"expected {128 + signum}: {stderr[-2000:]}")
+    lines = [line for line in stderr.splitlines() if line.startswith("stopped: ")]
+    if len(lines) != 1 or "Traceback" in stderr or "error:" in stderr:
+        problems.append(f"{phase}: expected one 'stopped:' line, got: {stderr[-2000:]}")
+    if out_dir is None or not lines:
+        return problems
+    records = runs.read_jsonl(os.path.join(out_dir, runs.METRICS_FILE)).records
+    iterations = [r["iteration"] for r in records if r["phase"] == "rl"]
+    steps = list_steps(os.path.join(out_dir, runs.CHECKPOINT_DIR))
+    if iterations or "checkpoint step" in lines[0]:
+        in_flight = iterations[-1] if iterations else 0
+        if not steps or steps[-1] != in_flight or f"checkpoint step {in_flight} saved" not in lines[0]:
+            problems.append(f"{phase}: the log reached iteration {in_flight}, the checkpoints are {steps}: "
+                            f"{lines[0]}")
+    elif "no checkpoint yet" not in lines[0]:
+        problems.append(f"{phase}: before the first checkpoint the line says: {lines[0]}")
+    return problems
+
+
+def random_signals(rng: random.Random, points: list) -> list[tuple[tuple, int]]:
+    """Every point, each with SIGTERM or SIGKILL drawn from `rng`."""
+    return [(point, rng.choice((signal.SIGTERM, signal.SIGKILL))) for point in points]
+
+
+def every_phase(signum: int) -> Callable[[random.Random, list], list[tuple[tuple, int]]]:
+    """Every point, each with `signum`."""
+    return lambda rng, points: [(point, signum) for point in points]
+
+
+def some_phases(signum: int, count: int) -> Callable[[random.Random, list], list[tuple[tuple, int]]]:
+    """`count` points drawn from `rng` (in the run's order), each with `signum`."""
+    return lambda rng, points: [(point, signum) for point in
+                                [points[i] for i in sorted(rng.sample(range(len(points)), count))]]
+
+
+def crash_training(command: Callable[..., list[str]], env: dict, cwd: str, out_dir: str, seed: int,
+                   warmup_steps: int, iterations: int, checkpoint_every: int, evaluates: bool,
+                   choose: Callable = random_signals, timeout: float = 300) -> tuple[list[str], list[str]]:
+    """Kills one training run at the points `choose(rng, training_points(...))` picks, with the signal
+    it gives each, in turn, resuming after each, then resumes it to the end. `command(out_dir,
+    *overrides)` is the training command line. Returns (what happened, one line per kill; problems)."""
+    rng = random.Random(seed)
+    points = training_points(rng, warmup_steps, iterations, checkpoint_every, evaluates)
+    log, problems = [], []
+    for index, ((phase, where, reached), signum) in enumerate(choose(rng, points)):
+        extra = ("run.resume=true",) if index else ()
+        process = launch(command(out_dir, *extra), env, cwd)
+        sent, stderr = kill_at(process, out_dir, reached, signum, timeout)
+        name = signal.Signals(signum).name
+        if not sent:
+            problems.append(f"{phase}: the run ended (status {process.returncode}) before {where}: "
+                            f"{stderr[-2000:]}")
+            continue
+        log.append(f"{name} at {phase} ({where}): exit status {process.returncode}")
+        problems += check_stopped(process.returncode, stderr, signum, out_dir, phase)
+    final = subprocess.run(command(out_dir, "run.resume=true"), cwd=cwd, env=env, capture_output=True,
+                           text=True, timeout=timeout)
+    if final.returncode != 0:
+        problems.append(f"the last resume failed ({final.returncode}): {final.stderr[-2000:]}")
+    return log, problems
+
+
+def crash_command(command: list[str], env: dict, cwd: str, progress: Callable[[], int], at: int,
+                  signum: int, phase: str, timeout: float = 300) -> tuple[int | None, str]:
+    """Runs `command` (an evaluation, a sweep), sends `signum` once `progress() >= at`, and reruns it to
+    the end; returns (the killed process's exit status, None when it ended before the point; what went
+    wrong, "" when nothing: `check_stopped`'s problems of `phase`, or the rerun's failure)."""
+    process = launch(command, env, cwd)
+    sent, stderr = kill_at(process, "", lambda _: progress() >= at, signum, timeout)
+    status = process.returncode if sent else None
+    rerun = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if status is not None:
+        problems = check_stopped(status, stderr, signum, None, phase)
+        if problems:
+            return status, "; ".join(problems)
+    if rerun.returncode != 0:
+        return status, f"rerun failed ({rerun.returncode}): {rerun.stderr[-2000:]}"
+    return status, ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="a folder for the runs")
+    parser.add_argument("--seed", type=int, default=None, help="the kill points' seed (default: random)")
+    parser.add_argument("overrides", nargs="*",
+                        help="training overrides (warm-up >= 2 steps, >= 6 iterations)")
+    args = parser.parse_args(argv)
+    seed = random.randrange(2**31) if args.seed is None else args.seed
+    print(f"crash suite seed {seed}", flush=True)
+    env = dict(os.environ)
+    overrides = ["run.iterations=8", "run.checkpoint_every=3", "warmup.steps=2", "run.progress=false",
+                 *args.overrides]
+
+    def command(out_dir: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "experiments.train", *overrides, f"run.out_dir={out_dir}", *extra]
+
+    reference, crashed = os.path.join(args.out, "reference"), os.path.join(args.out, "crashed")
+    subprocess.run(command(reference), check=True, env=env)
+    log, problems = crash_training(command, env, os.getcwd(), crashed, seed, 2, 8, 3, True)
+    print("\n".join(log))
+    want = runs.read_jsonl(os.path.join(reference, runs.METRICS_FILE)).records
+    got = runs.read_jsonl(os.path.join(crashed, runs.METRICS_FILE)).records
+    timing = ("rollout_seconds", "iteration_seconds", "compiles", "compile_seconds", "compile_cache_hits")
+    strip = lambda records: [{k: v for k, v in r.items() if k not in timing} for r in records]  # noqa: E731
+    if strip(got) != strip(want):
+        problems.append("metrics.jsonl differs from the uninterrupted run's")
+    print("\n".join(problems) or "every resume equals the uninterrupted run")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
