@@ -78,6 +78,7 @@ ENTRY_POINTS = {
     "experiments.export": "experiments.export",
     "experiments.gradient_starvation": "experiments.gradient_starvation",
     "experiments.mesh_equivalence": "experiments.mesh_equivalence",
+    "experiments.crash_suite": "experiments.crash_suite",
     "experiments.benchmarks": "experiments.benchmarks.__main__",
     "experiments.benchmarks.decode_vs_transformers": "experiments.benchmarks.decode_vs_transformers",
     "experiments.benchmarks.lm_head": "experiments.benchmarks.lm_head",
