@@ -547,6 +547,8 @@ class RLTrainer:
             self.old_logprobs.lower(self.state.params, batch, micro).compile()
         if self.config.objective.uses_reference:  # the update's batches carry the reference's log-probs
             batch = batch.replace(ref_logp=batch.old_logp)
+        if self.config.objective.decoupled:  # and the behaviour policy's
+            batch = batch.replace(behaviour_logp=batch.old_logp)
         self.policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
 
     def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
@@ -712,12 +714,14 @@ class RLTrainer:
         self._batches_resume_state = sampled["batches_after"]
         return sampled, (job.version, job.params)
 
-    def start_async_rollouts(self, steps: int) -> None:
+    def start_async_rollouts(self, steps: int, overlap: bool | None = None) -> None:
         """Routes the rollouts through `AsyncRollouts` with `steps` of staleness (0: the synchronous
-        schedule through the same jobs), resuming the in-flight jobs of a restored checkpoint."""
+        schedule through the same jobs), resuming the in-flight jobs of a restored checkpoint. `overlap`:
+        the jobs run in their own thread (default: in a single-process run) or in the main thread."""
+        overlap = jax.process_count() == 1 if overlap is None else overlap
         self.async_rollouts = AsyncRollouts(
             steps, lambda iteration, params: self.sample_groups(iteration - 1, params), self.to_rollout_mesh,
-            self.config.num_iterations, overlap=jax.process_count() == 1)
+            self.config.num_iterations, overlap=overlap)
         if self._restored_behaviour is not None:
             self.async_rollouts.restore(self._restored_behaviour)
             self._restored_behaviour = None
