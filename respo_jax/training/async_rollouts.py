@@ -18,8 +18,8 @@ runs each job in the main thread at its submission (`overlap=False`): the collec
 (gathers of its rows and scores) then come in the same order in every process.
 
 With a rollout mesh of its own (`mesh.rollout_devices`), each snapshot of the trainer's parameters is
-resharded onto the rollout mesh by `jax.device_put` to the rollout shardings: a device-to-device
-transfer, run under JAX's transfer guards that refuse any host round trip (`reshard_params`).
+resharded onto the rollout mesh by device programs and a device-to-device `jax.device_put`, under
+JAX's transfer guards that refuse any host round trip (`Resharder`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 
 def behaviour_version(iteration: int, async_steps: int) -> int:
@@ -43,13 +44,33 @@ def copy_params(params):
     return jax.tree.map(jnp.copy, params)
 
 
-def reshard_params(params, shardings):
-    """`params` on `shardings` (another mesh's) by device-to-device transfers; any host round trip
-    (device-to-host or host-to-device) raises under the transfer guards."""
-    with jax.transfer_guard_device_to_host("disallow"), jax.transfer_guard_host_to_device("disallow"):
-        moved = jax.device_put(params, shardings)
-        jax.block_until_ready(moved)
-    return moved
+class Resharder:
+    """Places parameters held on one mesh (`source`: their NamedShardings) on another mesh's `target`
+    shardings without a host round trip, in three device programs and transfers:
+
+    1. a jitted identity on the source mesh to replicated outputs (an all-gather across its devices);
+    2. `jax.device_put` of the replicated arrays to replicated shardings on the target devices: every
+       target shard is a whole source buffer, so JAX copies buffers device to device;
+    3. a jitted identity on the target mesh to `target` (each device keeps its slice).
+
+    JAX's `device_put` between meshes whose shards do not line up reads the array to the host first;
+    steps 1-3 avoid that at the cost of one transient replicated copy per device. Every call runs under
+    the transfer guards that refuse an explicit device-to-host or host-to-device transfer."""
+
+    def __init__(self, source, target):
+        def replicated(sharding):
+            return NamedSharding(sharding.mesh, PartitionSpec())
+
+        self._gather = jax.jit(lambda x: x, out_shardings=jax.tree.map(replicated, source))
+        self._landing = jax.tree.map(replicated, target)
+        self._slice = jax.jit(lambda x: x, out_shardings=target)
+
+    def __call__(self, params):
+        with jax.transfer_guard_device_to_host("disallow_explicit"), \
+                jax.transfer_guard_host_to_device("disallow_explicit"):
+            moved = self._slice(jax.device_put(self._gather(params), self._landing))
+            jax.block_until_ready(moved)
+        return moved
 
 
 @dataclasses.dataclass

@@ -47,7 +47,7 @@ from respo_jax.sharding import (
     optimizer_state_shardings,
     state_shardings,
 )
-from respo_jax.training.async_rollouts import AsyncRollouts, reshard_params
+from respo_jax.training.async_rollouts import AsyncRollouts, Resharder
 from respo_jax.training.batch import (
     PolicyBatch,
     batch_sharding,
@@ -249,6 +249,7 @@ class RLTrainer:
         self.async_rollouts: AsyncRollouts | None = None
         self._batches_resume_state = None  # async: the prompt stream's position after the last trained batch
         self._restored_behaviour = None  # async: a checkpoint's behaviour parameters of the jobs in flight
+        self._resharder: Resharder | None = None  # trainer -> rollout mesh, built at the first reshard
 
     def _rollout_placement(self, model_cfg) -> tuple:
         """The sampler's mesh, model structure and parameter shardings: the trainer's, or with
@@ -730,7 +731,9 @@ class RLTrainer:
         """Trainer-side parameters on the rollout mesh's shardings (the same arrays on one mesh)."""
         if self.rollout_mesh is self.mesh:
             return params
-        return reshard_params(params, self.rollout_shardings)
+        if self._resharder is None:
+            self._resharder = Resharder(self.shardings.params, self.rollout_shardings)
+        return self._resharder(params)
 
     def behaviour_like(self):
         """The structure of the behaviour parameters a checkpoint holds (k copies of the parameters'), or
