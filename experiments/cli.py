@@ -71,6 +71,7 @@ ENTRY_POINTS = {
     "experiments.report": "experiments.report",
     "experiments.export": "experiments.export",
     "experiments.gradient_starvation": "experiments.gradient_starvation",
+    "experiments.async_staleness": "experiments.async_staleness",
     "experiments.mesh_equivalence": "experiments.mesh_equivalence",
     "experiments.benchmarks": "experiments.benchmarks.__main__",
     "experiments.benchmarks.decode_vs_transformers": "experiments.benchmarks.decode_vs_transformers",
@@ -125,6 +126,7 @@ CONFIGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "experiments.train": _train_config,
     "experiments.evaluate": _eval_config,
     "experiments.gradient_starvation": _sweep_config,
+    "experiments.async_staleness": _train_config,
     "experiments.mesh_equivalence": _train_config,
 }
 

@@ -38,16 +38,17 @@ def test_the_batch_of_iteration_t_is_generated_by_the_policy_after_t_minus_1_min
 @pytest.mark.parametrize("overlap", [True, False])
 def test_jobs_run_in_order_at_most_k_ahead_and_resume_from_their_behaviour_parameters(overlap):
     """A fake rollout records (iteration, the parameters it got); the parameters after iteration v are the
-    array [v]. A checkpoint after iteration 3 holds jobs 4 and 5's parameters; a fresh queue restored from
-    them regenerates exactly what the uninterrupted one draws."""
+    array [v]. A checkpoint after iteration 3 holds jobs 4 and 5's parameters (also when the run ends at 3
+    and no job beyond it was submitted); a fresh queue restored from them regenerates exactly what the
+    uninterrupted one draws."""
     k, last = 2, 7
 
-    def run(start=1, restored=None):
+    def run(start=1, restored=None, last=last):
         calls = []
         queue = AsyncRollouts(k, lambda t, p: calls.append((t, int(p[0]))) or {"t": t}, lambda p: p, last,
                               overlap=overlap)
         if restored is not None:
-            queue.restore(restored)
+            queue.restore(restored, start - 1)
         saved, versions = None, []
         for t in range(start, last + 1):
             sampled, job = queue.take(t, jnp.array([t - 1]))
@@ -63,6 +64,7 @@ def test_jobs_run_in_order_at_most_k_ahead_and_resume_from_their_behaviour_param
     assert calls == [(t, behaviour_version(t, k)) for t in range(1, last + 1)]  # in order, each once
     assert versions == [0, 0, 0, 1, 2, 3, 4]
     assert [int(p[0]) for p in saved] == [1, 2]  # jobs 4 and 5: the policies after iterations 1 and 2
+    assert [int(p[0]) for p in run(last=3)[2]] == [1, 2]  # a run that ends at 3 saves the same (extended later)
     resumed_calls, resumed_versions, _ = run(start=4, restored=saved)
     assert resumed_calls == calls[3:] and resumed_versions == versions[3:]
 
@@ -224,3 +226,29 @@ def test_a_killed_async_run_resumes_bit_identical_to_an_uninterrupted_one(tmp_pa
     for key in want:
         assert got[key].tobytes() == want[key].tobytes(), key
     print("kill points (last iteration logged, checkpoints):", kills)
+
+
+def test_the_batches_in_flight_are_counted_by_the_start_up_limits():
+    """k = 2 holds two more copies of the parameters: the least memory that fits is the sampler's cache
+    plus two models' parameters, and less is refused in one line naming rollout.async_steps."""
+    from respo_jax.models import qwen3
+    from respo_jax.training.limits import check_limits, parameter_bytes
+
+    model_cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=64)
+    base = load_config(DEFAULT_CONFIG)
+    config = apply_overrides(base, ["rollout.async_steps=2"])
+    params = parameter_bytes(model_cfg, config.model.dtype)
+
+    def fits(cfg, memory) -> bool:
+        try:
+            check_limits(cfg, model_cfg, 10, memory)
+        except ConfigError:
+            return False
+        return True
+
+    low, high = 0, 2**40  # the least memory that holds the sampler's cache alone
+    while high - low > 1:
+        low, high = (low, (low + high) // 2) if fits(base, (low + high) // 2) else ((low + high) // 2, high)
+    assert not fits(config, high + 2 * params - 1) and fits(config, high + 2 * params)
+    with pytest.raises(ConfigError, match=r"^rollout\.async_steps=2: 2 more copies of the parameters"):
+        check_limits(config, model_cfg, 10, high + 2 * params - 1)

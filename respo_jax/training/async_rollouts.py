@@ -90,44 +90,46 @@ class AsyncRollouts:
 
     `sample(iteration, rollout_params) -> dict` generates and scores the batch of `iteration` with the
     given parameters (on the rollout mesh); `to_rollout(params)` places a trainer-side snapshot on the
-    rollout mesh (identity on one mesh). `last_iteration`: no job is submitted beyond it."""
+    rollout mesh (identity on one mesh). `last_iteration`: no job is submitted beyond it (the snapshots
+    a later job would need are still held, so a checkpoint can extend the run)."""
 
     def __init__(self, async_steps: int, sample: Callable[[int, Any], dict], to_rollout: Callable[[Any], Any],
                  last_iteration: int, overlap: bool = True):
         self.steps = async_steps
         self._sample, self._to_rollout, self.last_iteration = sample, to_rollout, last_iteration
         self._jobs: dict[int, RolloutJob] = {}
+        self._held: dict[int, Any] = {}  # policy version -> its parameters (trainer side), while needed
         self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout") if overlap
                       else None)
-        self._restored: list | None = None  # a checkpoint's behaviour parameters of jobs t + 1 … t + k
 
-    def restore(self, behaviour: list) -> None:
-        """The behaviour parameters a checkpoint saved (`behaviour_params`), for the jobs to regenerate."""
-        self._restored = list(behaviour)
+    def restore(self, behaviour: list, done: int) -> None:
+        """The behaviour parameters a checkpoint after iteration `done` saved (`behaviour_params`)."""
+        for j, params in zip(range(done + 1, done + 1 + self.steps), behaviour):
+            self._held[behaviour_version(j, self.steps)] = params
 
     def behaviour_params(self, done: int, current) -> list:
-        """The parameters of jobs done + 1 … done + k (k entries; a job not submitted, or beyond the run,
-        gets `current`): what a checkpoint after iteration `done` needs to regenerate the jobs in flight."""
-        return [self._jobs[j].params if j in self._jobs else current
-                for j in range(done + 1, done + 1 + self.steps)]
+        """The parameters of the policies that generate the batches of iterations done + 1 … done + k (k
+        entries; `current` are the parameters after iteration `done`): what a checkpoint after
+        iteration `done` needs to regenerate the jobs in flight."""
+        out = []
+        for j in range(done + 1, done + 1 + self.steps):
+            version = behaviour_version(j, self.steps)
+            out.append(current if version == done else self._held[version])
+        return out
 
     def take(self, iteration: int, current) -> tuple[dict, RolloutJob]:
         """The sampled batch of `iteration` and its job, after submitting the jobs up to iteration + k
         (`current`: the parameters after iteration - 1, the behaviour policy of job iteration + k)."""
-        snapshot = None
+        if iteration - 1 not in self._held:
+            self._held[iteration - 1] = copy_params(current)
         for j in range(iteration, min(iteration + self.steps, self.last_iteration) + 1):
-            if j in self._jobs:
-                continue
-            version = behaviour_version(j, self.steps)
-            if self._restored is not None and j - iteration < len(self._restored):
-                params = self._restored[j - iteration]
-            else:
-                if version != behaviour_version(iteration + self.steps, self.steps):
+            if j not in self._jobs:
+                version = behaviour_version(j, self.steps)
+                if version not in self._held:
                     raise RuntimeError(f"rollout job {j} needs policy version {version}, which is not held")
-                snapshot = copy_params(current) if snapshot is None else snapshot
-                params = snapshot
-            self._submit(j, version, params)
-        self._restored = None
+                self._submit(j, version, self._held[version])
+        needed = behaviour_version(iteration + 1, self.steps)  # the oldest a later job or checkpoint needs
+        self._held = {v: p for v, p in self._held.items() if v >= needed}
         job = self._jobs.pop(iteration)
         return job.result.result(), job
 
@@ -145,3 +147,4 @@ class AsyncRollouts:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._jobs.clear()
+        self._held.clear()

@@ -724,7 +724,7 @@ class RLTrainer:
             steps, lambda iteration, params: self.sample_groups(iteration - 1, params), self.to_rollout_mesh,
             self.config.num_iterations, overlap=overlap)
         if self._restored_behaviour is not None:
-            self.async_rollouts.restore(self._restored_behaviour)
+            self.async_rollouts.restore(self._restored_behaviour, self.state.iteration)
             self._restored_behaviour = None
 
     def to_rollout_mesh(self, params):
