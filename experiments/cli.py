@@ -78,6 +78,7 @@ ENTRY_POINTS = {
     "experiments.benchmarks.lm_head": "experiments.benchmarks.lm_head",
     "experiments.benchmarks.rl_iteration": "experiments.benchmarks.rl_iteration",
     "experiments.benchmarks.rollout_engine": "experiments.benchmarks.rollout_engine",
+    "experiments.benchmarks.async_timeline": "experiments.benchmarks.async_timeline",
     "respo_jax.symbolic": "respo_jax.symbolic.verify",
 }
 _parse_only = False

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import time
 from typing import Any, Callable
 
 import jax
@@ -101,6 +102,9 @@ class AsyncRollouts:
         self._held: dict[int, Any] = {}  # policy version -> its parameters (trainer side), while needed
         self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout") if overlap
                       else None)
+        # (iteration, start, end) of each job's rollout, time.perf_counter() seconds: when the rollout
+        # devices were busy (the job returns once its samples and rewards are on the host)
+        self.timeline: list[tuple[int, float, float]] = []
 
     def restore(self, behaviour: list, done: int) -> None:
         """The behaviour parameters a checkpoint after iteration `done` saved (`behaviour_params`)."""
@@ -137,10 +141,16 @@ class AsyncRollouts:
         rollout_params = self._to_rollout(params)
         if self._pool is None:
             result = concurrent.futures.Future()
-            result.set_result(self._sample(iteration, rollout_params))
+            result.set_result(self._run(iteration, rollout_params))
         else:
-            result = self._pool.submit(self._sample, iteration, rollout_params)
+            result = self._pool.submit(self._run, iteration, rollout_params)
         self._jobs[iteration] = RolloutJob(iteration, version, params, result)
+
+    def _run(self, iteration: int, rollout_params) -> dict:
+        started = time.perf_counter()
+        sampled = self._sample(iteration, rollout_params)
+        self.timeline.append((iteration, started, time.perf_counter()))
+        return sampled
 
     def close(self) -> None:
         """Cancels the jobs not started and lets the running one finish (its result is dropped)."""

@@ -250,6 +250,9 @@ class RLTrainer:
         self._batches_resume_state = None  # async: the prompt stream's position after the last trained batch
         self._restored_behaviour = None  # async: a checkpoint's behaviour parameters of the jobs in flight
         self._resharder: Resharder | None = None  # trainer -> rollout mesh, built at the first reshard
+        # (iteration, start, end) of each iteration's N updates, time.perf_counter() seconds (the end once
+        # their metrics are on the host): when the trainer's devices were busy
+        self.update_timeline: list[tuple[int, float, float]] = []
 
     def _rollout_placement(self, model_cfg) -> tuple:
         """The sampler's mesh, model structure and parameter shardings: the trainer's, or with
@@ -877,7 +880,7 @@ class RLTrainer:
     def update(self, policy_batches: list[tuple[PolicyBatch, int]]) -> list[dict]:
         """One policy update per mini-batch, in order; advances the counters. Returns each update's
         metrics on the host (one transfer for all), NonFiniteError when one is not finite."""
-        step_metrics = []
+        step_metrics, started = [], time.perf_counter()
         for batch, micro in policy_batches:
             self.state.params, self.state.opt_state, metrics = self.policy_step(
                 self.state.params, self.state.opt_state, batch, micro)
@@ -885,6 +888,7 @@ class RLTrainer:
         self.state.policy_updates += len(policy_batches)
         self.state.iteration += 1
         step_metrics = jax.device_get(step_metrics)
+        self.update_timeline.append((self.state.iteration, started, time.perf_counter()))
         check_finite_steps(step_metrics, self.state.iteration)
         return step_metrics
 
