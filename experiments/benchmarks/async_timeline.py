@@ -2,14 +2,16 @@
 from the trainer's own timestamps, and how much of the updates the next batch's rollout overlaps.
 
     python -m experiments.benchmarks.async_timeline                      # k = 1, the default synthetic run
-    python -m experiments.benchmarks.async_timeline --iterations 8 mesh.rollout_devices=1 rollout.async_steps=2
+    python -m experiments.benchmarks.async_timeline --iterations 8 rollout.async_steps=2
 
 Runs the warm-up and `--iterations` iterations of `--config` (default
-experiments/configs/respo_synthetic.py) with rollout.async_steps=1 unless overridden, then writes to --out: timeline.json (per iteration: the
-N updates' interval, the interval of each rollout job that ran, the seconds of updates during which a
-rollout ran, in time.perf_counter() seconds from the first iteration's start) and timeline.png (the
-last iterations as bars). The first iteration is left out of the overlap: it compiles. Timing: run it
-on an otherwise idle machine and say what else ran.
+experiments/configs/respo_synthetic.py) with rollout.async_steps=1 unless overridden, then writes to
+--out: timeline.json (per iteration: the N updates' interval, the interval of each rollout job that
+ran, the seconds of updates during which a rollout ran, in time.perf_counter() seconds from the first
+iteration's start) and timeline.png (the last iterations as bars). The first iteration is left out of
+the overlap: it compiles. The trainer's interval is the N updates alone (not the advantages or the
+log π_old pass); a rollout job's is its generation and reward until its rows are on the host. Timing:
+run it on an otherwise idle machine and say what else ran.
 """
 
 from __future__ import annotations
