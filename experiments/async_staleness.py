@@ -40,10 +40,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("--objectives", default=",".join(GRID["objectives"]), help="comma-separated names")
-    parser.add_argument("--steps", default=",".join(map(str, GRID["steps"])), help="values of k, comma-separated")
-    parser.add_argument("--seeds", default=",".join(map(str, GRID["seeds"])), help="run seeds, comma-separated")
+    parser.add_argument("--steps", default=",".join(map(str, GRID["steps"])),
+                        help="values of k, comma-separated")
+    parser.add_argument("--seeds", default=",".join(map(str, GRID["seeds"])),
+                        help="run seeds, comma-separated")
     parser.add_argument("--runs-dir", default="runs/async_staleness", help="where the cells train")
-    parser.add_argument("--out-dir", default="experiments/results/async_staleness", help="the report's folder")
+    parser.add_argument("--out-dir", default="experiments/results/async_staleness",
+                        help="the report's folder")
     parser.add_argument("--report-only", action="store_true", help="report the finished cells, train none")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides of every cell")
     args = parser.parse_args(argv)
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     cells = [(name, int(k), int(seed)) for name in _items(args.objectives, "--objectives")
              for k in _items(args.steps, "--steps") for seed in _items(args.seeds, "--seeds")]
     configs = {cell: apply_overrides(base, [f"objective.name={cell[0]}", f"rollout.async_steps={cell[1]}",
-                                            f"run.seed={cell[2]}", f"run.out_dir={_cell_dir(args.runs_dir, cell)}"])
+                                            f"run.seed={cell[2]}",
+                                            f"run.out_dir={_cell_dir(args.runs_dir, cell)}"])
                for cell in cells}  # every cell validated before the first trains
     for config in configs.values():
         config.validate()
@@ -153,7 +157,8 @@ def summary_markdown(results: list[dict]) -> str:
         clip = "—" if row["clip_fraction"] is None else f"{row['clip_fraction']:.4f}"
         lines.append(f"| {name} | {k} | {row['seeds']} | {row['staleness_mean']:.2f} | "
                      f"{row['log_w_p10']:+.3f} / {row['log_w_p50']:+.3f} / {row['log_w_p90']:+.3f} | "
-                     f"{row['positive_below_minus_1']:.4f} | {clip} | {row['train_score_last_quarter']:.3f} |")
+                     f"{row['positive_below_minus_1']:.4f} | {clip} | "
+                     f"{row['train_score_last_quarter']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -167,8 +172,10 @@ def figure(results: list[dict], path: str) -> None:
 
     table = means(results)
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    panels = [("log_w_p50", "log W (median, 10–90%)"), ("positive_below_minus_1", "positives with log W < −1"),
-              ("clip_fraction", "clip fraction"), ("train_score_last_quarter", "training score, last quarter")]
+    panels = [("log_w_p50", "log W (median, 10–90%)"),
+              ("positive_below_minus_1", "positives with log W < −1"),
+              ("clip_fraction", "clip fraction"),
+              ("train_score_last_quarter", "training score, last quarter")]
     for name in sorted({key[0] for key in table}):
         steps = sorted(k for n, k in table if n == name)
         rows = [table[(name, k)] for k in steps]

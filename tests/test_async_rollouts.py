@@ -4,11 +4,7 @@ of the thread's timing, and kill -9 + resume of an async run bit-identical to an
 
 from __future__ import annotations
 
-import json
 import random
-import signal
-import subprocess
-import time
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +16,10 @@ from objective_refs import f32, make_batch, make_gspo_batch, ref_token_loss_and_
     ref_denominator_per_token
 from respo_jax.objectives import decoupled_weights, get_objective
 from respo_jax.training.async_rollouts import AsyncRollouts, behaviour_version
-from respo_jax.training.checkpoint import list_steps
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.loop import RLTrainer
-from tiny_runs import ROOT, TINY_RUN, raw_state, read_records, run_env, train, train_cmd, without_timings
+from tiny_runs import (TINY_RUN, fits_limits, kill_when, least_memory, max_iteration, raw_state, read_records,
+                       train, without_timings)
 
 
 # ----------------------------------------------------------------------------- the schedule
@@ -64,7 +60,7 @@ def test_jobs_run_in_order_at_most_k_ahead_and_resume_from_their_behaviour_param
     assert calls == [(t, behaviour_version(t, k)) for t in range(1, last + 1)]  # in order, each once
     assert versions == [0, 0, 0, 1, 2, 3, 4]
     assert [int(p[0]) for p in saved] == [1, 2]  # jobs 4 and 5: the policies after iterations 1 and 2
-    assert [int(p[0]) for p in run(last=3)[2]] == [1, 2]  # a run that ends at 3 saves the same (extended later)
+    assert [int(p[0]) for p in run(last=3)[2]] == [1, 2]  # a run ending at 3 saves the same (to extend it)
     resumed_calls, resumed_versions, _ = run(start=4, restored=saved)
     assert resumed_calls == calls[3:] and resumed_versions == versions[3:]
 
@@ -175,7 +171,7 @@ def test_the_decoupled_objective_runs_async_and_is_the_coupled_one_without_stale
 def test_async_options_refused_at_start_up_in_one_line():
     with pytest.raises(ConfigError, match="mesh.rollout_devices=2: expected 0 with rollout.async_steps=0"):
         _config("mesh.rollout_devices=2").validate()
-    with pytest.raises(ConfigError, match="objective.decoupled=True: expected false with objective.rollout_c"):
+    with pytest.raises(ConfigError, match="objective.decoupled=True: expected false with objective.rollout"):
         _config('objective.rollout_correction={"level": "token", "mode": "truncate", "threshold": 2.0}',
                 "objective.decoupled=true").validate()
     with pytest.raises(ConfigError, match="rollout.async_steps=-1"):
@@ -194,27 +190,9 @@ def test_a_killed_async_run_resumes_bit_identical_to_an_uninterrupted_one(tmp_pa
     rng = random.Random(50)
     kills = []
 
-    def max_iteration() -> int:
-        try:
-            lines = (out / "metrics.jsonl").read_bytes().split(b"\n")[:-1]
-            return max([json.loads(line).get("iteration", 0) for line in lines] + [0])
-        except (OSError, ValueError):
-            return 0
-
     for target_step, delay in [(2, rng.uniform(0.0, 0.4)), (3, rng.uniform(0.0, 0.4))]:
-        target = min(max_iteration() + target_step, 8)
-        proc = subprocess.Popen(train_cmd(out, *ASYNC_ARGS), cwd=ROOT, env=run_env(jit_cache),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 240
-            while proc.poll() is None and max_iteration() < target and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(delay)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                kills.append((max_iteration(), list_steps(out / "checkpoints")))
-            proc.wait()
+        killed = kill_when(jit_cache, out, ASYNC_ARGS, min(max_iteration(out) + target_step, 8), delay)
+        kills += [killed] if killed else []
     assert kills, "the run finished before any kill"
     final = train(jit_cache, out, *ASYNC_ARGS)
     assert final.returncode == 0, (kills, final.stderr[-3000:])
@@ -239,16 +217,8 @@ def test_the_batches_in_flight_are_counted_by_the_start_up_limits():
     config = apply_overrides(base, ["rollout.async_steps=2"])
     params = parameter_bytes(model_cfg, config.model.dtype)
 
-    def fits(cfg, memory) -> bool:
-        try:
-            check_limits(cfg, model_cfg, 10, memory)
-        except ConfigError:
-            return False
-        return True
-
-    low, high = 0, 2**40  # the least memory that holds the sampler's cache alone
-    while high - low > 1:
-        low, high = (low, (low + high) // 2) if fits(base, (low + high) // 2) else ((low + high) // 2, high)
-    assert not fits(config, high + 2 * params - 1) and fits(config, high + 2 * params)
+    cache = least_memory(base, model_cfg)  # the least memory that holds the sampler's cache alone
+    assert not fits_limits(config, model_cfg, cache + 2 * params - 1)
+    assert fits_limits(config, model_cfg, cache + 2 * params)
     with pytest.raises(ConfigError, match=r"^rollout\.async_steps=2: 2 more copies of the parameters"):
-        check_limits(config, model_cfg, 10, high + 2 * params - 1)
+        check_limits(config, model_cfg, 10, cache + 2 * params - 1)
