@@ -91,7 +91,7 @@ def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path,
                 # log W is ~0 at the first update (log π_old and the update's log-probs come from two
                 # head kernels, equal to float32 round-off): compared to that round-off, 1e-6
                 atol = 1e-6 if key == "log_w_mean" else 1e-7
-                np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=atol, 
+                np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=atol,
                                            err_msg=f"{key}, iteration {a.get('iteration')}")
     # checkpoints written by both processes together, each with its manifest (process 0)
     steps = sorted(os.listdir(os.path.join(two, "checkpoints")))
