@@ -31,7 +31,7 @@ from respo_jax.runs import atomic_write_bytes
 from respo_jax.training.config import ConfigError, apply_overrides
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "async_staleness.py")
-GRID = {"objectives": ("grpo", "gspo", "vespo", "respo"), "steps": (0, 1, 2, 4), "seeds": (0, 1)}
+GRID = {"objectives": ("grpo", "gspo", "vespo", "respo"), "steps": (0, 1, 2, 4), "seeds": (0, 1, 2)}
 RESULTS, SUMMARY, FIGURE = "results.jsonl", "summary.md", "async_staleness.png"
 LOW_LOG_W = -1.0  # the positives' tail the table counts: log W below this
 
@@ -84,7 +84,7 @@ def _train_cell(config) -> None:
     refused)."""
     from experiments.train import run_experiment
 
-    out = config.run.out_dir
+    out, config = config.run.out_dir, apply_overrides(config, ["run.overwrite=true"])
     if os.path.isfile(os.path.join(out, "summary.json")):
         with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
             stored = json.load(f)
@@ -92,7 +92,7 @@ def _train_cell(config) -> None:
             raise ConfigError(f"{out}: a finished cell made with another config; move it or pick --runs-dir")
         return
     print(f"training {out}", file=sys.stderr, flush=True)
-    run_experiment(apply_overrides(config, ["run.overwrite=true"]))
+    run_experiment(config)
 
 
 def cell_result(run: str, cell: tuple) -> dict:
