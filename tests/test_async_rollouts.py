@@ -222,3 +222,30 @@ def test_the_batches_in_flight_are_counted_by_the_start_up_limits():
     assert fits_limits(config, model_cfg, cache + 2 * params)
     with pytest.raises(ConfigError, match=r"^rollout\.async_steps=2: 2 more copies of the parameters"):
         check_limits(config, model_cfg, 10, cache + 2 * params - 1)
+
+
+def test_the_timeline_counts_the_update_seconds_a_rollout_overlaps():
+    from experiments.benchmarks.async_timeline import timeline
+
+    updates = [(1, 10.0, 12.0), (2, 12.5, 14.5), (3, 15.0, 16.0)]
+    rollouts = [(2, 9.0, 10.0), (3, 12.0, 13.5), (4, 14.0, 15.5)]
+    result = timeline(updates, rollouts)
+    assert [r["overlapped_seconds"] for r in result["iterations"]] == [0.0, 1.5, 0.5]
+    assert result["iterations"][0]["update"] == [1.0, 3.0]  # from the first timestamp
+    assert result["overlapped_fraction_after_first"] == pytest.approx(2.0 / 3.0)
+
+
+def test_the_staleness_report_averages_the_seeds_of_each_cell():
+    from experiments.async_staleness import means, summary_markdown
+
+    rows = [{"objective": "grpo", "async_steps": 1, "seed": s, "staleness_mean": 1.0, "log_w_p10": -s,
+             "log_w_p50": 0.0, "log_w_p90": s, "positive_below_minus_1": 0.1 * s, "clip_fraction": 0.2,
+             "train_score_last_quarter": 0.5} for s in (1, 3)]
+    rows.append(dict(rows[0], objective="respo", clip_fraction=None))
+    table = means(rows)
+    assert table[("grpo", 1)]["seeds"] == 2 and table[("grpo", 1)]["log_w_p10"] == -2.0
+    assert table[("grpo", 1)]["positive_below_minus_1"] == pytest.approx(0.2)
+    assert table[("respo", 1)]["clip_fraction"] is None
+    lines = summary_markdown(rows).splitlines()
+    assert lines[2] == "| grpo | 1 | 2 | 1.00 | -2.000 / +0.000 / +2.000 | 0.2000 | 0.2000 | 0.500 |"
+    assert lines[3].endswith("| 0.1000 | — | 0.500 |")
