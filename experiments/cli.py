@@ -77,6 +77,7 @@ ENTRY_POINTS = {
     "experiments.report": "experiments.report",
     "experiments.export": "experiments.export",
     "experiments.gradient_starvation": "experiments.gradient_starvation",
+    "experiments.async_staleness": "experiments.async_staleness",
     "experiments.mesh_equivalence": "experiments.mesh_equivalence",
     "experiments.crash_suite": "experiments.crash_suite",
     "experiments.benchmarks": "experiments.benchmarks.__main__",
@@ -84,6 +85,7 @@ ENTRY_POINTS = {
     "experiments.benchmarks.lm_head": "experiments.benchmarks.lm_head",
     "experiments.benchmarks.rl_iteration": "experiments.benchmarks.rl_iteration",
     "experiments.benchmarks.rollout_engine": "experiments.benchmarks.rollout_engine",
+    "experiments.benchmarks.async_timeline": "experiments.benchmarks.async_timeline",
     "respo_jax.symbolic": "respo_jax.symbolic.verify",
 }
 _parse_only = False
@@ -132,6 +134,7 @@ CONFIGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "experiments.train": _train_config,
     "experiments.evaluate": _eval_config,
     "experiments.gradient_starvation": _sweep_config,
+    "experiments.async_staleness": _train_config,
     "experiments.mesh_equivalence": _train_config,
 }
 

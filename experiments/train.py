@@ -204,6 +204,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
         s = trainer.state
         s.params, s.opt_state, last_saved = restored.params, restored.opt_state, restored.step
         s.reference = restored.reference  # None: the run keeps none, or the checkpoint predates it
+        trainer.restore_behaviour(restored.behaviour)  # asynchronous: the rollouts in flight
         trainer.restore_meta(restored.meta)
         for step in restored.damaged if primary else ():  # one process moves the shared folders
             moved = set_aside(checkpoint_dir, step)
@@ -226,7 +227,8 @@ def _run_locked(config: ExperimentConfig) -> dict:
             s = trainer.state
             trainer.ensure_reference()  # a run of no iteration still saves the reference it would use
             meta = dict(trainer.checkpoint_meta(), metrics_records=len(records))
-            save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta, reference=s.reference)
+            save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta, reference=s.reference,
+                            behaviour=trainer.behaviour_params())
             last_saved = s.iteration
             clock.reset()
 
@@ -311,7 +313,8 @@ def _restore(trainer: RLTrainer, checkpoint_dir: str) -> Restored | None:
     """The latest intact checkpoint of the run being resumed (None: none yet), checked against the config."""
     s, config = trainer.state, trainer.config
     restored = restore_latest_intact(checkpoint_dir, s.params, s.opt_state,
-                                     reference_like=trainer.reference_like())
+                                     reference_like=trainer.reference_like(),
+                                     behaviour_like=trainer.behaviour_like())
     if restored is None:
         return None
     if "metrics_records" not in restored.meta:

@@ -37,7 +37,7 @@ class _Stub:
         self.state = types.SimpleNamespace(iteration=5)
         self.script, self.seeds, self.problems = list(script), [], []
 
-    def rollout(self, records, seed):
+    def rollout(self, records, seed, params=None, counts=None):
         self.seeds.append(seed)
         self.problems.append([r["problem"] for r in records])
         accuracy = np.array([[c == "1" for c in group] for group in self.script.pop(0)]).reshape(-1)
@@ -56,6 +56,7 @@ class _Stub:
     raw_accuracy = RLTrainer.raw_accuracy
     rollout_seed = RLTrainer.rollout_seed
     sample = RLTrainer.sample_groups
+    _sample_groups = RLTrainer._sample_groups
 
 
 def test_uniform_groups_are_dropped_and_more_batches_drawn_until_the_rollout_batch_is_full():

@@ -55,15 +55,21 @@ def _metrics(run) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["rollout.async_steps=1"]], ids=["sync", "async"])
+def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path, extra):
+    """Synchronous, and asynchronous with k = 1 (iteration 2 trains on the initial policy's batch, which
+    the resumed launch regenerates from the behaviour parameters of its checkpoint; every process runs
+    the rollout jobs in the same order)."""
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     address = f"localhost:{_free_port()}"
-    workers = [subprocess.Popen([sys.executable, "-c", RUN_THEN_RESUME, *ARGS, f"run.out_dir={two}"], cwd=REPO,
+    args = [*ARGS, *extra]
+    workers = [subprocess.Popen([sys.executable, "-c", RUN_THEN_RESUME, *args, f"run.out_dir={two}"],
+                                cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=_env(2, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i,
                                          JAX_COORDINATOR_ADDRESS=address))
                for i in range(2)]
-    single = subprocess.run([sys.executable, "-m", "experiments.train", *ARGS, "run.iterations=2",
+    single = subprocess.run([sys.executable, "-m", "experiments.train", *args, "run.iterations=2",
                              f"run.out_dir={one}"], cwd=REPO, capture_output=True, text=True, env=_env(4),
                             timeout=900)
     outputs = [w.communicate(timeout=900)[0] for w in workers]
@@ -85,7 +91,8 @@ def test_two_processes_train_like_one_and_resume_from_their_checkpoint(tmp_path)
                 # log W is ~0 at the first update (log π_old and the update's log-probs come from two
                 # head kernels, equal to float32 round-off): compared to that round-off, 1e-6
                 atol = 1e-6 if key == "log_w_mean" else 1e-7
-                np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=atol, err_msg=key)
+                np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=atol,
+                                           err_msg=f"{key}, iteration {a.get('iteration')}")
     # checkpoints written by both processes together, each with its manifest (process 0)
     steps = sorted(os.listdir(os.path.join(two, "checkpoints")))
     assert steps == ["1", "2"], steps

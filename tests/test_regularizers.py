@@ -362,19 +362,11 @@ def test_the_reference_memory_is_counted_by_the_start_up_limits():
     abstract = nnx.eval_shape(lambda: qwen3.Qwen3ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
     assert params == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
-    def fits(cfg, memory) -> bool:
-        try:
-            check_limits(cfg, model_cfg, 10, memory)
-        except ConfigError:
-            return False
-        return True
+    from tiny_runs import fits_limits, least_memory
 
-    low, high = 0, 2**40  # the least memory that holds the sampler's cache alone
-    while high - low > 1:
-        low, high = (low, (low + high) // 2) if fits(load_config(DEFAULT_CONFIG), (low + high) // 2) \
-            else ((low + high) // 2, high)
-    cache = high
-    assert not fits(config, cache + params - 1) and fits(config, cache + params)
+    cache = least_memory(load_config(DEFAULT_CONFIG), model_cfg)  # the sampler's cache alone
+    assert not fits_limits(config, model_cfg, cache + params - 1)
+    assert fits_limits(config, model_cfg, cache + params)
     with pytest.raises(ConfigError, match=r"^objective\.kl_coef=0\.1: the reference policy's parameters"):
         check_limits(config, model_cfg, 10, cache)
 

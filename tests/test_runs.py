@@ -13,9 +13,6 @@ import dataclasses
 import json
 import os
 import random
-import signal
-import subprocess
-import time
 import typing
 
 import jax.numpy as jnp
@@ -41,18 +38,17 @@ from respo_jax.training.iteration_metrics import check_finite_steps
 from respo_jax.training.step import NonFiniteError
 from tiny_runs import (
     REFERENCE_ARGS,
-    ROOT,
     TINY_RUN,
     assert_same_run,
     copy_run,
-    run_env,
     flip_a_bit,
+    kill_when,
+    max_iteration,
     one_line_error,
     raw_state,
     read_records,
     snapshot,
     train,
-    train_cmd,
 )
 
 
@@ -186,29 +182,12 @@ def test_killed_runs_resume_bit_identical_to_an_uninterrupted_run(tmp_path, jit_
     rng = random.Random(14)
     kills = []  # (last iteration logged, checkpoint steps) when each SIGKILL landed
 
-    def max_iteration() -> int:
-        try:
-            lines = (out / "metrics.jsonl").read_bytes().split(b"\n")[:-1]
-            return max([json.loads(line).get("iteration", 0) for line in lines] + [0])
-        except (OSError, ValueError):
-            return 0
-
     # (iterations to see first, extra random delay): the third kill lands after the last iteration.
     plan = [(2, rng.uniform(0.0, 0.4)), (2, rng.uniform(0.0, 0.4)), (None, rng.uniform(0.0, 0.6))]
     for target_step, delay in plan:
-        target = 8 if target_step is None else min(max_iteration() + target_step, 8)
-        proc = subprocess.Popen(train_cmd(out, *args), cwd=ROOT, env=run_env(jit_cache),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 240
-            while proc.poll() is None and max_iteration() < target and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(delay)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                kills.append((max_iteration(), list_steps(out / "checkpoints")))
-            proc.wait()
+        target = 8 if target_step is None else min(max_iteration(out) + target_step, 8)
+        killed = kill_when(jit_cache, out, args, target, delay)
+        kills += [killed] if killed else []
     assert len(kills) >= 2, kills  # the run did not simply finish each time
     final = train(jit_cache, out, *args)
     assert final.returncode == 0, (kills, final.stderr[-3000:])

@@ -11,8 +11,10 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -113,3 +115,53 @@ def assert_same_run(out: pathlib.Path, reference: pathlib.Path) -> None:
     assert got_meta == want_meta and got.keys() == want.keys()
     for key in want:
         assert got[key].dtype == want[key].dtype and got[key].tobytes() == want[key].tobytes(), key
+
+
+def max_iteration(out) -> int:
+    """The last iteration `out`'s metrics.jsonl holds (0: none, or the file is being written)."""
+    try:
+        lines = (pathlib.Path(out) / "metrics.jsonl").read_bytes().split(b"\n")[:-1]
+        return max([json.loads(line).get("iteration", 0) for line in lines] + [0])
+    except (OSError, ValueError):
+        return 0
+
+
+def kill_when(jit_cache, out, args, target: int, delay: float) -> tuple[int, list[int]] | None:
+    """Launches the run `out` with `args`, SIGKILLs it `delay` seconds after it logged iteration `target`
+    (or finished); returns (the last iteration logged, the checkpoint steps) at the kill, None when the
+    run finished first."""
+    proc = subprocess.Popen(train_cmd(out, *args), cwd=ROOT, env=run_env(jit_cache),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and max_iteration(out) < target and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(delay)
+    finally:
+        killed = None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed = (max_iteration(out), list_steps(pathlib.Path(out) / "checkpoints"))
+        proc.wait()
+    return killed
+
+
+def fits_limits(config, model_cfg, memory: int) -> bool:
+    """Whether `check_limits` accepts `config` on `model_cfg` (prompts of 10 tokens) with `memory` bytes."""
+    from respo_jax.training.config import ConfigError
+    from respo_jax.training.limits import check_limits
+
+    try:
+        check_limits(config, model_cfg, 10, memory)
+    except ConfigError:
+        return False
+    return True
+
+
+def least_memory(config, model_cfg) -> int:
+    """The least memory in bytes `check_limits` accepts `config` with (a bisection of `fits_limits`)."""
+    low, high = 0, 2**40
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits_limits(config, model_cfg, middle) else (middle, high)
+    return high

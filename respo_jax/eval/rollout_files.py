@@ -13,6 +13,9 @@ One entry per response, rows prompt-major (N·M·G rows; row r is sample r % G o
   reward     float32  training reward (strict-box score + overlong penalty)
   minibatch  int32    which of the N updates used the response
   group      int32    prompt index within the rollout batch
+  policy_version  int32  the policy that generated the response: the iterations it had done (t - 1 for
+                      the synchronous loop's iteration t, t - 1 - k with rollout.async_steps = k); absent
+                      from files written before it was recorded
   iteration, policy_updates   int64 scalars: the counters after this iteration
 
 ``load_rollout_files(run_dir)`` reads them all back, in iteration order, for the positive-branch tables
@@ -36,6 +39,7 @@ FIELDS: dict[str, type] = {
     "minibatch": np.int32,
     "group": np.int32,
 }
+OPTIONAL_FIELDS: dict[str, type] = {"policy_version": np.int32}
 SCALARS = ("iteration", "policy_updates")
 
 
@@ -51,7 +55,7 @@ def _checked(rollout: Mapping, source: str) -> dict[str, np.ndarray]:
         raise ValueError(f"{source}: missing {missing}; a rollout file holds {list(FIELDS) + list(SCALARS)}")
     out: dict[str, np.ndarray] = {}
     rows = None
-    for key, dtype in FIELDS.items():
+    for key, dtype in {**FIELDS, **{k: v for k, v in OPTIONAL_FIELDS.items() if k in rollout}}.items():
         value = np.asarray(rollout[key])
         if value.ndim != 1:
             raise ValueError(f"{source}: {key} must be one value per response, [rows]; got shape {value.shape}")

@@ -54,11 +54,13 @@ from respo_jax.objectives.registry import (
     reshaping_objective,
     unregister_objective,
 )
+from respo_jax.objectives.decoupled import decoupled_weights
 from respo_jax.objectives.off_policy_masks import MASK_KINDS, OffPolicyMask, mask_weights
 from respo_jax.objectives.regularizers import KL_ESTIMATORS, Regularizers, kl_penalty
 from respo_jax.objectives.rollout_correction import RolloutCorrection, rollout_correction_weights
 
 __all__ = [
+    "decoupled_weights",
     "AGGREGATION_MODES",
     "BUILTIN_OBJECTIVES",
     "COMMON_KEYS",

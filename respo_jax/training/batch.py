@@ -40,6 +40,8 @@ class PolicyBatch:
                     of each response token (0 where masked)
     ref_logp:       None, or (KL to a reference policy) [batch, response_len] float32: log π_ref of each
                     response token (0 where masked)
+    behaviour_logp: None, or (the decoupled objective) [batch, response_len] float32: log-prob of each
+                    response token under the policy that generated it (old_logp is then π_prox's)
     prompt_group:   (static) the rows come in consecutive groups of this many with the same prompt
                     (tokens, positions and mask), and the forward runs each group's prompt once
                     (`response_logprobs`); 1: no sharing
@@ -58,6 +60,7 @@ class PolicyBatch:
     routing: jnp.ndarray | None = None
     sampler_logp: jnp.ndarray | None = None
     ref_logp: jnp.ndarray | None = None
+    behaviour_logp: jnp.ndarray | None = None
     prompt_group: int = flax.struct.field(pytree_node=False, default=1)
 
     def take(self, rows: np.ndarray) -> "PolicyBatch":
@@ -73,6 +76,7 @@ class PolicyBatch:
             routing=None if self.routing is None else self.routing[rows],
             sampler_logp=None if self.sampler_logp is None else self.sampler_logp[rows],
             ref_logp=None if self.ref_logp is None else self.ref_logp[rows],
+            behaviour_logp=None if self.behaviour_logp is None else self.behaviour_logp[rows],
         )
 
 
@@ -229,4 +233,5 @@ def split_microbatches(batch: PolicyBatch, rows_per_microbatch: int) -> PolicyBa
         routing=None if batch.routing is None else pad(batch.routing, False),
         sampler_logp=None if batch.sampler_logp is None else pad(batch.sampler_logp, True),
         ref_logp=None if batch.ref_logp is None else pad(batch.ref_logp, True),
+        behaviour_logp=None if batch.behaviour_logp is None else pad(batch.behaviour_logp, True),
     )

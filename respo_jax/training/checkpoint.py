@@ -109,9 +109,11 @@ def verify_files(folder: str) -> str | None:
     return None
 
 
-def save_checkpoint(directory: str, step: int, params, opt_state, meta: dict, reference=None) -> None:
+def save_checkpoint(directory: str, step: int, params, opt_state, meta: dict, reference=None,
+                    behaviour=None) -> None:
     """Writes `{params, opt_state}` and the JSON-able `meta` (counters, data position) as step `step`;
-    `reference` (a frozen reference policy's parameters, or None) is written beside them.
+    `reference` (a frozen reference policy's parameters, or None) and `behaviour` (a list of the
+    parameters of an asynchronous run's rollouts in flight, or None) are written beside them.
 
     Raises NonFiniteError (nothing written) when a value is NaN/inf, CheckpointError when `step`
     already exists (Orbax would skip it silently) or cannot be written (a full disk, a read-only file
@@ -121,6 +123,8 @@ def save_checkpoint(directory: str, step: int, params, opt_state, meta: dict, re
     state = {"params": params, "opt_state": opt_state}
     if reference is not None:
         state["reference"] = reference
+    if behaviour is not None:
+        state["behaviour"] = list(behaviour)
     if not bool(_all_finite(state)):
         raise NonFiniteError(f"checkpoint step {step}: parameters or optimizer state hold NaN/inf; not saved")
     earlier = list_steps(directory)
@@ -196,9 +200,10 @@ def _compare_with_stored(folder: str, expected) -> str | None:
 
 
 def restore_checkpoint(directory: str, params_like, opt_state_like, step: int | None = None,
-                       reference_like=None):
+                       reference_like=None, behaviour_like=None):
     """Restores and verifies (params, opt_state, meta) of `step` (default: the latest) onto the given
-    pytree structure; with `reference_like`, (params, opt_state, meta, reference).
+    pytree structure; with `reference_like`, (params, opt_state, meta, reference); with `behaviour_like`
+    (a list), the behaviour parameters appended last.
     Raises FileNotFoundError when there is no checkpoint, CheckpointError (one line)
     when the step is damaged: files that do not match the manifest, unreadable, wrong shapes or dtypes,
     non-finite values."""
@@ -213,6 +218,8 @@ def restore_checkpoint(directory: str, params_like, opt_state_like, step: int | 
     like = {"params": params_like, "opt_state": opt_state_like}
     if reference_like is not None:
         like["reference"] = reference_like
+    if behaviour_like is not None:
+        like["behaviour"] = list(behaviour_like)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     expected = jax.tree_util.tree_flatten_with_path(abstract)[0]
     problem = _compare_with_stored(step_dir(directory, step), expected)  # before Orbax reads any array
@@ -234,9 +241,12 @@ def restore_checkpoint(directory: str, params_like, opt_state_like, step: int | 
                 raise CheckpointError(f"{where}: {_leaf_name(path)} holds NaN/inf")
     if not isinstance(meta, dict):
         raise CheckpointError(f"{where}: its meta item is {type(meta).__name__}, expected a JSON object")
+    result = (state["params"], state["opt_state"], meta)
     if reference_like is not None:
-        return state["params"], state["opt_state"], meta, state["reference"]
-    return state["params"], state["opt_state"], meta
+        result += (state["reference"],)
+    if behaviour_like is not None:
+        result += (state["behaviour"],)
+    return result
 
 
 @dataclasses.dataclass
@@ -249,11 +259,12 @@ class Restored:
     step: int
     damaged: list[int]
     reference: Any = None  # the frozen reference policy, when the run keeps one
+    behaviour: Any = None  # the parameters of an asynchronous run's rollouts in flight (a list)
 
 
 def restore_latest_intact(directory: str, params_like, opt_state_like,
                           report: Callable[[str], None] | None = None,
-                          reference_like=None) -> Restored | None:
+                          reference_like=None, behaviour_like=None) -> Restored | None:
     """The newest intact checkpoint (with its reference policy when `reference_like` is given), or None
     when there is no checkpoint at all. Each damaged step newer
     than it is reported (one line each) through `report` (default: stderr) and listed in `damaged`;
@@ -263,13 +274,14 @@ def restore_latest_intact(directory: str, params_like, opt_state_like,
     damaged: list[int] = []
     for step in reversed(steps):
         try:
-            params, opt_state, meta, *reference = restore_checkpoint(directory, params_like, opt_state_like,
-                                                                      step, reference_like)
+            params, opt_state, meta, *extra = restore_checkpoint(directory, params_like, opt_state_like,
+                                                                  step, reference_like, behaviour_like)
         except CheckpointError as err:
             report(f"warning: {err}; falling back to an earlier checkpoint")
             damaged.append(step)
             continue
-        return Restored(params, opt_state, meta, step, damaged, reference[0] if reference else None)
+        reference = extra.pop(0) if reference_like is not None else None
+        return Restored(params, opt_state, meta, step, damaged, reference, extra[0] if extra else None)
     if steps:
         raise CheckpointError(f"no intact checkpoint under {directory} (steps {steps} are all damaged; "
                               "run.overwrite=true starts the run afresh)")

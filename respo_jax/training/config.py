@@ -287,6 +287,10 @@ class RolloutConfig(_Section):
     filter_groups: bool = False
     max_generation_batches: int = 10  # dynamic sampling: prompt batches drawn per iteration, at most
     old_logprobs: str = "auto"  # "auto", "sampler" or "recompute" (above)
+    # Asynchronous rollouts (`respo_jax.training.async_rollouts`): the batch of iteration t is generated
+    # by the policy after iteration t - 1 - async_steps (the initial one before that), its generation
+    # overlapping the updates of the iterations between; 0 (the default): the synchronous loop.
+    async_steps: int = 0
 
     def validate(self) -> None:
         from respo_jax.sampling import SamplingParams
@@ -296,6 +300,7 @@ class RolloutConfig(_Section):
                      "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets",
                      "max_generation_batches"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
+        self._need("async_steps", self.async_steps >= 0, "an integer >= 0 (0: synchronous)")
         check_engine_fields(self)
         self._need("minibatch_order", self.minibatch_order in ("consecutive", "balanced"),
                    "'consecutive' or 'balanced'")
@@ -425,6 +430,10 @@ class ObjectiveConfig(_Section):
     # {"kind": "geometric", "low": 0.99, "high": 1.01} or {"kind": "m2po", "threshold": 0.04}:
     # `respo_jax.objectives.OffPolicyMask`.
     off_policy_mask: dict = dataclasses.field(default_factory=dict)
+    # AReaL's decoupled objective: the objective's ratio is taken against π_prox, the policy at the start
+    # of the iteration's updates (recomputed), and each token's loss is weighted by π_prox / π_behaviour
+    # (the policy that generated it). False (the default): the ratio is against the behaviour policy.
+    decoupled: bool = False
 
     def validate(self) -> None:
         from respo_jax.objectives import OBJECTIVES, get_objective
@@ -623,6 +632,11 @@ class MeshSection(_Section):
     fsdp: int = 1  # devices on the fsdp axis (parameters and optimizer state split)
     tensor: int = 1  # devices on the tensor axis (heads, MLP and vocabulary split)
     expert: int = 1  # devices on the expert axis (MoE experts split, all-to-all dispatch)
+    # Devices of a rollout mesh of their own (the last ones; the trainer's mesh takes the others), with
+    # rollout.async_steps >= 1; 0 (the default): the sampler runs on the trainer's mesh.
+    rollout_devices: int = 0
+    # devices on the rollout mesh's tensor axis (the rest on its data axis)
+    rollout_tensor: int = 1
 
     def validate(self) -> None:
         self._check_types()
@@ -632,6 +646,10 @@ class MeshSection(_Section):
         fills = [name for name in ("data", "fsdp", "tensor", "expert") if getattr(self, name) == -1]
         _require(len(fills) <= 1, "mesh", {n: getattr(self, n) for n in ("data", "fsdp", "tensor", "expert")},
                  "at most one axis set to -1")
+        self._need("rollout_devices", self.rollout_devices >= 0, "an integer >= 0 (0: one mesh)")
+        self._need("rollout_tensor", self.rollout_tensor >= 1 and (
+            not self.rollout_devices or self.rollout_devices % self.rollout_tensor == 0),
+                   "an integer >= 1 dividing mesh.rollout_devices")
 
     def mesh_config(self):
         from respo_jax.sharding import MeshConfig
@@ -679,6 +697,12 @@ class ExperimentConfig:
         rollout._need("old_logprobs", not sampler_corrected,
                       "'auto' or 'recompute' with objective.rollout_correction set: the correction weighs "
                       "log π_old against the sampler's log-probs, which 'sampler' makes the same")
+        self.mesh._need("rollout_devices", not self.mesh.rollout_devices or rollout.async_steps >= 1,
+                        "0 with rollout.async_steps=0 (a separate rollout mesh serves asynchronous rollouts)")
+        objective = self.objective
+        objective._need("decoupled", not (objective.decoupled and objective.rollout_correction),
+                        "false with objective.rollout_correction set (both weigh the tokens by the "
+                        "sampler's log-probs: use one)")
         task._need("overlong_buffer_length", task.overlong_buffer_length <= rollout.max_new_tokens,
                    f"at most rollout.max_new_tokens={rollout.max_new_tokens}")
         if task.name == "synthetic":

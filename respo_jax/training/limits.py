@@ -9,7 +9,8 @@ checked is the engine's: the static engine's dense cache of one row chunk, or th
 page pool (`rollout.num_pages` / `kv_cache_bytes`, or its default of a full row per slot), which must
 also hold one row of the longest prompt (the engine's own rule, `respo_jax.sampling.scheduler`). A run
 with a reference policy (`objective.kl_coef` > 0 or `log_kl_ref`) holds a second copy of the parameters,
-counted with the cache.
+and an asynchronous one (`rollout.async_steps` = k) k more (2k with a rollout mesh), counted with the
+cache.
 """
 
 from __future__ import annotations
@@ -47,19 +48,31 @@ def parameter_bytes(model_cfg, dtype) -> int:
 
 
 def _check_reference(config: ExperimentConfig, model_cfg, cache_bytes: int, memory_bytes: int | None) -> None:
-    """The reference policy's parameters (a frozen copy of the policy's) and the sampler's cache together
-    fit `memory_bytes` (None: not checked); nothing to check without a reference."""
-    objective = config.objective
-    if memory_bytes is None or not objective.uses_reference:
+    """The parameter copies a run holds beside the policy's — the reference policy's, and an asynchronous
+    run's behaviour parameters of the k batches in flight (twice with a rollout mesh of its own: the
+    trainer-side snapshot and the rollout copy) — and the sampler's cache together fit `memory_bytes`
+    (None: not checked); nothing to check without such copies."""
+    objective, steps = config.objective, config.rollout.async_steps
+    behaviour = steps * (2 if config.mesh.rollout_devices else 1)
+    copies = int(objective.uses_reference) + behaviour
+    if memory_bytes is None or not copies:
         return
-    reference = parameter_bytes(model_cfg, config.model.param_dtype or config.model.dtype)
-    if reference + cache_bytes > memory_bytes:
+    held = copies * parameter_bytes(model_cfg, config.model.param_dtype or config.model.dtype)
+    if held + cache_bytes <= memory_bytes:
+        return
+    if not behaviour:
         key = (f"objective.kl_coef={objective.kl_coef}" if objective.kl_coef
                else f"objective.log_kl_ref={objective.log_kl_ref}")
         raise ConfigError(
-            f"{key}: the reference policy's parameters ({reference / 2**30:.1f} GiB) and the sampler's KV "
+            f"{key}: the reference policy's parameters ({held / 2**30:.1f} GiB) and the sampler's KV "
             f"cache ({cache_bytes / 2**30:.1f} GiB) take more than the {memory_bytes / 2**30:.1f} GiB of "
             "memory of the devices; expected a smaller model, cache or no reference (kl_coef=0)")
+    raise ConfigError(
+        f"rollout.async_steps={steps}: {copies} more copies of the parameters (the batches in flight' "
+        f"behaviour policies{', the reference policy' if objective.uses_reference else ''}: "
+        f"{held / 2**30:.1f} GiB) and the sampler's KV cache ({cache_bytes / 2**30:.1f} GiB) take more than "
+        f"the {memory_bytes / 2**30:.1f} GiB of memory of the devices; expected a smaller model, cache or "
+        "async_steps")
 
 
 def device_memory_bytes(devices) -> int | None:

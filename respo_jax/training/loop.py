@@ -47,6 +47,7 @@ from respo_jax.sharding import (
     optimizer_state_shardings,
     state_shardings,
 )
+from respo_jax.training.async_rollouts import AsyncRollouts, Resharder
 from respo_jax.training.batch import (
     PolicyBatch,
     batch_sharding,
@@ -67,7 +68,7 @@ from respo_jax.training.iteration_metrics import (
 )
 from respo_jax.training.limits import check_limits, check_prompt_buckets, device_memory_bytes
 from respo_jax.training.minibatches import minibatch_rows
-from respo_jax.training.model_setup import build_mesh, build_model
+from respo_jax.training.model_setup import build_mesh, build_model, rollout_devices
 from respo_jax.training.placement import RowPlacer
 from respo_jax.training.shapes import ShapeTracker
 from respo_jax.training.step import (
@@ -234,12 +235,39 @@ class RLTrainer:
                                             compiler_options=qwen3.kernels.update_compiler_options(
                                                 qwen3.kernels.platform(self.mesh)),
                                             program_cache=self.programs,
-                                            regularizers=self.regularizers)
+                                            regularizers=self.regularizers,
+                                            decoupled=config.objective.decoupled)
         self.old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
                                             shardings=self.shardings)
         # log π_old from the sampler or a forward pass of its own (`rollout.old_logprobs`), decided once
         self.old_logprobs_source = r.old_logprobs_source(dtype=config.model.dtype, moe=model.config.is_moe,
                                                          correction=self.correction is not None)
+        # the sampler's mesh, model structure and parameter shardings (mesh.rollout_devices)
+        self.rollout_mesh, self.rollout_graphdef, self.rollout_shardings = self._rollout_placement(
+            model.config)
+        # the rollout jobs of an asynchronous run (rollout.async_steps >= 1), started by the first iteration
+        self.async_rollouts: AsyncRollouts | None = None
+        self._batches_resume_state = None  # async: the prompt stream's position after the last trained batch
+        self._restored_behaviour = None  # async: a checkpoint's behaviour parameters of the jobs in flight
+        self._resharder: Resharder | None = None  # trainer -> rollout mesh, built at the first reshard
+        # (iteration, start, end) of each iteration's N updates, time.perf_counter() seconds (the end once
+        # their metrics are on the host): when the trainer's devices were busy
+        self.update_timeline: list[tuple[int, float, float]] = []
+
+    def _rollout_placement(self, model_cfg) -> tuple:
+        """The sampler's mesh, model structure and parameter shardings: the trainer's, or with
+        `mesh.rollout_devices` a rollout mesh of their own (the last devices, `mesh.rollout_tensor` of
+        them on its tensor axis, the rest on data) under the same `ShardingRules`."""
+        devices = self.config.mesh.rollout_devices
+        if not devices:
+            return self.mesh, self.state.graphdef, self.shardings.params
+        from respo_jax.sharding import MeshConfig, make_mesh
+
+        tensor = self.config.mesh.rollout_tensor
+        mesh = make_mesh(MeshConfig(data=devices // tensor, tensor=tensor), rollout_devices(self.config))
+        abstract = nnx.eval_shape(lambda: qwen3.init_model(model_cfg.replace(mesh=mesh), seed=0))
+        graphdef, params = nnx.split(abstract)
+        return mesh, graphdef, state_shardings(params, mesh, self.rules)
 
     def _check_limits(self) -> None:
         """Response length against the model's positions and the sampler's KV cache against the devices'
@@ -308,8 +336,12 @@ class RLTrainer:
     def checkpoint_meta(self) -> dict:
         """The JSON part of a checkpoint: counters, the prompt batches' resumable position (and the
         reward's KL weight with objective.kl_in_reward)."""
+        # Asynchronous: the position after the last trained batch (the jobs in flight drew beyond it
+        # and are regenerated from it on resume).
+        batches = self._batches_resume_state if self._batches_resume_state is not None \
+            else self.batches.get_state()
         meta = {"iteration": self.state.iteration, "policy_updates": self.state.policy_updates,
-                "batches": self.batches.get_state()}
+                "batches": batches}
         if self.config.objective.kl_in_reward:
             meta["kl_reward_coef"] = self.state.kl_reward_coef
         return meta
@@ -354,18 +386,20 @@ class RLTrainer:
         return scores, status
 
     def _score_shared(self, tokens: np.ndarray, lengths: np.ndarray, records: list[dict],
-                      count: bool = True) -> np.ndarray:
+                      count: bool = True, counts: dict | None = None) -> np.ndarray:
         """`score` of every response, each process verifying its even share of them (`RowPlacer.share`;
         all in one process) and the scores then exchanged, so
         the (host-bound) reward work is split over the hosts and every process ends up with all scores.
         With `count`, the failed and timed-out rewards are added to `reward_counts` (the next metrics
-        record's `reward_failures` / `reward_timeouts`, see `take_reward_counts`)."""
+        record's `reward_failures` / `reward_timeouts`, see `take_reward_counts`), or to `counts` when
+        given (a rollout job's own)."""
         share = self.placer.share(len(records))
         scores, status = self.score(tokens[share], lengths[share], self.placer.take(records, share))
         status = self.placer.gather(status, share, len(records))
         if count:
-            self.reward_counts["reward_failures"] += int(np.sum(status != SCORED))
-            self.reward_counts["reward_timeouts"] += int(np.sum(status == TIMED_OUT))
+            counts = self.reward_counts if counts is None else counts
+            counts["reward_failures"] += int(np.sum(status != SCORED))
+            counts["reward_timeouts"] += int(np.sum(status == TIMED_OUT))
         return self.placer.gather(scores, share, len(records))
 
     def take_reward_counts(self) -> dict:
@@ -429,17 +463,21 @@ class RLTrainer:
         return records
 
     # -- RL --------------------------------------------------------------------------------------------
-    def rollout(self, records: list[dict], seed: int):
-        """Samples `group_size` responses per record; returns prompts, sampler output and ±1 scores."""
+    def rollout(self, records: list[dict], seed: int, params=None, counts: dict | None = None):
+        """Samples `group_size` responses per record with `params` (on the rollout mesh; None: the
+        trainer's current ones); returns prompts, sampler output and ±1 scores (the reward's failures
+        counted into `counts`, default the trainer's)."""
         r = self.config.rollout
         prompts = [self.encode(rec) for rec in records]
-        out = generate(self.model(), prompts, self._sampling_params(seed), engine=self.engine,
-                       return_routing=r.routing_replay, programs=self.programs)
+        model = self.model() if params is None else nnx.merge(self.rollout_graphdef, params)
+        programs = self.programs if self.rollout_mesh is self.mesh else None
+        out = generate(model, prompts, self._sampling_params(seed), engine=self.engine,
+                       return_routing=r.routing_replay, programs=programs)
         # Every process gets every response (a gather across processes): the layout of the policy
         # batches (bucketed lengths, verl's balanced order), the metrics and the rollout file need them.
         out = self.placer.fetch(out)
         scores = self._score_shared(np.asarray(out.tokens), np.asarray(out.lengths),
-                                    [rec for rec in records for _ in range(r.group_size)])
+                                    [rec for rec in records for _ in range(r.group_size)], counts=counts)
         expanded_prompts = [p for p in prompts for _ in range(r.group_size)]
         return expanded_prompts, out, scores
 
@@ -508,10 +546,13 @@ class RLTrainer:
         sampler_logp = np.zeros(responses.shape, np.float32) if self.correction else None
         batch, micro = self.policy_batch([[self.tokenizer.pad_id] * prompt_len] * rows, responses, lengths,
                                          np.zeros(rows, np.float32), routing, sampler_logp)
-        if self.old_logprobs_source == "recompute" or self.config.objective.uses_reference:
+        if (self.old_logprobs_source == "recompute" or self.config.objective.uses_reference
+                or self.config.objective.decoupled):
             self.old_logprobs.lower(self.state.params, batch, micro).compile()
         if self.config.objective.uses_reference:  # the update's batches carry the reference's log-probs
             batch = batch.replace(ref_logp=batch.old_logp)
+        if self.config.objective.decoupled:  # and the behaviour policy's
+            batch = batch.replace(behaviour_logp=batch.old_logp)
         self.policy_step.lower(self.state.params, self.state.opt_state, batch, micro).compile()
 
     def policy_batch(self, prompts: list[list[int]], tokens: np.ndarray, lengths: np.ndarray,
@@ -552,11 +593,13 @@ class RLTrainer:
         unit = math.lcm(self.batch_shards, group)  # every micro-batch spread over all devices, whole groups
         return batch, min(rows, -(-micro // unit) * unit)
 
-    def rollout_seed(self, generation_batch: int) -> int:
+    def rollout_seed(self, generation_batch: int, iteration: int | None = None) -> int:
         """The sampler seed of a generation batch of this iteration: the first one's is the run's
         historical seed + iteration, later ones (dynamic sampling) one derived from (seed, iteration,
-        index): a pure function of the counters a checkpoint holds, so a resumed run draws the same."""
-        seed, iteration = self.config.run.seed, self.state.iteration
+        index): a pure function of the counters a checkpoint holds, so a resumed run draws the same.
+        `iteration`: the iterations done before the batch's (default: the trainer's count)."""
+        seed = self.config.run.seed
+        iteration = self.state.iteration if iteration is None else iteration
         if generation_batch == 0:
             return seed * 1_000_003 + iteration
         sequence = np.random.SeedSequence([seed, iteration, generation_batch])
@@ -572,7 +615,7 @@ class RLTrainer:
                                          task_cfg.overlong_buffer_length, task_cfg.overlong_penalty_factor)
         return raw > 0
 
-    def sample_groups(self) -> dict:
+    def sample_groups(self, iteration: int | None = None, params=None) -> dict:
         """The groups to train on and the counts of how they were drawn.
 
         Without `rollout.filter_groups`: the next prompt batch's N·M groups. With it (verl's DAPO
@@ -582,14 +625,30 @@ class RLTrainer:
         the kept rows (prompt-major, G per group): prompts, tokens, lengths, sampler_logp, sampler_entropy
         (None unless `rollout.old_logprobs` resolved to "sampler"), scores,
         prompt_routing/routing (None unless routing_replay), and every generated response's scores and
-        lengths ("all_scores", "all_lengths") and the counts."""
+        lengths ("all_scores", "all_lengths") and the counts.
+
+        `iteration` (the iterations done before the batch's; default the trainer's count) picks the
+        sampler seeds and `params` the sampling parameters (`rollout`): an asynchronous rollout job's.
+        The reward's failures are counted in "reward_counts" when `iteration` is given, and the
+        prompt stream's position after the draws is "batches_after"."""
+        r = self.config.rollout
+        counts = None if iteration is None else {"reward_failures": 0, "reward_timeouts": 0}
+        sampled = self._sample_groups(iteration, params, counts)
+        if counts is not None:
+            sampled["reward_counts"] = counts
+        sampled["batches_after"] = self.batches.get_state()
+        return sampled
+
+    def _sample_groups(self, iteration: int | None, params, counts: dict | None) -> dict:
+        """`sample_groups`' draws."""
         r = self.config.rollout
         num_prompts, group = r.reuse * r.prompts_per_minibatch, r.group_size
         parts, all_scores, all_lengths = [], [], []
         kept = generated = batches = 0
         while True:
             records = next(self.batches)
-            prompts, out, scores = self.rollout(records, seed=self.rollout_seed(batches))
+            seed = self.rollout_seed(batches, iteration)
+            prompts, out, scores = self.rollout(records, seed=seed, params=params, counts=counts)
             batches += 1
             lengths = np.asarray(out.lengths)
             all_scores.append(scores)
@@ -626,12 +685,14 @@ class RLTrainer:
         started, compiled_before = time.perf_counter(), compilation_totals()
         self.shapes.compile_ahead_once(self.compile_ahead)  # in the first iteration's compiles and time
         rollout_started = time.perf_counter()  # after compile_ahead: rollout_seconds is the rollout alone
-        sampled = self.sample_groups()  # rollout and reward (dynamic sampling: until enough groups differ)
+        # rollout and reward (dynamic sampling: until enough groups differ), and the policy that generated it
+        sampled, behaviour = self.next_rollout()
         rollout_seconds = time.perf_counter() - rollout_started
         batch = self.training_rows(sampled)  # group-normalized advantages
         minibatches = self.minibatch_rows(batch)  # N mini-batches: consecutive or verl's balanced order
         self.ensure_reference()
-        policy_batches, logprob_parts = self.with_old_logprobs(batch, minibatches)  # log π_old, no update yet
+        # log π_old (and log π_behaviour, decoupled), no update yet
+        policy_batches, logprob_parts = self.with_old_logprobs(batch, minibatches, behaviour[1])
         kl_reward = {}
         if self.config.objective.kl_in_reward:  # verl's apply_kl_penalty: the scores, then the advantages
             policy_batches, batch, kl_reward = self.kl_penalized_advantages(batch, minibatches,
@@ -639,8 +700,69 @@ class RLTrainer:
         learning_rate = self.learning_rate_of_updates(len(policy_batches))
         step_metrics = self.update(policy_batches)  # the N policy updates
         record = self.report(sampled, batch, minibatches, logprob_parts, step_metrics, learning_rate,
-                             timing=(started, compiled_before, rollout_seconds))
+                             timing=(started, compiled_before, rollout_seconds), version=behaviour[0])
         return {**record, **kl_reward}
+
+    # -- asynchronous rollouts (`respo_jax.training.async_rollouts`) -----------------------------------
+    def next_rollout(self) -> tuple[dict, tuple[int, object]]:
+        """The sampled batch of the next iteration (`sample_groups`) and its behaviour policy: (version,
+        parameters on the trainer's shardings). Synchronous: sampled now by the current parameters;
+        asynchronous: the rollout job submitted k iterations ago (the jobs up to k ahead submitted)."""
+        if self.async_rollouts is None and self.config.rollout.async_steps:
+            self.start_async_rollouts(self.config.rollout.async_steps)
+        if self.async_rollouts is None:
+            return self.sample_groups(), (self.state.iteration, self.state.params)
+        sampled, job = self.async_rollouts.take(self.state.iteration + 1, self.state.params)
+        for key, value in sampled.pop("reward_counts").items():
+            self.reward_counts[key] += value
+        self._batches_resume_state = sampled["batches_after"]
+        return sampled, (job.version, job.params)
+
+    def start_async_rollouts(self, steps: int, overlap: bool | None = None) -> None:
+        """Routes the rollouts through `AsyncRollouts` with `steps` of staleness (0: the synchronous
+        schedule through the same jobs), resuming the in-flight jobs of a restored checkpoint. `overlap`:
+        the jobs run in their own thread (default: in a single-process run) or in the main thread."""
+        overlap = jax.process_count() == 1 if overlap is None else overlap
+        self.async_rollouts = AsyncRollouts(
+            steps, lambda iteration, params: self.sample_groups(iteration - 1, params), self.to_rollout_mesh,
+            self.config.num_iterations, overlap=overlap)
+        if self._restored_behaviour is not None:
+            self.async_rollouts.restore(self._restored_behaviour, self.state.iteration)
+            self._restored_behaviour = None
+
+    def to_rollout_mesh(self, params):
+        """Trainer-side parameters on the rollout mesh's shardings (the same arrays on one mesh)."""
+        if self.rollout_mesh is self.mesh:
+            return params
+        if self._resharder is None:
+            self._resharder = Resharder(self.shardings.params, self.rollout_shardings)
+        return self._resharder(params)
+
+    def behaviour_like(self):
+        """The structure of the behaviour parameters a checkpoint holds (k copies of the parameters'), or
+        None for a synchronous run."""
+        steps = self.config.rollout.async_steps
+        return [self.state.params] * steps if steps else None
+
+    def behaviour_params(self):
+        """The behaviour parameters of the rollout jobs in flight after this iteration (k entries, the
+        current parameters for jobs not yet submitted), for a checkpoint; None for a synchronous run."""
+        steps = self.config.rollout.async_steps
+        if not steps:
+            return None
+        if self.async_rollouts is None:
+            return list(self._restored_behaviour or [self.state.params] * steps)
+        return self.async_rollouts.behaviour_params(self.state.iteration, self.state.params)
+
+    def restore_behaviour(self, behaviour) -> None:
+        """A checkpoint's behaviour parameters (`behaviour_params`): the first iteration regenerates the
+        in-flight jobs from them."""
+        self._restored_behaviour = None if behaviour is None else list(behaviour)
+
+    def close(self) -> None:
+        """Stops the rollout jobs of an asynchronous run (the one running finishes first)."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
 
     def training_rows(self, sampled: dict) -> TrainingRows:
         """The kept groups' rows (`sample_groups`) with their group-normalized advantages.
@@ -674,13 +796,22 @@ class RLTrainer:
         sequence_lengths = np.array([len(p) for p in batch.prompts]) + batch.lengths
         return minibatch_rows(r.minibatch_order, sequence_lengths, updates, r.balance_ranks)
 
-    def with_old_logprobs(self, batch: TrainingRows, minibatches: list[np.ndarray]) -> tuple[list, list]:
+    def with_old_logprobs(self, batch: TrainingRows, minibatches: list[np.ndarray],
+                          behaviour=None) -> tuple[list, list]:
         """Each mini-batch in its own bucketed shape (`policy_batch`) with log π_old and the rollout-time
         entropy under the rollout-time parameters, before any update: [(policy batch, micro-batch rows)]
         and, for the metrics, [(response_mask, old_logp, entropy)] (device arrays; the entropy a host
         array when it is the sampler's). Both come from the sampler or from a forward pass
-        (`rollout.old_logprobs`)."""
+        (`rollout.old_logprobs`). `behaviour`: the parameters that generated the batch (default: the
+        current ones); the recomputation runs under them.
+
+        `objective.decoupled`: log π_old is π_prox's, a forward pass under the current parameters, and
+        the batch carries log π_behaviour (the sampler's or the recomputed) for the weight
+        π_prox / π_behaviour (the same pass when both policies are the current one)."""
         from_sampler = self.old_logprobs_source == "sampler"
+        current = self.state.params
+        behaviour = current if behaviour is None else behaviour
+        decoupled = self.config.objective.decoupled
         policy_batches, parts = [], []
         for rows in minibatches:
             replay = ((batch.prompt_routing[:, rows], batch.routing[:, rows])
@@ -694,7 +825,12 @@ class RLTrainer:
                 old_logp, policy = policy.sampler_logp, policy.replace(sampler_logp=None)
                 token_entropy = batch.sampler_entropy[rows, :old_logp.shape[1]]  # logprob_metrics masks it
             else:
-                old_logp, token_entropy = self.old_logprobs(self.state.params, policy, micro)
+                old_logp, token_entropy = self.old_logprobs(behaviour, policy, micro)
+            if decoupled:  # old_logp so far is the behaviour policy's; the ratio's is π_prox's
+                behaviour_logp = old_logp
+                if from_sampler or behaviour is not current:
+                    old_logp, token_entropy = self.old_logprobs(current, policy, micro)
+                policy = policy.replace(behaviour_logp=behaviour_logp)
             if self.state.reference is not None:  # the same forward program, of the frozen reference
                 policy = policy.replace(ref_logp=self.old_logprobs(self.state.reference, policy, micro)[0])
             policy_batches.append((policy.replace(old_logp=old_logp), micro))
@@ -744,7 +880,7 @@ class RLTrainer:
     def update(self, policy_batches: list[tuple[PolicyBatch, int]]) -> list[dict]:
         """One policy update per mini-batch, in order; advances the counters. Returns each update's
         metrics on the host (one transfer for all), NonFiniteError when one is not finite."""
-        step_metrics = []
+        step_metrics, started = [], time.perf_counter()
         for batch, micro in policy_batches:
             self.state.params, self.state.opt_state, metrics = self.policy_step(
                 self.state.params, self.state.opt_state, batch, micro)
@@ -752,14 +888,19 @@ class RLTrainer:
         self.state.policy_updates += len(policy_batches)
         self.state.iteration += 1
         step_metrics = jax.device_get(step_metrics)
+        self.update_timeline.append((self.state.iteration, started, time.perf_counter()))
         check_finite_steps(step_metrics, self.state.iteration)
         return step_metrics
 
     def report(self, sampled: dict, batch: TrainingRows, minibatches: list[np.ndarray], logprob_parts: list,
-               step_metrics: list[dict], learning_rate: float | None, timing: tuple) -> dict:
+               step_metrics: list[dict], learning_rate: float | None, timing: tuple,
+               version: int | None = None) -> dict:
         """The iteration's metrics record (`respo_jax.training.iteration_metrics`; timing: the iteration's
         start, the compile totals then and the rollout's seconds), and its rows trained on as
-        `last_rollout` (the rollout file; None when no group was trained on)."""
+        `last_rollout` (the rollout file; None when no group was trained on). `version`: the policy
+        version that generated the batch (default: the one before this iteration's updates); an
+        asynchronous run's record has its staleness (iterations of lag behind the policy before the
+        updates) as staleness_mean / staleness_max over the responses."""
         started, compiled_before, rollout_seconds = timing
         logprob = logprob_metrics(self.placer.fetch(logprob_parts), minibatches, batch.sampler_logp,
                                   self.correction)
@@ -767,6 +908,9 @@ class RLTrainer:
                                   batch.lengths, batch.scores, self.config.rollout.group_size,
                                   self.state.iteration, self.state.policy_updates)
         rollout = {key: value[:batch.real_rows] if np.ndim(value) else value for key, value in rollout.items()}
+        before = self.state.iteration - 1  # the policy version before this iteration's updates
+        version = before if version is None else version
+        rollout["policy_version"] = np.full(batch.real_rows, version, np.int32)
         compiled = compilation_totals() - compiled_before
         timings = {"rollout_seconds": rollout_seconds, "iteration_seconds": time.perf_counter() - started,
                    "compiles": compiled.compiles, "compile_seconds": compiled.seconds,
@@ -775,6 +919,10 @@ class RLTrainer:
                     "policy_updates": self.state.policy_updates}
         record = iteration_record(counters, sampled, timings, logprob, step_metrics, rollout, learning_rate,
                                   self.config.rollout.filter_groups)
+        if self.config.rollout.async_steps:
+            staleness = before - rollout["policy_version"]
+            record["staleness_mean"] = float(staleness.mean()) if staleness.size else 0.0
+            record["staleness_max"] = int(staleness.max()) if staleness.size else 0
         rollout.pop("approx_kl")  # in the record, not in the rollout file
         self.last_rollout = rollout if batch.real_rows else None
         return record

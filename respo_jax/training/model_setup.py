@@ -19,15 +19,32 @@ from respo_jax.training.config import ConfigError, ExperimentConfig
 
 
 def build_mesh(config: ExperimentConfig) -> jax.sharding.Mesh:
-    """The run's (data, fsdp, tensor, expert) mesh (`config.mesh`) over every device of every process;
+    """The run's (data, fsdp, tensor, expert) mesh (`config.mesh`) over every device of every process
+    (but the rollout mesh's, `trainer_devices`);
     in a single process, explicit sizes multiplying to fewer devices use the first ones (e.g. a
     one-device run on a host with eight). ConfigError when the sizes do not fit the devices."""
-    devices = jax.devices()
+    devices = trainer_devices(config)
     sizes = [getattr(config.mesh, axis) for axis in ("data", "fsdp", "tensor", "expert")]
     if -1 not in sizes and math.prod(sizes) < len(devices) and jax.process_count() == 1:
         devices = devices[:math.prod(sizes)]
     config.mesh.axis_sizes(len(devices))  # a ConfigError naming the mesh keys
     return make_mesh(config.mesh.mesh_config(), devices)
+
+
+def trainer_devices(config: ExperimentConfig) -> list:
+    """The devices of the trainer's mesh: all of them, or those `mesh.rollout_devices` leaves (the first
+    ones; ConfigError when it leaves none)."""
+    devices, split = jax.devices(), config.mesh.rollout_devices
+    if split and split >= len(devices):
+        raise ConfigError(f"mesh.rollout_devices={split}: expected fewer than the {len(devices)} devices, "
+                          "so the trainer keeps some")
+    return devices[:len(devices) - split]
+
+
+def rollout_devices(config: ExperimentConfig) -> list:
+    """The devices of the rollout mesh (`mesh.rollout_devices`, the last ones); empty without a split."""
+    split = config.mesh.rollout_devices
+    return jax.devices()[len(jax.devices()) - split:] if split else []
 
 
 def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Mesh | None = None,

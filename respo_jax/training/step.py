@@ -21,7 +21,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS, forward_chunk_tokens
-from respo_jax.objectives import PolicyObjective, RolloutCorrection, rollout_correction_weights
+from respo_jax.objectives import (PolicyObjective, RolloutCorrection, decoupled_weights,
+                                  rollout_correction_weights)
 from respo_jax.objectives.aggregation import aggregation_terms, safe_divide
 from respo_jax.objectives.off_policy_masks import mask_weights, masked_fraction
 from respo_jax.objectives.regularizers import Regularizers, kl_penalty
@@ -107,6 +108,7 @@ def make_policy_step(
     compiler_options: dict | None = None,
     program_cache: ProgramCache | None = None,
     regularizers: Regularizers | None = None,
+    decoupled: bool = False,
 ):
     """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
     a `PolicyBatch` (one mini-batch).
@@ -154,6 +156,10 @@ def make_policy_step(
     computed from the stop-gradient log-probs of the update; M2PO's batch-wide cutoff comes from the whole
     mini-batch (a forward pass before the micro-batch loop when it is split). Metrics: `kl_ref` (whenever
     the batch carries ref_logp), `entropy_bonus`, `off_policy_masked_fraction`.
+
+    `decoupled` (AReaL's decoupled objective): `batch.old_logp` is π_prox's and each token's loss term is
+    multiplied by π_prox / π_behaviour (`respo_jax.objectives.decoupled_weights`; the batch carries
+    `behaviour_logp`).
     """
     regs = regularizers if regularizers is not None and regularizers.active else None
     kl_estimator = "k3" if regularizers is None else regularizers.kl_estimator
@@ -176,6 +182,11 @@ def make_policy_step(
             if keep is None:
                 keep = mask_weights(off_policy_mask, logp, part.old_logp, part.advantages, part.response_mask)
             weights = keep if weights is None else weights * keep
+        if decoupled:
+            if part.behaviour_logp is None:
+                raise ValueError("the decoupled objective needs PolicyBatch.behaviour_logp")
+            behaviour = decoupled_weights(part.old_logp, part.behaviour_logp, part.response_mask)
+            weights = behaviour if weights is None else weights * behaviour
         return weights
 
     def logprobs_of(params, batch: PolicyBatch):

@@ -1,0 +1,66 @@
+"""On 8 simulated CPU devices: an asynchronous run (rollout.async_steps=1) whose sampler has a mesh of its
+own (mesh.rollout_devices=4: the last 4 devices, tensor-parallel 2 × data 2) equals the same run sampling
+on the trainer's mesh (the first 4 devices, data 4): every sample, reward and advantage exactly, the
+float metrics and parameters to float32 round-off (the two meshes split the sampler's matmuls
+differently). The rollout copy lives on the rollout devices only, and the reshard moves no data through
+the host: it runs under transfer guards that refuse a host array (and a plain `jax.device_put` between
+these meshes, which reads the arrays to the host, trips them). Run by tests/test_multi_device.py."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.train import DEFAULT_CONFIG, load_config
+from respo_jax.training.async_rollouts import Resharder
+from respo_jax.training.config import apply_overrides
+from respo_jax.training.loop import RLTrainer
+
+TINY = ['model.overrides={"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, '
+        '"num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8}',
+        "warmup.steps=2", "warmup.batch_size=4", "rollout.prompts_per_minibatch=2", "rollout.group_size=2",
+        "rollout.reuse=2", "rollout.max_new_tokens=6", "task.overlong_buffer_length=4", "task.num_records=64",
+        "run.eval_problems=0", "run.progress=false", "run.host_allocator=false", "run.iterations=3",
+        "rollout.async_steps=1", "mesh.data=4"]
+
+
+def _run(*overrides):
+    trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), [*TINY, *overrides]))
+    records = list(trainer.warmup())
+    rollouts = []
+    for _ in range(trainer.config.num_iterations):
+        records.append(trainer.iteration())
+        rollouts.append(trainer.last_rollout)
+    return trainer, records, rollouts
+
+
+def test_a_split_mesh_async_run_equals_the_one_mesh_run():
+    one_trainer, one, one_rollouts = _run()
+    split_trainer, split, split_rollouts = _run("mesh.rollout_devices=4", "mesh.rollout_tensor=2")
+    devices = jax.devices()
+    assert set(one_trainer.mesh.devices.flat) == set(devices[:4]) == set(split_trainer.mesh.devices.flat)
+    assert set(split_trainer.rollout_mesh.devices.flat) == set(devices[4:])
+    assert dict(split_trainer.rollout_mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 2, "expert": 1}
+    rollout_copy = split_trainer.to_rollout_mesh(split_trainer.state.params)
+    for leaf in jax.tree.leaves(rollout_copy):
+        assert leaf.sharding.device_set <= set(devices[4:]), leaf.sharding
+    resharder = Resharder(split_trainer.shardings.params, split_trainer.rollout_shardings)
+    with pytest.raises(Exception, match="[Dd]isallowed host-to-device"):  # the guard is on: no host copy
+        resharder(jax.tree.map(np.asarray, split_trainer.state.params))
+    with pytest.raises(Exception, match="[Dd]isallowed host-to-device"):  # what a plain device_put does
+        with jax.transfer_guard_host_to_device("disallow_explicit"):
+            jax.device_put(split_trainer.state.params, split_trainer.rollout_shardings)
+    for a, b in zip(one_rollouts, split_rollouts):
+        for key in ("length", "reward", "advantage", "policy_version"):
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        np.testing.assert_allclose(a["log_w"], b["log_w"], atol=1e-5)
+    assert [r.get("staleness_max") for r in split if r["phase"] == "rl"] == [0, 1, 1]
+    for a, b in zip(one, split):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            if isinstance(value, str) or key.endswith("seconds") or key.startswith("compile"):
+                continue
+            np.testing.assert_allclose(b[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
+    for a, b in zip(jax.tree.leaves(one_trainer.state.params), jax.tree.leaves(split_trainer.state.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
