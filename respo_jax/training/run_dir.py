@@ -318,12 +318,6 @@ def _check_log(out_dir: str, metrics_records: int, iteration: int,
     path = os.path.join(out_dir, METRICS_FILE)
     records, size = _read_log(path, metrics_records)
     kept = records[:metrics_records]
-    if digest is not None and size:
-        with open(path, "rb") as handle:
-            if hashlib.sha256(handle.read(size)).hexdigest() != digest:
-                raise RunDirError(f"run.resume=true: the first {metrics_records} records of {path} are not "
-                                  "the bytes its checkpoint saw (SHA-256 differs): the log was changed or "
-                                  "damaged after it was written; run.overwrite=true starts afresh")
     problem = log_problem(records)
     if problem is None:
         done = sum(1 for record in kept if record.get("phase") == "rl")
@@ -333,6 +327,12 @@ def _check_log(out_dir: str, metrics_records: int, iteration: int,
         raise RunDirError(f"run.resume=true: {path} is not one run's log ({problem}); resuming would drop "
                           "or repeat RL records. Was the directory written by two runs at once? "
                           "run.overwrite=true starts afresh")
+    if digest is not None and size:
+        with open(path, "rb") as handle:
+            if hashlib.sha256(handle.read(size)).hexdigest() != digest:
+                raise RunDirError(f"run.resume=true: the first {metrics_records} records of {path} are not "
+                                  "the bytes its checkpoint saw (SHA-256 differs): the log was changed or "
+                                  "damaged after it was written; run.overwrite=true starts afresh")
     return kept, size
 
 
