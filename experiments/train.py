@@ -186,7 +186,8 @@ def _run_locked(config: ExperimentConfig) -> dict:
     kept_records = restored.meta["metrics_records"] if restored else 0
     if plan.mode == "resume":  # a log that lacks records the checkpoint counts, or that another writer
         # mixed into (duplicated or out-of-order iterations), fails here, unchanged
-        run_dir.check_log(out_dir, kept_records, int(restored.meta["iteration"]) if restored else 0)
+        run_dir.check_log(out_dir, kept_records, int(restored.meta["iteration"]) if restored else 0,
+                          restored.meta.get("metrics_sha256") if restored else None)
 
     # -- nothing was written above this line: a failed start leaves an existing run untouched ---------
     # Several processes (respo_jax.distributed) share out_dir: process 0 writes the run's files, all of
@@ -211,7 +212,8 @@ def _run_locked(config: ExperimentConfig) -> dict:
             print(f"moved damaged checkpoint step {step} to {moved}", file=sys.stderr)
     if plan.mode == "resume" and primary:  # the log as an uninterrupted run would have it at this checkpoint
         with writing("the rewound metrics.jsonl", out_dir):
-            records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration)
+            records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration,
+                                     restored.meta.get("metrics_sha256") if restored else None)
     show = config.run.progress and primary
     clock = preemption.Clock(config.run.checkpoint_every_minutes)
     trackers = open_trackers(config, info, records if plan.mode == "resume" else None, enabled=primary)
@@ -226,7 +228,8 @@ def _run_locked(config: ExperimentConfig) -> dict:
             nonlocal last_saved
             s = trainer.state
             trainer.ensure_reference()  # a run of no iteration still saves the reference it would use
-            meta = dict(trainer.checkpoint_meta(), metrics_records=len(records))
+            meta = dict(trainer.checkpoint_meta(), metrics_records=len(records),
+                        metrics_sha256=run_dir.log_digest(records))
             save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta, reference=s.reference,
                             behaviour=trainer.behaviour_params())
             last_saved = s.iteration

@@ -278,6 +278,45 @@ def test_resume_refuses_a_log_with_duplicated_iterations(tmp_path, reference, ca
             run_dir.rewind(str(out), counted, 8)
 
 
+def test_rewind_refuses_a_log_changed_after_its_checkpoint(tmp_path):
+    """A checkpoint keeps the SHA-256 of the records it counts; a byte changed in them afterwards (still
+    valid JSON, still one run's order) is refused in one line, records after them may change freely."""
+    records = [{"phase": "warmup", "step": 1, "loss": 0.5}, {"phase": "rl", "iteration": 1, "score": 0.25},
+               {"phase": "rl", "iteration": 2, "score": 0.125}]
+    with run_dir.MetricsLog(str(tmp_path)) as log:
+        for record in records:
+            log.append(record)
+    digest = run_dir.log_digest(records[:2])
+    path = tmp_path / "metrics.jsonl"
+    original = path.read_bytes()
+    assert run_dir.rewind(str(tmp_path), 2, 1, digest) == records[:2]  # the later record is cut
+    path.write_bytes(original.replace(b'"score": 0.125', b'"score": 0.925'))  # after the counted ones
+    assert run_dir.check_log(str(tmp_path), 2, 1, digest) == records[:2]
+    path.write_bytes(original.replace(b'"score": 0.25', b'"score": 0.75'))
+    assert run_dir.log_problem([json.loads(line) for line in path.read_bytes().splitlines()]) is None
+    for check in (run_dir.check_log, run_dir.rewind):
+        with pytest.raises(run_dir.RunDirError, match="first 2 records of .* are not the bytes its checkpoint "
+                                                      r"saw \(SHA-256 differs\)"):
+            check(str(tmp_path), 2, 1, digest)
+    assert run_dir.check_log(str(tmp_path), 2, 1) is not None  # a checkpoint without a digest: not checked
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_log_whose_counted_records_changed(tmp_path, reference, capsys):
+    out = copy_run(reference, tmp_path / "run")
+    lines = (out / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    rl = [i for i, line in enumerate(lines) if json.loads(line)["phase"] == "rl"]
+    record = json.loads(lines[rl[1]])
+    record["train_accuracy"] = record["train_accuracy"] + 0.5  # valid JSON, the order of one run
+    lines[rl[1]] = (json.dumps(record) + "\n").encode()
+    (out / "metrics.jsonl").write_bytes(b"".join(lines))
+    before = snapshot(out)
+    assert cli([*TINY_RUN, f"run.out_dir={out}", "run.iterations=9", "run.resume=true"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "are not the bytes its checkpoint saw (SHA-256 differs)" in line, line
+    assert snapshot(out) == before
+
+
 _FULL_DISK = """
 import builtins, errno, os, sys
 real_open = builtins.open

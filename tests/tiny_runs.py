@@ -7,6 +7,7 @@ XLA compilation cache (tests/conftest.py) so that only the first process compile
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import pathlib
@@ -71,12 +72,19 @@ def snapshot(folder) -> dict[str, bytes]:
 
 
 def raw_state(checkpoints, step):
-    """(state leaves by path, meta) of a checkpoint step read without a template (no trainer needed)."""
+    """(state leaves by path, meta) of a checkpoint step read without a template (no trainer needed). The
+    meta's metrics_sha256 is left out: it digests the log's bytes, timing keys included, which differ
+    between processes (resume checks it against the log, tests/test_run_faults.py)."""
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
         restored = checkpointer.restore(step_dir(str(checkpoints), step), args=ocp.args.Composite(
             state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     leaves = jax.tree_util.tree_flatten_with_path(restored["state"])[0]
-    return {jax.tree_util.keystr(path): np.asarray(value) for path, value in leaves}, restored["meta"]
+    meta = {key: value for key, value in restored["meta"].items() if key != "metrics_sha256"}
+    if "metrics_sha256" in restored["meta"]:  # what it digests: the checkpoint's records as on disk
+        log = pathlib.Path(checkpoints).parent / "metrics.jsonl"
+        counted = b"".join(log.read_bytes().splitlines(keepends=True)[:meta["metrics_records"]])
+        assert hashlib.sha256(counted).hexdigest() == restored["meta"]["metrics_sha256"]
+    return {jax.tree_util.keystr(path): np.asarray(value) for path, value in leaves}, meta
 
 
 def flip_a_bit(folder) -> str:

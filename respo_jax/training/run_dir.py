@@ -20,6 +20,7 @@ records are appended and fsync'ed one by one, before any checkpoint that counts 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -286,16 +287,33 @@ def log_problem(records: list[dict]) -> str | None:
     return None
 
 
-def check_log(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
+def record_line(record: dict) -> bytes:
+    """One metrics.jsonl line, as `MetricsLog` writes it."""
+    return (json.dumps(record) + "\n").encode("utf-8")
+
+
+def log_digest(records: list[dict]) -> str:
+    """The SHA-256 (hex) of the metrics.jsonl lines of `records`, as `MetricsLog` wrote them: a checkpoint
+    keeps it, so a resume can tell that the log it continues is byte for byte the one the checkpoint saw."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(record_line(record))
+    return digest.hexdigest()
+
+
+def check_log(out_dir: str, metrics_records: int, iteration: int, digest: str | None = None) -> list[dict]:
     """The first `metrics_records` records of `out_dir`'s metrics.jsonl (what a checkpoint of RL
-    iteration `iteration` counts), after checking that the whole log is one writer's (`log_problem`) and
-    that those records hold exactly iterations 1..`iteration`. Reads only; RunDirError (one line) for a
-    log resume would have to drop RL records from or reorder: a torn last line is the only damage a kill
-    leaves, and records after the checkpoint may only continue it."""
-    return _check_log(out_dir, metrics_records, iteration)[0]
+    iteration `iteration` counts), after checking that the whole log is one writer's (`log_problem`), that
+    those records hold exactly iterations 1..`iteration` and, given the checkpoint's `digest`
+    (`log_digest`), that their bytes are the ones the checkpoint saw. Reads only; RunDirError (one line)
+    for a log resume would have to drop RL records from or reorder, or one changed after the checkpoint:
+    a torn last line is the only damage a kill leaves, and records after the checkpoint may only continue
+    it."""
+    return _check_log(out_dir, metrics_records, iteration, digest)[0]
 
 
-def _check_log(out_dir: str, metrics_records: int, iteration: int) -> tuple[list[dict], int]:
+def _check_log(out_dir: str, metrics_records: int, iteration: int,
+               digest: str | None = None) -> tuple[list[dict], int]:
     """`check_log`'s records and the bytes they take in metrics.jsonl."""
     path = os.path.join(out_dir, METRICS_FILE)
     records, size = _read_log(path, metrics_records)
@@ -309,10 +327,16 @@ def _check_log(out_dir: str, metrics_records: int, iteration: int) -> tuple[list
         raise RunDirError(f"run.resume=true: {path} is not one run's log ({problem}); resuming would drop "
                           "or repeat RL records. Was the directory written by two runs at once? "
                           "run.overwrite=true starts afresh")
+    if digest is not None and size:
+        with open(path, "rb") as handle:
+            if hashlib.sha256(handle.read(size)).hexdigest() != digest:
+                raise RunDirError(f"run.resume=true: the first {metrics_records} records of {path} are not "
+                                  "the bytes its checkpoint saw (SHA-256 differs): the log was changed or "
+                                  "damaged after it was written; run.overwrite=true starts afresh")
     return kept, size
 
 
-def rewind(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
+def rewind(out_dir: str, metrics_records: int, iteration: int, digest: str | None = None) -> list[dict]:
     """Cuts the run directory back to a checkpoint: metrics.jsonl keeps its first `metrics_records`
     records (rewritten atomically when anything follows them), rollout files after `iteration` go, and
     so do the end-of-run summary and curves (rewritten when the run ends). Returns the kept records."""
@@ -320,7 +344,7 @@ def rewind(out_dir: str, metrics_records: int, iteration: int) -> list[dict]:
         if os.path.isfile(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
     path = os.path.join(out_dir, METRICS_FILE)
-    records, size = _check_log(out_dir, metrics_records, iteration)
+    records, size = _check_log(out_dir, metrics_records, iteration, digest)
     if os.path.isfile(path) and os.path.getsize(path) != size:
         with open(path, "rb") as handle:
             atomic_write_bytes(path, handle.read(size))
@@ -344,7 +368,7 @@ class MetricsLog:
             self._file = open(self.path, "ab", buffering=0)
 
     def append(self, record: dict) -> None:
-        data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
+        data = memoryview(record_line(record))
         with writing("a metrics record", self.path, RESUME_HINT):
             while data:  # an unbuffered write may take only part of the line
                 data = data[self._file.write(data):]
