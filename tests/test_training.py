@@ -457,6 +457,10 @@ SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 @pytest.mark.slow
 def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     """The paper's training data path: DAPO-Math prompts, the Qwen3 tokenizer, strict box + overlong penalty."""
+    # A worker of the full suite may hold earlier tests' programs near its memory-map limit, and the
+    # trainer would then drop its own programs mid-test (`drop_programs_near_map_limit`), after which some
+    # are compiled again rather than read from the cache: start from a process holding none.
+    jax.clear_caches()
     config = apply_overrides(load_config(DEFAULT_CONFIG), [
         "task.name=dapo_math", f"task.data_dir={SHARED / 'data'}", f"task.tokenizer_dir={SHARED / 'tokenizers' / 'qwen3'}",
         "task.max_prompt_tokens=160", "task.overlong_buffer_length=2", "warmup.steps=0", "run.eval_problems=4",
@@ -475,9 +479,8 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     # a random policy never writes the right box in 4 tokens; responses at the limit get the full penalty -1
     assert -2.0 <= record["score"] <= -1.0
     # rollout.compile_ahead: the first iteration compiled both buckets, so the first batch of the other
-    # bucket (a new sampler, log π_old and update shape) compiles nothing. (In a long test process the
-    # trainer may drop its programs near the memory-map limit and read them back from the session's
-    # cache: reads, not compilations.)
+    # bucket (a new sampler, log π_old and update shape) compiles nothing (or, when the worker holds this
+    # configuration's compile-ahead record from an earlier test, only reads programs from the cache).
     for _ in range(buckets.index(other)):
         record = trainer.iteration()
         assert record["compiles"] == record["compile_cache_hits"], record
