@@ -148,11 +148,9 @@ def program_config(config: ExperimentConfig) -> dict:
     return sections
 
 
-# The group advantages as one program (rewards are checked finite where they are scored,
-# `respo_jax.rewards.scoring`). Why: run eagerly, each jnp op of a host-side function is a program of
-# its own, compiled in a cold start and read from the compilation cache in a second launch: the race's
-# first iteration at M = 1 ran 12 such programs for the advantages and 2 for the learning rates, 14 of
-# the 23 its second launch read from the cache (11 with these two jitted).
+# The group advantages (and the reward's KL) as one program each (rewards are checked finite where they
+# are scored, `respo_jax.rewards.scoring`). Why: run eagerly, each jnp op of a host-side function is a
+# program of its own, compiled in a cold start and read from the compilation cache in every later launch.
 _group_advantages = jax.jit(group_advantages, static_argnames=("normalize_by_std", "eps"))
 _response_kl = jax.jit(response_kl, static_argnames=("estimator",))
 

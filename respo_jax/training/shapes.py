@@ -21,9 +21,8 @@ from respo_jax.training.compilation import drop_programs_near_map_limit
 
 # A new batch shape returns the heap's free memory to the OS only when it exceeds this fraction of the
 # machine's memory (4 GiB of 24). Why: on a VM the pages given back cost ~2 s per GB when the next step
-# touches them, and the next steps' temps are about the size of the last ones: in the race at M = 1 the
-# second iteration meets a new 8 × 320 shape, and with the trim it faulted 311,000 pages (1.2 GB), without
-# it 45,000; the bound keeps a sweep over growing shapes from accumulating heap holes.
+# touches them, and the next steps' temps are about the size of the last ones (measured: docs/results/
+# benchmarks.md); the bound keeps a sweep over growing shapes from accumulating heap holes.
 KEEP_FREE_FRACTION = 1 / 6
 
 
