@@ -18,6 +18,7 @@ from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.sampling import EngineConfig, SamplingParams
 from respo_jax.sampling.paged_decode import compile_continuous, generate_continuous
+from respo_jax.training.programs import jit_program
 from respo_jax.training.step import make_policy_step
 
 TRACES: list[str] = []  # what the functions below were traced for (tracing runs their Python)
@@ -160,8 +161,8 @@ def test_the_policy_step_through_the_cache_is_the_jitted_step(tmp_path):
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
     want = make_policy_step(graphdef, get_objective("respo"), tx)(copy(params), tx.init(params), batch)
     for launch in ("first", "later"):
-        step = make_policy_step(graphdef, get_objective("respo"), tx,
-                                program_cache=ProgramCache(str(tmp_path), "tiny respo"))
+        step = jit_program(make_policy_step(graphdef, get_objective("respo"), tx),
+                           cache=ProgramCache(str(tmp_path), "tiny respo"))
         got = step(copy(params), tx.init(params), batch)
         assert jax.tree.structure(got) == jax.tree.structure(want)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -188,18 +189,16 @@ def test_the_engines_programs_through_the_cache_sample_the_same_tokens(tmp_path)
 
 
 def test_the_trainers_program_cache_is_keyed_by_its_program_shaping_config_and_model(monkeypatch):
-    """`RLTrainer.program_cache`: the same key for another seed or run length, another for a changed
+    """`compile_ahead.program_cache`: the same key for another seed or run length, another for a changed
     program-shaping field or model config; none for an objective registered outside respo_jax."""
-    import types
-
     from experiments.train import DEFAULT_CONFIG, load_config
-    from respo_jax.training import loop
+    from respo_jax.training import compile_ahead
     from respo_jax.training.config import apply_overrides
     from test_compilation import TINY
 
     def key(*overrides: str, model=_TINY):
         config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + list(overrides))
-        cache = loop.RLTrainer.program_cache(types.SimpleNamespace(config=config), model)
+        cache = compile_ahead.program_cache(config, model)
         return None if cache is None else cache.key
 
     base = key()
@@ -207,7 +206,7 @@ def test_the_trainers_program_cache_is_keyed_by_its_program_shaping_config_and_m
     assert key("run.seed=3") == key("run.iterations=7") == base
     assert key("optim.learning_rate=0.5") != base and key("rollout.temperature=0.7") != base
     assert key(model=qwen3.Qwen3Config.preset("tiny", rope_theta=5000.0)) != base
-    monkeypatch.setattr(loop, "BUILTIN_OBJECTIVES", frozenset())
+    monkeypatch.setattr(compile_ahead, "BUILTIN_OBJECTIVES", frozenset())
     assert key() is None
 
 

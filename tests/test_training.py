@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import pathlib
+import types
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ from respo_jax.training.batch import (
 )
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
+from respo_jax.training.compile_ahead import compile_bucket
 from respo_jax.sampling.params import padded_prompt_length
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.iteration_metrics import collect_rollout, iteration_record, logprob_metrics
@@ -486,7 +488,7 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
         assert record["compiles"] == record["compile_cache_hits"], record
     assert trainer.evaluate() == 0.0
     tokens = np.array([trainer.tokenizer.encode("\\boxed{12}")])
-    np.testing.assert_allclose(trainer.score(tokens, np.array([tokens.shape[1]]), [{"answer": "12"}])[0], [1.0 - 1.0])
+    np.testing.assert_allclose(trainer.scorer.score(tokens, np.array([tokens.shape[1]]), [{"answer": "12"}])[0], [1.0 - 1.0])
     with pytest.raises(ValueError, match="warmup.steps=3: expected 0 with task.name='dapo_math'"):
         apply_overrides(config, ["warmup.steps=3"])
 
@@ -573,9 +575,9 @@ def test_iteration_record_keeps_its_key_order_and_pools_over_the_rows_trained_on
     assert trained["minibatch"].tolist() == [0, 1, 0, 1] and trained["group"].tolist() == [0, 0, 1, 1]
     np.testing.assert_array_equal(trained["log_w"], np.float32([-2.0, -0.3, 0.1, -3.0]))
     assert (trained["iteration"], trained["policy_updates"]) == (7, 14)
-    sampled = {"all_scores": np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]),
-               "all_lengths": np.array([3, 0, 4, 2, 6, 6]), "groups_generated": 3, "groups_kept": 2,
-               "generation_batches": 2}
+    sampled = types.SimpleNamespace(all_scores=np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]),
+                                    all_lengths=np.array([3, 0, 4, 2, 6, 6]), groups_generated=3, groups_kept=2,
+                                    generation_batches=2)
     timings = {"rollout_seconds": 0.1, "iteration_seconds": 0.2, "reward_failures": 0}
     logprob = {"sampler_trainer_logp_gap": 0.25, "entropy": 1.5, "rollout_is_mean": 1.1}
     record = iteration_record({"phase": "rl", "iteration": 7}, sampled, timings, logprob, steps, trained,
@@ -626,7 +628,7 @@ def test_log_pi_old_from_the_sampler_is_the_recomputed_one_to_float32_round_off(
                 return program.lower(*args)
 
         trainer.old_logprobs = Recorded()
-        trainer._compile_bucket(trainer.model(), 16)  # what compile_ahead does for a bucket
+        compile_bucket(trainer, trainer.model(), 16)  # what compile_ahead does for a bucket
         rows = trainer.training_rows(trainer.sample_groups())
         rows = dataclasses.replace(rows, advantages=np.random.default_rng(0).normal(
             size=rows.advantages.shape).astype(np.float32))  # a random model's rewards are all alike
@@ -794,7 +796,7 @@ def test_the_trainer_shares_prompts_of_consecutive_groups_only():
     """`rollout.share_prompts`: mini-batches in "consecutive" order are prompt-major groups of G rows
     (PolicyBatch.prompt_group = G, micro-batches of whole groups); rows that are not (a batch whose
     groups differ, verl's balanced order, the option off) run their own prompts."""
-    from respo_jax.training.loop import prompt_groups_hold
+    from respo_jax.training.batch_layout import prompt_groups_hold
 
     assert prompt_groups_hold([[1, 2]] * 4 + [[3]] * 4, 4)
     assert not prompt_groups_hold([[1, 2]] * 3 + [[3]] * 5, 4)
@@ -803,12 +805,12 @@ def test_the_trainer_shares_prompts_of_consecutive_groups_only():
     responses, lengths, advantages = np.full((8, 3), 6), np.full(8, 3), np.zeros(8, np.float32)
     config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["rollout.max_tokens_per_microbatch=12"])
     trainer = RLTrainer(config)
-    batch, micro = trainer.policy_batch(prompts, responses, lengths, advantages)
+    batch, micro = trainer.layout.policy_batch(prompts, responses, lengths, advantages)
     assert batch.prompt_group == 4 and micro == 4  # 12 tokens hold one 11-token row; a group is 4
     assert batch.take(np.array([0, 5, 2, 7])).prompt_group == 1  # any rows: no sharing assumed
     mixed = prompts[:3] + prompts[4:] + prompts[3:4]  # A A A B B B B A
-    assert trainer.policy_batch(mixed, responses, lengths, advantages)[0].prompt_group == 1
+    assert trainer.layout.policy_batch(mixed, responses, lengths, advantages)[0].prompt_group == 1
     for override in ("rollout.minibatch_order=balanced", "rollout.share_prompts=false"):
         other = RLTrainer(apply_overrides(config, [override]))
-        assert other.prompt_group == 1
-        assert other.policy_batch(prompts, responses, lengths, advantages)[0].prompt_group == 1
+        assert other.layout.prompt_group == 1
+        assert other.layout.policy_batch(prompts, responses, lengths, advantages)[0].prompt_group == 1
