@@ -127,13 +127,15 @@ def test_outputs_it_cannot_spell_out_run_without_being_kept(tmp_path):
     np.testing.assert_array_equal(np.asarray(out.b), [0.0, 2.0, 4.0])
 
 
-def test_a_program_jax_export_refuses_runs_as_plain_jit(tmp_path):
+def test_a_program_jax_export_refuses_runs_as_plain_jit_and_says_so(tmp_path, capsys):
     def with_callback(x):
         return jax.pure_callback(lambda v: np.asarray(v) + 1, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
     program = ProgramCache(str(tmp_path), "k").jit(with_callback, "with_callback")
     np.testing.assert_array_equal(np.asarray(program(jnp.arange(3.0))), [1.0, 2.0, 3.0])
     assert _entries(tmp_path) == []
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: program 'with_callback' was not exported ("), lines
 
 
 def test_the_source_fingerprint_follows_every_file_of_the_package(tmp_path):

@@ -1,6 +1,7 @@
-"""The KL penalty in the reward (`objective.kl_in_reward`, verl's ``apply_kl_penalty``): each response's
-score loses β Σ_t kl(log π_old, log π_ref) before the group advantages are computed, β optionally
-adapted towards a target KL (`objective.kl_target`, verl's adaptive controller).
+"""The frozen reference policy π_ref and the KL penalty in the reward (`objective.kl_in_reward`, verl's
+``apply_kl_penalty``): each response's score loses β Σ_t kl(log π_old, log π_ref) before the group
+advantages are computed, β optionally adapted towards a target KL (`objective.kl_target`, verl's
+adaptive controller).
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from respo_jax.training.rows import TrainingRows
 # program of its own, compiled in a cold start and read from the compilation cache in every later launch.
 jitted_group_advantages = jax.jit(group_advantages, static_argnames=("normalize_by_std", "eps"))
 _response_kl = jax.jit(response_kl, static_argnames=("estimator",))
+
+
+def reference_policy(objective: ObjectiveConfig, params):
+    """The reference policy's parameters when RL starts: objective.reference_checkpoint's, else a copy of
+    `params` (after any warm-up), on the parameters' shardings."""
+    if objective.reference_checkpoint:
+        from respo_jax.training.checkpoint import restore_params
+
+        return restore_params(objective.reference_checkpoint, params)[0]
+    return jax.tree.map(jnp.copy, params)
 
 
 def kl_penalized_advantages(batch: TrainingRows, minibatches: list[np.ndarray], policy_batches: list,

@@ -19,7 +19,6 @@ correction (`objective.rollout_correction`: each token's loss weighted by π_old
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Iterator
 
@@ -40,9 +39,10 @@ from respo_jax.training.async_rollouts import AsyncRollouts, Resharder
 from respo_jax.training.batch import PolicyBatch, batch_sharding
 from respo_jax.training.batch_layout import BatchLayout
 from respo_jax.training.compilation import compilation_totals
+from respo_jax.training.checkpoint import TrainState
 from respo_jax.training.config import ExperimentConfig
-from respo_jax.training.held_out import evaluate_held_out
-from respo_jax.training.kl_reward import jitted_group_advantages, kl_penalized_advantages
+from respo_jax.training.held_out import trainer_held_out_record
+from respo_jax.training.kl_reward import jitted_group_advantages, kl_penalized_advantages, reference_policy
 from respo_jax.training.limits import check_prompt_buckets
 from respo_jax.training.iteration_metrics import check_finite_steps, rl_record
 from respo_jax.training.minibatches import minibatch_rows
@@ -56,22 +56,6 @@ from respo_jax.training.step import (StepShardings, learning_rate_schedule, make
                                      make_policy_step)
 from respo_jax.training.tasks import load_task
 from respo_jax.training.warmup import sft_warmup
-
-
-@dataclasses.dataclass
-class TrainState:
-    """What a checkpoint holds: parameters, optimizer state, counters (and the batches' position)."""
-
-    graphdef: nnx.GraphDef
-    params: nnx.State
-    opt_state: object
-    iteration: int = 0
-    policy_updates: int = 0
-    # The frozen reference policy (objective.kl_coef > 0 or log_kl_ref), on the parameters' shardings;
-    # None when the run uses none (it is then neither allocated nor run).
-    reference: nnx.State | None = None
-    # The reward's KL weight (objective.kl_in_reward; the adaptive controller's current value).
-    kl_reward_coef: float = 0.0
 
 
 class RLTrainer:
@@ -145,7 +129,7 @@ class RLTrainer:
         # the rollout jobs of an asynchronous run (rollout.async_steps >= 1), started by the first iteration
         self.async_rollouts: AsyncRollouts | None = None
         self._batches_resume_state = None  # async: the prompt stream's position after the last trained batch
-        self._restored_behaviour = None  # async: a checkpoint's behaviour parameters of the jobs in flight
+        self.restored_behaviour = None  # async: a checkpoint's behaviour parameters of the jobs in flight
         self._resharder: Resharder | None = None  # trainer -> rollout mesh, built at the first reshard
         # (iteration, start, end) of each iteration's N updates, time.perf_counter() seconds (the end once
         # their metrics are on the host): when the trainer's devices were busy
@@ -169,17 +153,9 @@ class RLTrainer:
         return None if result is None else result["greedy_accuracy"]
 
     def evaluation(self) -> dict | None:
-        """The held-out record (`respo_jax.training.held_out`): greedy accuracy, and sampled pass@1 ± its
-        standard error when run.eval_samples > 0; None when there are no held-out records."""
-        if not self.held_out:
-            return None
-        run = self.config.run
-        return evaluate_held_out(
-            self.model(), [self.encode(rec) for rec in self.held_out], self.held_out,
-            lambda tokens, lengths, records: self.scorer.score_shared(tokens, lengths, records, count=False),
-            max_new_tokens=self.config.rollout.max_new_tokens, eos_token_ids=self.tokenizer.eos_ids,
-            engine=self.engine, samples=run.eval_samples, temperature=run.eval_temperature,
-            top_p=run.eval_top_p)
+        """The held-out record (`held_out.trainer_held_out_record`): greedy accuracy, and sampled pass@1 ±
+        its standard error when run.eval_samples > 0; None when there are no held-out records."""
+        return trainer_held_out_record(self)
 
     # -- what a checkpoint holds besides the parameters (`respo_jax.training.run`) ----------------------
     def batches_position(self) -> dict:
@@ -189,18 +165,10 @@ class RLTrainer:
         return self.batches.get_state() if resume is None else resume
 
     def ensure_reference(self) -> None:
-        """Holds the frozen reference once RL starts (after any warm-up): objective.reference_checkpoint's
-        parameters, else a copy of the current ones, on the parameters' shardings. A resumed run's comes
-        from its checkpoint."""
-        objective = self.config.objective
-        if not objective.uses_reference or self.state.reference is not None:
-            return
-        if objective.reference_checkpoint:
-            from respo_jax.training.checkpoint import restore_params
-
-            self.state.reference, _, _ = restore_params(objective.reference_checkpoint, self.state.params)
-        else:
-            self.state.reference = jax.tree.map(jnp.copy, self.state.params)
+        """Holds the frozen reference once RL starts, after any warm-up (`kl_reward.reference_policy`); a
+        resumed run's comes from its checkpoint."""
+        if self.config.objective.uses_reference and self.state.reference is None:
+            self.state.reference = reference_policy(self.config.objective, self.state.params)
 
     # -- RL --------------------------------------------------------------------------------------------
     def iteration(self) -> dict:
@@ -245,7 +213,8 @@ class RLTrainer:
         # batches (bucketed lengths, verl's balanced order), the metrics and the rollout file need them.
         out = self.placer.fetch(out)
         expanded = [rec for rec in records for _ in range(r.group_size)]
-        scores = self.scorer.score_shared(np.asarray(out.tokens), np.asarray(out.lengths), expanded, counts=counts)
+        scores = self.scorer.score_shared(np.asarray(out.tokens), np.asarray(out.lengths), expanded,
+                                          counts=counts)
         return [p for p in prompts for _ in range(r.group_size)], out, scores
 
     def sampling_params(self, seed: int) -> SamplingParams:
@@ -328,8 +297,8 @@ class RLTrainer:
         scores = jnp.asarray(sampled.scores.reshape(kept, group))
         advantages = jitted_group_advantages(scores, normalize_by_std=self.objective.scale_advantages)
         updates = -(-kept // r.prompts_per_minibatch)  # N unless dynamic sampling fell short
-        return TrainingRows.of(sampled, np.asarray(advantages).reshape(-1), updates * r.prompts_per_minibatch * group,
-                               self.tokenizer.pad_id)
+        rows = updates * r.prompts_per_minibatch * group
+        return TrainingRows.of(sampled, np.asarray(advantages).reshape(-1), rows, self.tokenizer.pad_id)
 
     def minibatch_rows(self, batch: TrainingRows) -> list[np.ndarray]:
         """The rows of each of the N mini-batches of M prompts × G responses: consecutive (paper §4.1) or
@@ -455,9 +424,9 @@ class RLTrainer:
         self.async_rollouts = AsyncRollouts(
             steps, lambda iteration, params: self.sample_groups(iteration - 1, params), self.to_rollout_mesh,
             self.config.num_iterations, overlap=overlap)
-        if self._restored_behaviour is not None:
-            self.async_rollouts.restore(self._restored_behaviour, self.state.iteration)
-            self._restored_behaviour = None
+        if self.restored_behaviour is not None:
+            self.async_rollouts.restore(self.restored_behaviour, self.state.iteration)
+            self.restored_behaviour = None
 
     def to_rollout_mesh(self, params):
         """Trainer-side parameters on the rollout mesh's shardings (the same arrays on one mesh)."""
@@ -466,27 +435,6 @@ class RLTrainer:
         if self._resharder is None:
             self._resharder = Resharder(self.shardings.params, self.rollout_shardings)
         return self._resharder(params)
-
-    def behaviour_like(self):
-        """The structure of the behaviour parameters a checkpoint holds (k copies of the parameters'), or
-        None for a synchronous run."""
-        steps = self.config.rollout.async_steps
-        return [self.state.params] * steps if steps else None
-
-    def behaviour_params(self):
-        """The behaviour parameters of the rollout jobs in flight after this iteration (k entries, the
-        current parameters for jobs not yet submitted), for a checkpoint; None for a synchronous run."""
-        steps = self.config.rollout.async_steps
-        if not steps:
-            return None
-        if self.async_rollouts is None:
-            return list(self._restored_behaviour or [self.state.params] * steps)
-        return self.async_rollouts.behaviour_params(self.state.iteration, self.state.params)
-
-    def restore_behaviour(self, behaviour) -> None:
-        """A checkpoint's behaviour parameters (`behaviour_params`): the first iteration regenerates the
-        in-flight jobs from them."""
-        self._restored_behaviour = None if behaviour is None else list(behaviour)
 
     def close(self) -> None:
         """Stops the rollout jobs of an asynchronous run (the one running finishes first)."""
