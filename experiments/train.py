@@ -43,7 +43,7 @@ from experiments.cli import ArgumentParser, run_cli, run_failures
 from respo_jax.training import preemption
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.run import run as run_experiment
-from respo_jax.training.run import summarize  # noqa: F401 - the summary's definition, for callers of this module
+from respo_jax.training.run import summarize  # noqa: F401 - re-exported for this module's callers
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
 

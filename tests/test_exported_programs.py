@@ -135,7 +135,8 @@ def test_a_program_jax_export_refuses_runs_as_plain_jit_and_says_so(tmp_path, ca
     np.testing.assert_array_equal(np.asarray(program(jnp.arange(3.0))), [1.0, 2.0, 3.0])
     assert _entries(tmp_path) == []
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("warning: program 'with_callback' was not exported ("), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("warning: program 'with_callback' was not exported (")
 
 
 def test_the_source_fingerprint_follows_every_file_of_the_package(tmp_path):

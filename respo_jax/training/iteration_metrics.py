@@ -137,7 +137,8 @@ def iteration_record(counters: dict, sampled: dict, timings: dict, logprob: dict
 
 def rl_record(counters: dict, sampled, batch, minibatches: list[np.ndarray], logprob_parts: list,
               step_metrics: list[dict], timings: dict, learning_rate: float | None, correction,
-              group_size: int, version: int, filter_groups: bool, async_steps: int) -> tuple[dict, dict | None]:
+              group_size: int, version: int, filter_groups: bool,
+              async_steps: int) -> tuple[dict, dict | None]:
     """An RL iteration's metrics record and its rows trained on (the rollout file; None when no group was
     trained on). `counters`: phase, iteration (after the updates) and policy_updates; `sampled`: the
     `SampledGroups`; `batch`: the `TrainingRows`; `logprob_parts`: [(response_mask, old_logp, entropy)]

@@ -44,7 +44,8 @@ class SampledGroups:
 
         return dataclasses.replace(
             self, prompts=[self.prompts[i] for i in rows], tokens=self.tokens[rows],
-            lengths=self.lengths[rows], sampler_logp=self.sampler_logp[rows], sampler_entropy=some(self.sampler_entropy),
+            lengths=self.lengths[rows], sampler_logp=self.sampler_logp[rows],
+            sampler_entropy=some(self.sampler_entropy),
             scores=self.scores[rows], prompt_routing=None, routing=None)
 
     @classmethod

@@ -189,7 +189,8 @@ def _run_locked(config: ExperimentConfig) -> dict:
                         write_rollout_file(out_dir, trainer.last_rollout)  # rollouts/iteration_*.npz (E.3)
                 emit(record)
                 bar.set_postfix(score=f"{record['train_accuracy']:.3f}",
-                                logW=f"{record.get('log_w_mean', 0.0):+.2f}", len=f"{record['response_length']:.1f}")
+                                logW=f"{record.get('log_w_mean', 0.0):+.2f}",
+                                len=f"{record['response_length']:.1f}")
                 every = config.run.checkpoint_every
                 if every and trainer.state.iteration % every == 0:
                     checkpoint()
