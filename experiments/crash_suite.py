@@ -13,7 +13,8 @@ process starts, beyond everything the earlier kills left (a SIGTERM may let the 
 its point), so the process being killed is the one that reaches it. What is checked:
 - SIGTERM: exit status 143 and exactly one line on stderr (`stopped: SIGTERM ...`, no traceback), and
   the checkpoint it names is the iteration the log reached (the step in flight), in the warm-up the
-  warm-up step it reached, or none before the first step; a signal during the final evaluation may let the run finish (exit status 0);
+  warm-up step it reached, or none before the first step; a signal during the final evaluation may
+  let the run finish (exit status 0);
 - SIGKILL: the process is gone (the resume repairs what it left);
 - after the last resume: metrics.jsonl (timings aside), summary.json and the last checkpoint's arrays
   equal the uninterrupted run's bit for bit; the evaluation's completions.jsonl and summary.json, and
