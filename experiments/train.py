@@ -24,8 +24,9 @@ SIGTERM (a preemptible VM, Slurm, Kubernetes) or SIGINT (Ctrl-C) stops the run a
 boundary (respo_jax.training.preemption): the policy update in flight finishes, a checkpoint is saved at
 that iteration, the logs and trackers are closed, one line on stderr says what was kept and the command
 that resumes it, and the exit status is 143 (SIGTERM) or 130 (SIGINT); a second signal exits at once.
-A signal during the warm-up stops after the warm-up step in flight with no checkpoint (the warm-up's
-own optimizer is not kept: the resume redoes it); one during the final evaluation lets it finish, and
+A signal during the warm-up stops after the warm-up step in flight with a warm-up checkpoint
+(respo_jax.training.warmup_checkpoint), from which the resume continues the warm-up; one while the
+program imports stops it before it writes anything; one during the final evaluation lets it finish, and
 the run ends normally (exit status 0) with a line saying so.
 `run.checkpoint_every_minutes` adds time-based checkpoints, which bound what a hard kill loses.
 """
@@ -38,6 +39,8 @@ import os
 import shlex
 import sys
 import traceback
+
+import experiments.signals_at_start  # noqa: F401  (first: a signal during the imports below stops cleanly)
 
 from experiments.cli import ArgumentParser, run_cli, run_failures
 from respo_jax.training import preemption

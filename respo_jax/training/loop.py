@@ -55,7 +55,7 @@ from respo_jax.training.shapes import ShapeTracker
 from respo_jax.training.step import (StepShardings, learning_rate_schedule, make_logprob_fn, make_optimizer,
                                      make_policy_step)
 from respo_jax.training.tasks import load_task
-from respo_jax.training.warmup import sft_warmup
+from respo_jax.training.warmup import WarmupPosition, sft_warmup, warmup_optimizer
 
 
 class RLTrainer:
@@ -130,6 +130,7 @@ class RLTrainer:
         self.async_rollouts: AsyncRollouts | None = None
         self._batches_resume_state = None  # async: the prompt stream's position after the last trained batch
         self.restored_behaviour = None  # async: a checkpoint's behaviour parameters of the jobs in flight
+        self.warmup_position: WarmupPosition | None = None  # after each warm-up step (`warmup`)
         self._resharder: Resharder | None = None  # trainer -> rollout mesh, built at the first reshard
         # (iteration, start, end) of each iteration's N updates, time.perf_counter() seconds (the end once
         # their metrics are on the host): when the trainer's devices were busy
@@ -142,9 +143,14 @@ class RLTrainer:
         """The prompt tokens of a record, in the task's prompt format."""
         return encode_prompt(record["problem"], self.tokenizer, self.prompt_format)
 
-    def warmup(self) -> Iterator[dict]:
-        """Supervised steps on reference responses, with their own AdamW (`respo_jax.training.warmup`)."""
-        return sft_warmup(self)
+    def warmup(self, start: WarmupPosition | None = None) -> Iterator[dict]:
+        """Supervised steps on reference responses, with their own AdamW, from the first step or from a
+        warm-up checkpoint's `start` (`respo_jax.training.warmup`); sets `warmup_position`."""
+        return sft_warmup(self, start)
+
+    def warmup_opt_state_like(self):
+        """A fresh state of the warm-up optimizer: the structure, shapes and shardings a restore fills."""
+        return init_optimizer_state(warmup_optimizer(self)[0], self.state.params, self.shardings.params)
 
     def evaluate(self) -> float | None:
         """Greedy accuracy (the share of responses whose `task.reward` + penalty is > 0; strict box by
