@@ -486,7 +486,7 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     for _ in range(buckets.index(other)):
         record = trainer.iteration()
         assert record["compiles"] == record["compile_cache_hits"], record
-    assert trainer.evaluate() == 0.0
+    assert trainer.evaluation()["greedy_accuracy"] == 0.0
     tokens = np.array([trainer.tokenizer.encode("\\boxed{12}")])
     np.testing.assert_allclose(trainer.scorer.score(tokens, np.array([tokens.shape[1]]), [{"answer": "12"}])[0], [1.0 - 1.0])
     with pytest.raises(ValueError, match="warmup.steps=3: expected 0 with task.name='dapo_math'"):

@@ -16,6 +16,7 @@ from respo_jax.sampling.paged_attention import check_paged_attention_impl
 from respo_jax.sharding import ShardingRules
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.limits import check_limits, device_memory_bytes
+from respo_jax.training.model_setup import rollout_devices
 
 
 def batch_shards(mesh: Mesh, rules: ShardingRules) -> int:
@@ -48,10 +49,10 @@ def declared_model_config(config: ExperimentConfig) -> qwen3.Qwen3Config:
 
 
 def check_before_build(config: ExperimentConfig, mesh: Mesh, longest_prompt: int) -> None:
-    """Response length against the model's positions and the sampler's KV cache against the devices'
-    memory (`respo_jax.training.limits`), from the model's declared config alone; the continuous
-    engine's attention kernel against the mesh's platform. `longest_prompt`: tokens of the longest
-    training or held-out prompt."""
+    """Response length against the model's positions and the sampler's KV cache against the memory of
+    the trainer's and the rollout mesh's devices (`respo_jax.training.limits`), from the model's declared
+    config alone; the continuous engine's attention kernel against the mesh's platform. `longest_prompt`:
+    tokens of the longest training or held-out prompt."""
     r = config.rollout
     if r.scheduler == "continuous":
         try:
@@ -59,7 +60,8 @@ def check_before_build(config: ExperimentConfig, mesh: Mesh, longest_prompt: int
         except ValueError as err:
             raise ConfigError(f"rollout.paged_attention_impl={r.paged_attention_impl!r}: {err}") from None
     check_limits(config, declared_model_config(config), longest_prompt,
-                 device_memory_bytes(mesh.devices.flat))
+                 device_memory_bytes([*mesh.devices.flat, *rollout_devices(config)]),
+                 trainer_devices=mesh.devices.size)
 
 
 def check_mesh_fits(config: ExperimentConfig, model_cfg: qwen3.Qwen3Config, mesh: Mesh,

@@ -30,6 +30,11 @@ def warmup_optimizer(trainer):
     return tx, optimizer_state_shardings(tx, trainer.state.params, trainer.shardings.params)
 
 
+def warmup_opt_state_like(trainer):
+    """A fresh state of the warm-up optimizer: the structure, shapes and shardings a restore fills."""
+    return init_optimizer_state(warmup_optimizer(trainer)[0], trainer.state.params, trainer.shardings.params)
+
+
 def sft_warmup(trainer, start: WarmupPosition | None = None) -> Iterator[dict]:
     """`warmup.steps` supervised steps of `trainer`'s parameters (an `RLTrainer`; updated in place), one
     record {"phase": "warmup", "step", "sft_loss"} per step, from the first step or from `start` (a
