@@ -12,7 +12,8 @@ A resume (`run.resume=true`) restores the latest intact checkpoint (a damaged on
 rewinds metrics.jsonl to what that checkpoint counts, so the log is the one an uninterrupted run writes.
 Checkpoints are saved every `run.checkpoint_every` iterations, every `run.checkpoint_every_minutes`, at
 the end, and at a step boundary where SIGTERM / SIGINT asks the run to stop (`preemption`: the update in
-flight finishes, a checkpoint is saved, `preemption.Preempted` is raised).
+flight finishes, a checkpoint is saved — in the warm-up a warm-up checkpoint, `warmup_checkpoint`, from
+which a resume continues it — and `preemption.Preempted` is raised).
 """
 
 from __future__ import annotations
