@@ -49,7 +49,6 @@ from tiny_runs import (
     read_records,
     snapshot,
     train,
-    without_timings,
 )
 
 
@@ -195,33 +194,6 @@ def test_killed_runs_resume_bit_identical_to_an_uninterrupted_run(tmp_path, jit_
 
     assert_same_run(out, reference)
     print("kill points (last iteration logged, checkpoints):", kills)
-
-
-@pytest.mark.slow
-def test_run_from_python_trains_and_resumes_to_the_uninterrupted_run(tmp_path):
-    """`respo_jax.training.run.run(config)` as a notebook calls it: a whole run into run.out_dir, and a
-    resume (run.resume=true) from its checkpoint at iteration 2 ends with the log, summary and parameters
-    of the uninterrupted run."""
-    import shutil
-
-    from respo_jax.training.checkpoint import list_steps
-    from respo_jax.training.run import run
-
-    config = apply_overrides(load_config(DEFAULT_CONFIG), [
-        *TINY_RUN, "run.iterations=3", "run.checkpoint_every=2", f"run.out_dir={tmp_path / 'whole'}"])
-    summary = run(config)
-    whole = tmp_path / "whole"
-    assert summary == json.loads((whole / "summary.json").read_text()) and summary["iterations"] == 3
-    assert list_steps(whole / "checkpoints") == [2, 3]
-    resumed = copy_run(whole, tmp_path / "resumed")
-    shutil.rmtree(resumed / "checkpoints" / "3")  # as if killed after iteration 3, before its checkpoint
-    assert run(dataclasses.replace(config, run=dataclasses.replace(
-        config.run, out_dir=str(resumed), resume=True))) == summary
-    assert without_timings(read_records(resumed)) == without_timings(read_records(whole))
-    got, got_meta = raw_state(resumed / "checkpoints", 3)
-    want, want_meta = raw_state(whole / "checkpoints", 3)
-    assert got_meta == want_meta and got.keys() == want.keys()
-    assert all(got[key].tobytes() == want[key].tobytes() for key in want)
 
 
 @pytest.mark.slow

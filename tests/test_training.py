@@ -442,15 +442,23 @@ def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
 
 
 def test_resume_continues_the_run_exactly(tmp_path):
-    """Params, optimizer state and the batches' position come back: 2 + 1 iterations == 3 iterations."""
-    straight = main(TINY + ["run.iterations=3", "run.eval_problems=0", f"run.out_dir={tmp_path / 'a'}"])
-    main(TINY + ["run.iterations=2", "run.eval_problems=0", f"run.out_dir={tmp_path / 'b'}"])
-    resumed = main(TINY + ["run.iterations=3", "run.eval_problems=0", "run.resume=true", f"run.out_dir={tmp_path / 'b'}"])
-    assert resumed == straight
-    last = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()][-1]
-    last_resumed = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()][-1]
-    for key in ("score", "loss", "log_w_mean", "grad_norm"):
-        assert last_resumed[key] == pytest.approx(last[key], rel=1e-6, abs=1e-7), key
+    """`respo_jax.training.run.run(config)` from Python, as a notebook calls it, and its resume: params,
+    optimizer state and the batches' position come back, 2 + 1 iterations == 3 iterations, record for
+    record (but the timings) and in the last checkpoint's parameters."""
+    from respo_jax.training.run import run
+    from tiny_runs import raw_state, read_records, without_timings
+
+    def config(out: str, *overrides: str) -> ExperimentConfig:
+        return apply_overrides(load_config(DEFAULT_CONFIG),
+                               TINY + ["run.eval_problems=0", f"run.out_dir={tmp_path / out}", *overrides])
+
+    straight = run(config("a", "run.iterations=3"))
+    run(config("b", "run.iterations=2"))
+    resumed = run(config("b", "run.iterations=3", "run.resume=true"))
+    assert resumed == straight and straight["iterations"] == 3
+    assert without_timings(read_records(tmp_path / "b")) == without_timings(read_records(tmp_path / "a"))
+    got, want = (raw_state(tmp_path / out / "checkpoints", 3)[0] for out in ("b", "a"))
+    assert got.keys() == want.keys() and all(got[key].tobytes() == want[key].tobytes() for key in want)
 
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
