@@ -26,7 +26,7 @@ Set-up
 
 A whole run
     run             `run(config) -> summary`: checkpoints, resume, logs, trackers, preemption
-    checkpoint      verified Orbax checkpoints
+    checkpoint      verified Orbax checkpoints; warmup_checkpoint, the warm-up's own
     run_dir, run_lock, write_errors  the run directory, its single writer, failed writes in one line
     preemption      stopping at a step boundary on SIGTERM / SIGINT, time-based checkpoints
     trackers, plots TensorBoard / W&B, training curves
