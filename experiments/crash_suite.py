@@ -8,10 +8,13 @@ records, rollout files, checkpoint folders, completions.jsonl), never by wall ti
 still hits every phase: start-up, warm-up, rollout, update, checkpoint save and final evaluation of a
 training run, a sampler call of an evaluation, a cell of a sweep. One training run is killed at one
 point of each phase in turn (each resume continues from the previous kill), with SIGTERM or SIGKILL drawn
-per point from `--seed`, which is printed first so that a failure replays. What is checked:
+per point from `--seed`, which is printed first so that a failure replays. Each point is drawn when its
+process starts, beyond everything the earlier kills left (a SIGTERM may let the run go one step past
+its point), so the process being killed is the one that reaches it. What is checked:
 - SIGTERM: exit status 143 and exactly one line on stderr (`stopped: SIGTERM ...`, no traceback), and
-  the checkpoint it names is the iteration the log reached (the step in flight), or none before the
-  first RL checkpoint; a signal during the final evaluation may let the run finish (exit status 0);
+  the checkpoint it names is the iteration the log reached (the step in flight), in the warm-up the
+  warm-up step it reached, or none before the first step; a signal during the final evaluation may
+  let the run finish (exit status 0);
 - SIGKILL: the process is gone (the resume repairs what it left);
 - after the last resume: metrics.jsonl (timings aside), summary.json and the last checkpoint's arrays
   equal the uninterrupted run's bit for bit; the evaluation's completions.jsonl and summary.json, and
@@ -35,6 +38,7 @@ from typing import Callable
 
 from respo_jax import runs
 from respo_jax.training.checkpoint import MANIFEST, list_steps
+from respo_jax.training.warmup_checkpoint import WARMUP_DIR
 
 POLL_SECONDS = 0.01
 
@@ -77,45 +81,82 @@ def _rollout_file(iteration: int) -> Callable[[str], bool]:
                                                        runs.rollout_file_name(iteration)))
 
 
+def _checkpoint_entries(out_dir: str) -> list[int]:
+    """The steps with an entry in checkpoints/: finished, or begun (Orbax's temporary folder) or set aside."""
+    try:
+        names = os.listdir(os.path.join(out_dir, runs.CHECKPOINT_DIR))
+    except OSError:
+        return []
+    return sorted({int(name.split(".")[0]) for name in names if name.split(".")[0].isdigit()})
+
+
 def _checkpoint_started(step: int) -> Callable[[str], bool]:
     """An entry of checkpoints/ for `step` exists (Orbax's temporary folder while it saves)."""
-    def reached(out_dir: str) -> bool:
-        folder = os.path.join(out_dir, runs.CHECKPOINT_DIR)
-        try:
-            return any(name == str(step) or name.startswith(f"{step}.") for name in os.listdir(folder))
-        except OSError:
-            return False
-    return reached
+    return lambda out_dir: step in _checkpoint_entries(out_dir)
 
 
 def _checkpoint_finished(step: int) -> Callable[[str], bool]:
     return lambda out_dir: os.path.exists(os.path.join(out_dir, runs.CHECKPOINT_DIR, str(step), MANIFEST))
 
 
-def training_points(rng: random.Random, warmup_steps: int, iterations: int, checkpoint_every: int,
-                    evaluates: bool) -> list[tuple[str, str, Callable[[str], bool] | None]]:
-    """(phase, where, event) of one point per phase of a training run, in the run's order, each after
-    what the kill before it can have left (a SIGTERM finishes the iteration in flight). The start-up
-    event (None) is the lock file of the process being killed."""
+PHASES = ("start-up", "warm-up", "rollout", "update", "checkpoint save", "final evaluation")
+
+
+@dataclasses.dataclass(frozen=True)
+class Left:
+    """What the kills so far left in a run directory, read before the next launch: complete metrics
+    records, the last RL iteration they log, the last rollout file's iteration and the steps with an
+    entry in checkpoints/. A kill point is chosen beyond all of them, so that only the process about to
+    be killed can reach it (a resume first cuts the log and the rollout files back to its checkpoint)."""
+
+    records: int
+    iteration: int
+    rollout: int
+    checkpoints: tuple[int, ...]
+
+    @classmethod
+    def read(cls, out_dir: str) -> "Left":
+        records = runs.read_jsonl(os.path.join(out_dir, runs.METRICS_FILE)).records
+        try:
+            names = os.listdir(os.path.join(out_dir, runs.ROLLOUT_DIR))
+        except OSError:
+            names = []
+        rollouts = [int(m.group(1)) for m in map(runs.ROLLOUT_FILE.fullmatch, names) if m]
+        return cls(complete_records(os.path.join(out_dir, runs.METRICS_FILE)),
+                   max([r["iteration"] for r in records if r.get("phase") == "rl"], default=0),
+                   max(rollouts, default=0), tuple(_checkpoint_entries(out_dir)))
+
+
+def training_point(phase: str, rng: random.Random, left: Left, warmup_steps: int, iterations: int,
+                   checkpoint_every: int, evaluates: bool) -> tuple[str, Callable[[str], bool] | None] | None:
+    """(where, event) of a kill point of `phase` that only the next process can reach, given what the
+    earlier kills `left`; None when the run has no room left for it. The start-up event (None) is the
+    lock file of the process being killed. The update point leaves room for a checkpoint save after
+    it, before the last one, even when its SIGTERM lands after a step boundary and the run goes one
+    iteration further."""
     assert warmup_steps >= 2 and iterations >= 6 and checkpoint_every >= 3
     first_rl = warmup_steps + int(evaluates)  # records before RL iteration 1
-    rollout_after = rng.randint(1, 2)  # iteration `rollout_after` logged: the next one's rollout runs
-    update_of = rng.randint(rollout_after + 2, rollout_after + 3)  # its rollout file: the update ended
-    # the first checkpoint after what the update kill left (a SIGTERM there saves step `update_of`)
-    save = [step for step in range(checkpoint_every, iterations, checkpoint_every) if step > update_of]
-    save = save[0] if save else iterations
-    points = [
-        ("start-up", "the process took the run directory's lock", None),
-        ("warm-up", f"warm-up step {1} logged", _records(1)),
-        ("rollout", f"RL iteration {rollout_after} logged", _records(first_rl + rollout_after)),
-        ("update", f"rollout file of iteration {update_of} written", _rollout_file(update_of)),
-        ("checkpoint save", f"checkpoint step {save} begun", _checkpoint_started(save)),
-        ("final evaluation", f"the last checkpoint (step {iterations}) finished",
-         _checkpoint_finished(iterations)),
-    ]
-    if save == iterations:  # no room for a separate save point: the last checkpoint's save is it
-        points.pop()
-    return points
+    done = max(left.iteration, left.rollout, max(left.checkpoints, default=0))
+    saves = list(range(checkpoint_every, iterations, checkpoint_every))  # the periodic checkpoints
+    if phase == "start-up":
+        return "the process took the run directory's lock", None
+    if phase == "warm-up":
+        step = left.records + 1
+        return (f"warm-up step {step} logged", _records(step)) if step <= warmup_steps else None
+    if phase == "rollout":  # iteration `after` logged: the next one's rollout runs
+        after = done + rng.randint(1, 2)
+        return (f"RL iteration {after} logged", _records(first_rl + after)) if after <= iterations else None
+    if phase == "update":  # its rollout file: the update runs
+        room = (saves[-1] - 2) if saves else iterations - 1
+        update_of = max(done + 1, min(done + rng.randint(1, 2), room))
+        return (f"rollout file of iteration {update_of} written", _rollout_file(update_of)
+                ) if update_of <= iterations else None
+    if phase == "checkpoint save":
+        save = next((step for step in saves if step > done), iterations)
+        return (f"checkpoint step {save} begun", _checkpoint_started(save)) if save > done else None
+    if phase == "final evaluation" and iterations not in left.checkpoints:
+        return f"the last checkpoint (step {iterations}) finished", _checkpoint_finished(iterations)
+    return None
 
 
 def launch(command: list[str], env: dict, cwd: str) -> subprocess.Popen:
@@ -167,41 +208,54 @@ def check_stopped(returncode: int, stderr: str, signum: int, out_dir: str, phase
         if not steps or steps[-1] != in_flight or f"checkpoint step {in_flight} saved" not in lines[0]:
             problems.append(f"{phase}: the log reached iteration {in_flight}, the checkpoints are {steps}: "
                             f"{lines[0]}")
+    elif "warm-up checkpoint at step" in lines[0]:  # the warm-up steps logged: the step in flight
+        steps = list_steps(os.path.join(out_dir, runs.CHECKPOINT_DIR, WARMUP_DIR))
+        warmups = [r for r in records if r["phase"] == "warmup"]
+        if not steps or steps[-1] != len(warmups) or f"at step {len(warmups)} of" not in lines[0]:
+            problems.append(f"{phase}: the log reached warm-up step {len(warmups)}, the warm-up checkpoints "
+                            f"are {steps}: {lines[0]}")
     elif "no checkpoint yet" not in lines[0]:
         problems.append(f"{phase}: before the first checkpoint the line says: {lines[0]}")
     return problems
 
 
-def random_signals(rng: random.Random, points: list) -> list[tuple[tuple, int]]:
-    """Every point, each with SIGTERM or SIGKILL drawn from `rng`."""
-    return [(point, rng.choice((signal.SIGTERM, signal.SIGKILL))) for point in points]
+def random_signals(rng: random.Random, phases: tuple[str, ...]) -> list[tuple[str, int]]:
+    """Every phase, each with SIGTERM or SIGKILL drawn from `rng`."""
+    return [(phase, rng.choice((signal.SIGTERM, signal.SIGKILL))) for phase in phases]
 
 
-def every_phase(signum: int) -> Callable[[random.Random, list], list[tuple[tuple, int]]]:
-    """Every point, each with `signum`."""
-    return lambda rng, points: [(point, signum) for point in points]
+def every_phase_one_sigint(rng: random.Random, phases: tuple[str, ...]) -> list[tuple[str, int]]:
+    """Every phase with SIGTERM, but for one RL phase (rollout or update, drawn from `rng`) with SIGINT
+    (Ctrl-C), which must stop the run the same way (exit status 130)."""
+    sigint = rng.choice(("rollout", "update"))
+    return [(phase, signal.SIGINT if phase == sigint else signal.SIGTERM) for phase in phases]
 
 
-def some_phases(signum: int, count: int) -> Callable[[random.Random, list], list[tuple[tuple, int]]]:
-    """`count` points drawn from `rng` (in the run's order), each with `signum`."""
-    return lambda rng, points: [(point, signum) for point in
-                                [points[i] for i in sorted(rng.sample(range(len(points)), count))]]
+def some_phases(signum: int, count: int) -> Callable[[random.Random, tuple[str, ...]], list[tuple[str, int]]]:
+    """`count` phases drawn from `rng` (in the run's order), each with `signum`."""
+    return lambda rng, phases: [(phases[i], signum) for i in sorted(rng.sample(range(len(phases)), count))]
 
 
 def crash_training(command: Callable[..., list[str]], env: dict, cwd: str, out_dir: str, seed: int,
                    warmup_steps: int, iterations: int, checkpoint_every: int, evaluates: bool,
                    choose: Callable = random_signals, timeout: float = 300) -> tuple[list[str], list[str]]:
-    """Kills one training run at the points `choose(rng, training_points(...))` picks, with the signal
-    it gives each, in turn, resuming after each, then resumes it to the end. `command(out_dir,
+    """Kills one training run in the phases `choose(rng, PHASES)` picks, with the signal it gives each,
+    in turn, resuming after each, then resumes it to the end; each kill point is drawn from `rng` when
+    its process starts, beyond what the kills before it left (`training_point`). `command(out_dir,
     *overrides)` is the training command line. Returns (what happened, one line per kill; problems)."""
     rng = random.Random(seed)
-    points = training_points(rng, warmup_steps, iterations, checkpoint_every, evaluates)
     log, problems = [], []
-    for index, ((phase, where, reached), signum) in enumerate(choose(rng, points)):
+    for index, (phase, signum) in enumerate(choose(rng, PHASES)):
+        point = training_point(phase, rng, Left.read(out_dir), warmup_steps, iterations, checkpoint_every,
+                               evaluates)
+        name = signal.Signals(signum).name
+        if point is None:
+            log.append(f"{name} at {phase}: skipped, the kills before it left no room")
+            continue
+        where, reached = point
         extra = ("run.resume=true",) if index else ()
         process = launch(command(out_dir, *extra), env, cwd)
         sent, stderr = kill_at(process, out_dir, reached, signum, timeout)
-        name = signal.Signals(signum).name
         if not sent:
             problems.append(f"{phase}: the run ended (status {process.returncode}) before {where}: "
                             f"{stderr[-2000:]}")

@@ -40,6 +40,8 @@ import sys
 import zlib
 from typing import Callable
 
+import experiments.signals_at_start  # noqa: F401  (first: a signal during the imports below stops cleanly)
+
 import numpy as np
 from tqdm import tqdm
 
@@ -512,6 +514,7 @@ def evaluate(config: EvalConfig) -> dict:
     SIGTERM / SIGINT (`respo_jax.training.preemption`): the sampler call in flight finishes and its
     completions are appended, then `Preempted` (exit status 143 / 130, one line); rerunning resumes."""
     with preemption.handling():
+        preemption.stop_at_start()  # one that came while the program started: before the first write
         return _evaluate(config)
 
 

@@ -37,6 +37,8 @@ import shutil
 import sys
 import time
 
+import experiments.signals_at_start  # noqa: F401  (first: a signal during the imports below stops cleanly)
+
 import numpy as np
 from tqdm import tqdm
 
@@ -265,6 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
         return _sweep(config, args.report_only)
     # One sweep per runs_dir (the base model and the cells are its files); each cell's training also
     # holds its own directory's lock (experiments.train.run_experiment).
+    preemption.stop_at_start()  # a signal that came while the program started: before the first write
     lock = RunLock.acquire(config.sweep.runs_dir, "gradient-starvation sweep", key="sweep.runs_dir")
     try:
         with preemption.handling():  # a cell stopped by a signal keeps its checkpoint (experiments.train)

@@ -22,8 +22,9 @@ SIGTERM (a preemptible VM, Slurm, Kubernetes) or SIGINT (Ctrl-C) stops the run a
 boundary (respo_jax.training.preemption): the policy update in flight finishes, a checkpoint is saved at
 that iteration, the logs and trackers are closed, one line on stderr says what was kept and the command
 that resumes it, and the exit status is 143 (SIGTERM) or 130 (SIGINT); a second signal exits at once.
-A signal during the warm-up stops after the warm-up step in flight with no checkpoint (the warm-up's
-own optimizer is not kept: the resume redoes it); one during the final evaluation lets it finish, and
+A signal during the warm-up stops after the warm-up step in flight with a warm-up checkpoint
+(respo_jax.training.warmup_checkpoint), from which the resume continues the warm-up; one while the
+program imports stops it before it writes anything; one during the final evaluation lets it finish, and
 the run ends normally (exit status 0) with a line saying so.
 `run.checkpoint_every_minutes` adds time-based checkpoints, which bound what a hard kill loses.
 """
@@ -38,6 +39,8 @@ import shlex
 import sys
 import traceback
 
+import experiments.signals_at_start  # noqa: F401  (first: a signal during the imports below stops cleanly)
+
 import jax
 import numpy as np
 from tqdm import tqdm
@@ -46,7 +49,7 @@ from experiments.cli import ArgumentParser, run_cli, run_failures
 from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.distributed import initialize_from_env, is_primary_process, sync_processes
 from respo_jax.host_allocator import configure_host_allocator, expected_platform
-from respo_jax.training import preemption, run_dir
+from respo_jax.training import preemption, run_dir, warmup_checkpoint
 from respo_jax.training.compilation import configure_compilation_cache
 from respo_jax.training.checkpoint import (
     CheckpointError,
@@ -143,6 +146,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
     except ValueError as err:
         raise ConfigError(f"multi-process launch: {err}") from None
     with preemption.handling():  # SIGTERM / SIGINT: stop at the next step boundary with a checkpoint
+        preemption.stop_at_start()  # one that came while the program started: before the first write
         lock = _lock_run_dir(config.run.out_dir)
         try:
             return _run_locked(config)
@@ -183,11 +187,14 @@ def _run_locked(config: ExperimentConfig) -> dict:
     checkpoint_dir = os.path.join(out_dir, run_dir.CHECKPOINT_DIR)
     trainer = RLTrainer(config)
     restored = _restore(trainer, checkpoint_dir) if plan.mode == "resume" else None
-    kept_records = restored.meta["metrics_records"] if restored else 0
+    warm, start = (None, None) if plan.mode != "resume" or restored else \
+        warmup_checkpoint.restore(trainer, checkpoint_dir)  # stopped in the warm-up: it goes on from there
+    kept = restored or warm  # the checkpoint the log is rewound to
+    kept_records = kept.meta["metrics_records"] if kept else 0
     if plan.mode == "resume":  # a log that lacks records the checkpoint counts, or that another writer
         # mixed into (duplicated or out-of-order iterations), fails here, unchanged
-        run_dir.check_log(out_dir, kept_records, int(restored.meta["iteration"]) if restored else 0,
-                          restored.meta.get("metrics_sha256") if restored else None)
+        run_dir.check_log(out_dir, kept_records, int(kept.meta["iteration"]) if kept else 0,
+                          kept.meta.get("metrics_sha256") if kept else None)
 
     # -- nothing was written above this line: a failed start leaves an existing run untouched ---------
     # Several processes (respo_jax.distributed) share out_dir: process 0 writes the run's files, all of
@@ -213,7 +220,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
     if plan.mode == "resume" and primary:  # the log as an uninterrupted run would have it at this checkpoint
         with writing("the rewound metrics.jsonl", out_dir):
             records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration,
-                                     restored.meta.get("metrics_sha256") if restored else None)
+                                     kept.meta.get("metrics_sha256") if kept else None)
     show = config.run.progress and primary
     clock = preemption.Clock(config.run.checkpoint_every_minutes)
     trackers = open_trackers(config, info, records if plan.mode == "resume" else None, enabled=primary)
@@ -234,17 +241,27 @@ def _run_locked(config: ExperimentConfig) -> dict:
                             behaviour=trainer.behaviour_params())
             last_saved = s.iteration
             clock.reset()
+            warmup_checkpoint.discard(checkpoint_dir)
 
-        def boundary(where: str, can_save: bool = True) -> None:
+        warm_saved = None if start is None else warmup_checkpoint.describe(checkpoint_dir, start.step,
+                                                                           config.warmup.steps)
+
+        def save_warmup() -> None:
+            nonlocal warm_saved
+            warm_saved = warmup_checkpoint.save(trainer, checkpoint_dir, len(records),
+                                                run_dir.log_digest(records))
+            clock.reset()
+
+        def boundary(where: str, save=checkpoint) -> None:
             """A step boundary: every process agrees on a stop a signal asks for and on a checkpoint the
-            clock asks for (run.checkpoint_every_minutes); a stop saves this step and raises Preempted."""
+            clock asks for (run.checkpoint_every_minutes); a stop `save`s this step and raises Preempted."""
             signum, due = preemption.stop_agreed(clock)
-            if can_save and (signum or due) and last_saved != trainer.state.iteration:
-                checkpoint()
+            if save and (signum or due) and last_saved != trainer.state.iteration:
+                save()
             if signum:
-                kept = (f"checkpoint step {last_saved} saved in {checkpoint_dir}" if last_saved is not None
-                        else "no checkpoint yet (the resume starts from the beginning)")
-                raise preemption.Preempted(f"{preemption.signal_name(signum)} {where}: {kept}",
+                saved = (f"checkpoint step {last_saved} saved in {checkpoint_dir}" if last_saved is not None
+                         else warm_saved or "no checkpoint yet (the resume starts from the beginning)")
+                raise preemption.Preempted(f"{preemption.signal_name(signum)} {where}: {saved}",
                                            signum)
 
         def evaluate() -> None:
@@ -252,13 +269,15 @@ def _run_locked(config: ExperimentConfig) -> dict:
             if held_out is not None:
                 emit({"phase": "eval", "policy_updates": trainer.state.policy_updates, **held_out})
 
-        boundary("before its first step", can_save=False)
+        boundary("before its first step", save=None)
         if restored is None:
             # `with`: a bar is closed before a stop's one line is printed
-            with tqdm(trainer.warmup(), total=config.warmup.steps, desc="warm-up", disable=not show) as steps:
+            with tqdm(trainer.warmup(start), total=config.warmup.steps, initial=start.step if start else 0,
+                      desc="warm-up", disable=not show) as steps:
                 for record in steps:
                     emit(record)
-                    boundary(f"after warm-up step {record['step']} of {config.warmup.steps}", can_save=False)
+                    boundary(f"after warm-up step {record['step']} of {config.warmup.steps}",
+                             save=save_warmup)
             evaluate()
             boundary("after the warm-up and the first evaluation")  # checkpoint step 0
         remaining = config.num_iterations - trainer.state.iteration

@@ -32,16 +32,18 @@ from experiments import crash_suite
 from experiments.train import DEFAULT_CONFIG, cli, load_config
 from respo_jax import exported_programs
 from respo_jax.exported_programs import EXPORTED_DIR, MAGIC, ProgramCache
-from respo_jax.training import run_dir
+from respo_jax.training import run_dir, warmup_checkpoint
 from respo_jax.training.checkpoint import list_steps
 from respo_jax.training.config import ConfigError, ConfigKeyError, apply_overrides
 from tiny_runs import (
     REFERENCE_ARGS,
     ROOT,
+    TINY_MODEL,
     TINY_RUN,
     assert_same_run,
     copy_run,
     one_line_error,
+    raw_state,
     read_records,
     run_env,
     snapshot,
@@ -255,6 +257,46 @@ def test_a_start_that_cannot_write_a_folder_is_refused_before_it_changes_anythin
     assert snapshot(out) == before
 
 
+# ------------------------------------------------------------------------------- warm-up checkpoints
+
+
+def test_a_warmup_checkpoint_resumes_the_warmup_bit_for_bit(tmp_path):
+    """A warm-up saved after its step 1 of 3 and restored into a trainer whose parameters were reset
+    continues with steps 2 and 3 exactly as an uninterrupted warm-up: the same losses, parameters,
+    optimizer state and problem-stream position (the end-to-end stop is the crash suite's warm-up
+    point)."""
+    from respo_jax.training.loop import RLTrainer
+
+    config = apply_overrides(_config(), [*TINY_RUN, "warmup.steps=3", f"run.out_dir={tmp_path / 'run'}"])
+    trainer = RLTrainer(config)
+    initial = jax.tree.map(jnp.copy, trainer.state.params)  # a step donates the parameters it updates
+    trainer.state.params = jax.tree.map(jnp.copy, initial)
+    want = list(trainer.warmup())
+    whole_params, whole = trainer.state.params, trainer.warmup_position
+
+    trainer.state.params = jax.tree.map(jnp.copy, initial)
+    steps = trainer.warmup()
+    got = [next(steps)]
+    steps.close()
+    checkpoints = str(tmp_path / "checkpoints")
+    line = warmup_checkpoint.save(trainer, checkpoints, 1, "0" * 64)
+    assert line == f"warm-up checkpoint at step 1 of 3 saved in {checkpoints}/warmup"
+    trainer.state.params = jax.tree.map(jnp.copy, initial)  # the restore sets them
+    restored, start = warmup_checkpoint.restore(trainer, checkpoints)
+    assert start.step == 1 and restored.meta["metrics_records"] == 1 and restored.meta["iteration"] == 0
+    got += list(trainer.warmup(start))
+    assert got == want and [r["step"] for r in got] == [1, 2, 3]
+    assert trainer.warmup_position.rng_state == whole.rng_state
+    for name, tree, expected in (("params", trainer.state.params, whole_params),
+                                 ("opt_state", trainer.warmup_position.opt_state, whole.opt_state)):
+        leaves, expected_leaves = jax.tree.leaves(tree), jax.tree.leaves(expected)
+        assert len(leaves) == len(expected_leaves) > 0, name
+        for a, b in zip(leaves, expected_leaves):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), name
+    warmup_checkpoint.discard(checkpoints)
+    assert warmup_checkpoint.restore(trainer, checkpoints) == (None, None)
+
+
 # --------------------------------------------------------------------------- end to end, slow
 
 UNSHARE = ["unshare", "-m", "--propagation", "private"]
@@ -266,6 +308,25 @@ def _in_mount_namespace(mounts: str, command: list[str], env: dict, timeout: int
     script = f"set -e\n{mounts}\nset +e\n\"$@\"\nstatus=$?\n{after}\nexit $status\n"
     return subprocess.run([*UNSHARE, "sh", "-c", script, "sh", *command], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+SHORT = 3  # RL iterations of a run compared with the start of the reference run (checkpoint step 3)
+
+
+def assert_same_start(out, reference) -> None:
+    """`out`, a run of the reference's config stopped after `SHORT` iterations (the learning-rate
+    schedule does not depend on the run's length), equals the reference's first `SHORT` iterations bit
+    for bit: its records up to the last RL one (timings aside) and its last checkpoint."""
+    records, expected = read_records(out), read_records(reference)
+    count = 2 + 1 + SHORT  # warm-up steps, the first evaluation, the RL iterations
+    assert without_timings(records[:count]) == without_timings(expected[:count])
+    assert [r["iteration"] for r in records if r["phase"] == "rl"] == list(range(1, SHORT + 1))
+    assert list_steps(out / "checkpoints")[-1] == SHORT
+    got, got_meta = raw_state(out / "checkpoints", SHORT)
+    want, want_meta = raw_state(reference / "checkpoints", SHORT)
+    assert got_meta == want_meta and got.keys() == want.keys()
+    for key in want:
+        assert got[key].dtype == want[key].dtype and got[key].tobytes() == want[key].tobytes(), key
 
 
 def _stopped_line(stderr: str) -> str:
@@ -290,30 +351,16 @@ def test_a_read_only_tensorboard_is_refused_before_resume_deletes_anything(tmp_p
 
 
 @pytest.mark.slow
-def test_sigint_stops_like_sigterm_and_a_second_signal_exits_at_once(tmp_path, jit_cache, reference):
-    """SIGINT once RL iteration 2 is logged: one line, exit 130, a checkpoint at the iteration in flight
-    (never a swallowed KeyboardInterrupt). Resumed, SIGTERM repeated from start-up on: the second one
-    the process takes exits at once (143) with its own line. The last resume equals the uninterrupted
-    run bit for bit."""
+def test_a_second_signal_exits_at_once_and_the_resume_repairs_what_it_left(tmp_path, jit_cache, reference):
+    """SIGTERM repeated every 0.1 s from the first periodic checkpoint on (Python runs a handler once for
+    signals that arrive together, hence the spacing): the first sets the stop flag, the second, during
+    the stop's checkpoint save, exits at once (143) with its own line and no traceback. The resume
+    repairs what it left (a save cut short is never restored) and equals the uninterrupted run bit for
+    bit. (SIGINT stops like SIGTERM: one of the crash suite's points.)"""
     out = tmp_path / "run"
-    env = run_env(jit_cache)
-    process = crash_suite.launch(train_cmd(out, *REFERENCE_ARGS), env, str(ROOT))
-    sent, stderr = crash_suite.kill_at(process, str(out), crash_suite._records(2 + 1 + 2), signal.SIGINT, 240)
-    assert sent and process.returncode == 130, stderr[-3000:]
-    line = _stopped_line(stderr)
-    # the signal came after iteration 2 was logged: the run stops at that boundary or after iteration 3
-    step = list_steps(out / "checkpoints")[-1]
-    assert step in (2, 3) and list_steps(out / "checkpoints") == [step]
-    assert line.startswith(f"stopped: SIGINT after RL iteration {step} of 8: checkpoint step {step} "
-                           "saved in ")
-    assert line.endswith("run.resume=true") and not crash_suite.check_stopped(130, stderr, signal.SIGINT,
-                                                                               str(out), "rollout")
-
-    # Python runs a handler once for signals that arrive together, so they are sent 0.1 s apart; the
-    # start-up (reading the model and the programs) lasts longer than that.
-    process = crash_suite.launch(train_cmd(out, *REFERENCE_ARGS), env, str(ROOT))
-    held = crash_suite._held_by(process.pid)
-    while process.poll() is None and not held(str(out)):
+    process = crash_suite.launch(train_cmd(out, *REFERENCE_ARGS), run_env(jit_cache), str(ROOT))
+    first = crash_suite._checkpoint_finished(3)
+    while process.poll() is None and not first(str(out)):
         time.sleep(0.01)
     while process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -321,11 +368,50 @@ def test_sigint_stops_like_sigterm_and_a_second_signal_exits_at_once(tmp_path, j
     _, stderr = process.communicate(timeout=240)
     assert process.returncode == 143, stderr[-3000:]
     assert "error: second SIGTERM: exiting at once" in stderr and "Traceback" not in stderr
-    assert list_steps(out / "checkpoints") == [step] and len(read_records(out)) == 2 + 1 + step
+    assert 3 in list_steps(out / "checkpoints")
 
     final = train(jit_cache, out, *REFERENCE_ARGS)
     assert final.returncode == 0, final.stderr[-3000:]
     assert_same_run(out, reference)
+
+
+def _sigterm_at_start(commands: list[list[str]], env: dict) -> list[tuple[int, str, bool]]:
+    """Launches `commands` side by side and sends each process SIGTERM as soon as it catches it
+    (SIGTERM's bit in the SigCgt mask of /proc/PID/status: the handler is installed); returns, per
+    process, (its exit status, its stderr, whether JAX's compiled library was loaded when the signal
+    came)."""
+    processes = [crash_suite.launch(command, env, str(ROOT)) for command in commands]
+    bit, jax_loaded = 1 << (signal.SIGTERM - 1), {}
+    while len(jax_loaded) < len(processes) and any(p.poll() is None for p in processes):
+        for index, process in enumerate(processes):
+            if index in jax_loaded or process.poll() is not None:
+                continue
+            with open(f"/proc/{process.pid}/status", encoding="utf-8") as handle:
+                caught = [int(line.split()[1], 16) for line in handle if line.startswith("SigCgt:")]
+            if caught and caught[0] & bit:
+                process.send_signal(signal.SIGTERM)
+                with open(f"/proc/{process.pid}/maps", encoding="utf-8") as handle:
+                    jax_loaded[index] = "jaxlib" in handle.read()
+        time.sleep(0.001)
+    errors = [process.communicate(timeout=240)[1] for process in processes]
+    return [(p.returncode, errors[i], jax_loaded.get(i)) for i, p in enumerate(processes)]
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_program_imports_stops_it_in_one_line_with_nothing_written(tmp_path, jit_cache,
+                                                                                   reference):
+    """SIGTERM to training, an evaluation and a sweep while each is still importing (before JAX's
+    library is loaded): exit 143, one `stopped:` line, nothing written (not the default death: -15 and
+    an empty stderr)."""
+    out = {name: tmp_path / name for name in ("train", "evaluate", "sweep")}
+    commands = [train_cmd(out["train"], *REFERENCE_ARGS),
+                [sys.executable, "-m", "experiments.evaluate", f"eval.checkpoint={reference}",
+                 "eval.benchmarks=synthetic", "eval.synthetic_problems=8", f"eval.out_dir={out['evaluate']}"],
+                [*SWEEP, f"sweep.runs_dir={out['sweep']}", f"sweep.out_dir={out['sweep'] / 'report'}"]]
+    for name, (status, stderr, jax_loaded) in zip(out, _sigterm_at_start(commands, run_env(jit_cache))):
+        assert status == 143, f"{name}: {stderr[-3000:]}"
+        assert _stopped_line(stderr).startswith("stopped: SIGTERM during start-up: nothing was written"), name
+        assert jax_loaded is False and not out[name].exists(), name
 
 
 def _crash_seed() -> int:
@@ -339,10 +425,12 @@ def _crash_seed() -> int:
 def test_randomized_crash_suite_training(tmp_path, jit_cache, reference, choose):
     """experiments/crash_suite.py: one run stopped at a point of each phase — start-up, warm-up, rollout,
     update, checkpoint save, final evaluation — each by SIGTERM (one line, the checkpoint of the step in
-    flight), or at three of them by SIGKILL; points drawn from the printed seed by what the run has
-    written, the run resumed after each. The last resume equals the uninterrupted run bit for bit."""
+    flight: in the warm-up a warm-up checkpoint, which the resume continues), one of the RL phases by
+    SIGINT instead (exit status 130), or at three of them by SIGKILL; points drawn from the printed seed
+    by what the run has written, the run resumed after each. The last resume equals the uninterrupted
+    run bit for bit."""
     seed = _crash_seed()
-    chooser = (crash_suite.every_phase(signal.SIGTERM) if choose == "sigterm_everywhere"
+    chooser = (crash_suite.every_phase_one_sigint if choose == "sigterm_everywhere"
                else crash_suite.some_phases(signal.SIGKILL, 3))
     out = tmp_path / "run"
     log, problems = crash_suite.crash_training(
@@ -351,6 +439,8 @@ def test_randomized_crash_suite_training(tmp_path, jit_cache, reference, choose)
     print("\n".join(log))
     assert not problems, "\n".join(problems)
     assert len(log) == (6 if choose == "sigterm_everywhere" else 3)
+    assert choose != "sigterm_everywhere" or sum("SIGINT at" in line and line.endswith("exit status 130")
+                                                 for line in log) == 1
     assert_same_run(out, reference)
 
 
@@ -379,17 +469,19 @@ def test_randomized_crash_suite_evaluation(tmp_path, jit_cache, reference):
         assert (got / name).read_bytes() == (want / name).read_bytes(), name
 
 
+SWEEP = [sys.executable, "-m", "experiments.gradient_starvation", "--quick", TINY_MODEL,
+         "sweep.objectives=respo", "sweep.reuse=1", "sweep.seeds=0", "sweep.policy_updates=4", "warmup.steps=2", "warmup.batch_size=8",
+         "run.eval_problems=4", "rollout.prompts_per_minibatch=2", "rollout.group_size=2",
+         "rollout.max_new_tokens=32", 'task.overrides={"num_operands": 3}']
+
+
 @pytest.mark.slow
 def test_randomized_crash_suite_sweep(tmp_path, jit_cache):
     """A sweep cell killed (SIGTERM or SIGKILL, from the printed seed) at its RL iteration 2 and the sweep
     rerun: the cell's log and the sweep's summary equal an uninterrupted sweep's."""
     rng = random.Random(_crash_seed())
     env = run_env(jit_cache)
-    sweep = [sys.executable, "-m", "experiments.gradient_starvation", "--quick", "sweep.objectives=respo",
-             "sweep.reuse=1", "sweep.seeds=0", "sweep.policy_updates=4", "warmup.steps=2",
-             "warmup.batch_size=8", "run.eval_problems=4", "rollout.prompts_per_minibatch=2",
-             "rollout.group_size=2",
-             "rollout.max_new_tokens=32", 'task.overrides={"num_operands": 3}']
+    sweep = SWEEP
     want, got = tmp_path / "sweep_whole", tmp_path / "sweep_killed"
     whole = subprocess.run([*sweep, f"sweep.runs_dir={want}", f"sweep.out_dir={want / 'out'}"], cwd=ROOT,
                            env=env, capture_output=True, text=True, timeout=300)
@@ -414,7 +506,8 @@ def test_randomized_crash_suite_sweep(tmp_path, jit_cache):
 @pytest.mark.slow
 def test_read_only_prewarmed_cache_is_used_and_a_full_one_is_one_line(tmp_path, jit_cache, reference):
     """A copy of the session's warm cache on a read-only mount: the run reads it (the compile-ahead is
-    skipped by its record), writes nothing into it, says so in one line and equals the reference run.
+    skipped by its record), writes nothing into it, says so in one line and equals the reference run
+    (each run here is its first `SHORT` iterations).
     The same cache with half its programs removed, on a full tmpfs: one warning line, the run goes on
     and equals the reference, and no compile-ahead record is written for programs that are not there.
     An exported program whose header is damaged ("coef_mass_pos" -> "aoef_mass_pos") is rejected and
@@ -425,12 +518,13 @@ def test_read_only_prewarmed_cache_is_used_and_a_full_one_is_one_line(tmp_path, 
     out = tmp_path / "read_only"
     env = run_env(jit_cache)
     result = _in_mount_namespace(f"mount --bind -o ro {warm} {warm}",
-                                 train_cmd(out, *REFERENCE_ARGS, f"run.compilation_cache_dir={warm}"), env)
+                                 train_cmd(out, *REFERENCE_ARGS, f"run.iterations={SHORT}",
+                                           f"run.compilation_cache_dir={warm}"), env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"compilation cache {warm} is read-only: its programs are read, none is written" in result.stderr
     assert "compile-ahead skipped" in result.stderr and "warning" not in result.stderr.lower()
     assert snapshot(warm) == before
-    assert_same_run(out, reference)
+    assert_same_start(out, reference)
 
     full = tmp_path / "full"
     full.mkdir()
@@ -449,7 +543,8 @@ def test_read_only_prewarmed_cache_is_used_and_a_full_one_is_one_line(tmp_path, 
         cp -r {partial}/. {full}/
         dd if=/dev/zero of={full}/filler bs=64k 2>/dev/null || true""")
     out = tmp_path / "full_disk"
-    result = _in_mount_namespace(mounts, train_cmd(out, *REFERENCE_ARGS, f"run.compilation_cache_dir={full}"),
+    result = _in_mount_namespace(mounts, train_cmd(out, *REFERENCE_ARGS, f"run.iterations={SHORT}",
+                                                   f"run.compilation_cache_dir={full}"),
                                  env, after=f"echo records: $(ls -A {full}/respo_jax_compiled_ahead "
                                             "2>/dev/null | wc -l)\n"
                                             f"echo temporary files: $(ls -A {full} | grep -c '[.]tmp$')")
@@ -459,7 +554,7 @@ def test_read_only_prewarmed_cache_is_used_and_a_full_one_is_one_line(tmp_path, 
     assert len(warnings) == 1 and warnings[0].startswith("warning: cannot write the compilation cache"), \
         result.stderr[-3000:]
     assert "No space left on device" in warnings[0]
-    assert_same_run(out, reference)
+    assert_same_start(out, reference)
 
     damaged = tmp_path / "damaged"
     shutil.copytree(jit_cache, damaged)
@@ -470,7 +565,8 @@ def test_read_only_prewarmed_cache_is_used_and_a_full_one_is_one_line(tmp_path, 
         data = open(path, "rb").read()
         open(path, "wb").write(data.replace(b'"coef_mass_pos"', b'"aoef_mass_pos"', 1))
     out = tmp_path / "damaged_run"
-    result = train(jit_cache, out, *REFERENCE_ARGS, f"run.compilation_cache_dir={damaged}")
+    result = train(jit_cache, out, *REFERENCE_ARGS, f"run.iterations={SHORT}",
+                   f"run.compilation_cache_dir={damaged}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert_same_run(out, reference)
+    assert_same_start(out, reference)
     assert any(exported_programs._read_entry(path) is not None for path in flipped)  # rewritten whole

@@ -100,6 +100,16 @@ class TrainState:
 
 
 @dataclasses.dataclass(frozen=True)
+class WarmupPosition:
+    """Where the supervised warm-up stands: `step` steps done, its AdamW's `opt_state` and the
+    problem stream's random-generator state (NumPy's `bit_generator.state`, a JSON-able dict)."""
+
+    step: int
+    opt_state: object
+    rng_state: dict
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainingRows:
     """One iteration's rows to train on, host arrays in prompt-major order (G rows per group): the kept
     groups' `real_rows` rows, then any filler rows of no weight that complete the last mini-batch."""
@@ -247,6 +257,7 @@ class RLTrainer:
         self.async_rollouts: AsyncRollouts | None = None
         self._batches_resume_state = None  # async: the prompt stream's position after the last trained batch
         self._restored_behaviour = None  # async: a checkpoint's behaviour parameters of the jobs in flight
+        self.warmup_position: WarmupPosition | None = None  # after each warm-up step (`warmup`)
         self._resharder: Resharder | None = None  # trainer -> rollout mesh, built at the first reshard
         # (iteration, start, end) of each iteration's N updates, time.perf_counter() seconds (the end once
         # their metrics are on the host): when the trainer's devices were busy
@@ -413,20 +424,24 @@ class RLTrainer:
         return nnx.merge(self.state.graphdef, self.state.params)
 
     # -- supervised warm-up ----------------------------------------------------------------------------
-    def warmup(self) -> Iterator[dict]:
-        """Supervised steps on reference responses, with their own AdamW (a weak 'base model')."""
+    def warmup(self, start: WarmupPosition | None = None) -> Iterator[dict]:
+        """Supervised steps on reference responses, with their own AdamW (a weak 'base model'), from the
+        first step or from `start` (a warm-up checkpoint's position; the trainer holds its parameters).
+        After each step `warmup_position` is what resumes the warm-up there, bit for bit."""
         cfg = self.config.warmup
         if cfg.steps == 0:
             return
         if self.task is None:
             raise ValueError("warmup needs reference responses: only the synthetic task has them")
-        tx = make_optimizer(cfg.learning_rate, 0.0, 0.9, 0.999, 1.0, 0)
-        opt_shardings = optimizer_state_shardings(tx, self.state.params, self.shardings.params)
-        opt_state = init_optimizer_state(tx, self.state.params, self.shardings.params)
+        tx, opt_shardings = self._warmup_optimizer()
+        opt_state = start.opt_state if start else init_optimizer_state(tx, self.state.params,
+                                                                        self.shardings.params)
         step = make_sft_step(self.state.graphdef, tx, self.shardings.params, opt_shardings,
                              self.shardings.batch)
         rng = np.random.default_rng(self.config.run.seed + 1)
-        for index in range(cfg.steps):
+        if start:
+            rng.bit_generator.state = start.rng_state
+        for index in range(start.step if start else 0, cfg.steps):
             records = self._warmup_records(rng, cfg.batch_size)
             prompts = [self.encode(r) for r in records]
             responses = [self.tokenizer.encode(self.task.reference_solution(r)) + [self.tokenizer.eos_id]
@@ -447,7 +462,18 @@ class RLTrainer:
                 quantity = f"sft_loss is {loss}" if not np.isfinite(loss) else "the parameters hold NaN/inf"
                 raise NonFiniteError(f"warm-up step {index + 1}: {quantity}; the run stops before any "
                                      "checkpoint")
+            self.warmup_position = WarmupPosition(index + 1, opt_state, rng.bit_generator.state)
             yield {"phase": "warmup", "step": index + 1, "sft_loss": loss}
+
+    def _warmup_optimizer(self):
+        """The warm-up's AdamW and its state's shardings."""
+        tx = make_optimizer(self.config.warmup.learning_rate, 0.0, 0.9, 0.999, 1.0, 0)
+        return tx, optimizer_state_shardings(tx, self.state.params, self.shardings.params)
+
+    def warmup_opt_state_like(self):
+        """A fresh state of the warm-up optimizer: the structure, shapes and shardings a restore fills."""
+        tx, _ = self._warmup_optimizer()
+        return init_optimizer_state(tx, self.state.params, self.shardings.params)
 
     def _warmup_records(self, rng: np.random.Generator, count: int) -> list[dict]:
         """`count` random problems of the warm-up stream; never a held-out test problem when the task

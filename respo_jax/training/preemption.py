@@ -20,6 +20,11 @@ every step boundary, so a signal that reached only some hosts stops them all aft
 agreement `multihost_utils.reached_preemption_sync_point` gives, for signals JAX's own notifier sees;
 this one also covers SIGINT and the clock below). The same gather agrees on a time-based checkpoint
 (`run.checkpoint_every_minutes`), whose clock each process reads for itself.
+
+A signal can also come while a program starts (importing JAX and the model code takes seconds): the
+entry points that promise a clean stop import `experiments.signals_at_start` before anything heavy,
+which calls `handle_from_start()` (this module imports only the standard library), and ask
+`stop_at_start()` before their first write, so such a signal stops them in one line with nothing written.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ class Preempted(Exception):
         self.signum, self.status = int(signum), exit_status(signum)
 
 
-_state: dict = {"signal": None, "active": 0, "previous": {}}
+_state: dict = {"signal": None, "active": 0, "previous": {}, "held": False}
 
 
 def _handler(signum, frame) -> None:
@@ -68,16 +73,40 @@ def handling() -> Iterator[None]:
         yield
         return
     if _state["active"] == 0:
-        _state["signal"] = None
-        _state["previous"] = {signum: signal.signal(signum, _handler) for signum in SIGNALS}
+        # Installed again even when held from the start: JAX's distributed runtime sets its own SIGTERM
+        # handler when it starts, between the two.
+        previous = {signum: signal.signal(signum, _handler) for signum in SIGNALS}
+        if not _state["held"]:
+            _state["signal"], _state["previous"] = None, previous
     _state["active"] += 1
     try:
         yield
     finally:
         _state["active"] -= 1
-        if _state["active"] == 0:
+        if _state["active"] == 0 and not _state["held"]:
             for signum, previous in _state["previous"].items():
                 signal.signal(signum, previous)
+
+
+def handle_from_start() -> None:
+    """Sets the stop flag on SIGTERM / SIGINT from now until the process exits (for a program's start,
+    before its heavy imports): the `handling()` blocks inside keep a signal that came before them."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and not _state["held"] and not _state["active"]:
+        _state["signal"] = None
+        for signum in SIGNALS:
+            signal.signal(signum, _handler)
+        _state["held"] = True  # the handlers stay until the process exits
+
+
+def stop_at_start() -> None:
+    """Raises Preempted when a signal came while the program started (every process agrees; a
+    collective in a multi-process run): called before the program's first write."""
+    signum, _ = stop_agreed()
+    if signum:
+        raise Preempted(f"{signal_name(signum)} during start-up: nothing was written, no checkpoint yet",
+                        signum)
 
 
 def requested() -> int | None:
