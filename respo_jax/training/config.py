@@ -3,7 +3,8 @@
 A config file under `experiments/configs/` builds an `ExperimentConfig`; the command line overrides any
 field with `section.field=value` (the value is parsed with the field's declared type), so every knob of
 an experiment lives in one typed place and a typo fails before any compute is spent. The sections are
-here; the parser, the loader and the section base are `respo_jax.training.typed_config`.
+here; the parser, the loader, the section base and the sections shared with the evaluation (`mesh`, the
+rollout engine's fields) are the leaf package `respo_jax.config`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import dataclasses
 import os
 import typing
 
-# The typed-config machinery; ConfigKeyError, apply_overrides and config_from_dict are imported from
-# here by their callers.
-from respo_jax.training.typed_config import (  # noqa: F401
+# The config machinery and the sections training shares with the evaluation live in the leaf package
+# `respo_jax.config`; their names are importable from here too (config files and the docs use them).
+from respo_jax.config.engine import ENGINE_FIELDS, ROLLOUT_ENGINE_DEFAULTS, EngineSection  # noqa: F401
+from respo_jax.config.mesh import MeshSection  # noqa: F401
+from respo_jax.config.typed import (  # noqa: F401
     ConfigError,
     ConfigKeyError,
     _one_line,
@@ -22,6 +25,7 @@ from respo_jax.training.typed_config import (  # noqa: F401
     _Section,
     apply_overrides,
     config_from_dict,
+    validate_sections,
 )
 
 
@@ -178,7 +182,7 @@ class TaskConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig(_Section):
+class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
     """Rollout sizes of paper §4.1: a rollout batch of `reuse * prompts_per_minibatch` prompts, `group_size`
     responses each, split into `reuse` (= N) mini-batches, one policy update each.
 
@@ -188,31 +192,17 @@ class RolloutConfig(_Section):
       batches alike, so each program compiles once per bucket rather than once per batch.
       `prompt_buckets`: "geometric" (the default: prompt_bucket · 2^k, e.g. 256, 512, 1024) or
       "linear" (multiples of prompt_bucket), `respo_jax.sampling.params.padded_prompt_length`.
-      `prompt_bucket` 256: DAPO-Math's prompts (27-977 tokens, 76% within 128) fall in 3 buckets, not
-      the 4 of 128, each a set of programs to compile; the update runs a mini-batch's prompt once
-      (`share_prompts`), so the wider padding of the short prompts costs little.
     - `max_tokens_per_microbatch`: a mini-batch (and the recomputation of log π_old) runs in
       micro-batches of whole responses of at most this many prompt + response tokens, whose gradients
       are accumulated exactly; memory then no longer grows with M·G. The default fits the CPU
       configuration of experiments/benchmarks/rl_iteration.py on a 24 GB host.
-    - `scheduler`: the rollout engine (`respo_jax.sampling.EngineConfig.scheduler`): "continuous"
-      (the default: `max_slots` decode slots refilled as rows finish, K/V in a paged pool, one
-      prefill per prompt) or "static" (rows decoded in chunks until the chunk's longest ends). The
-      held-out evaluation uses the same engine. For one seed both draw the same samples (up to
-      float round-off ties).
+    - The engine's fields (`scheduler`, `prompt_bucket`, `prompt_buckets`, `max_slots`, `steps_per_schedule`,
+      `min_decode_slots`, `page_size`, `num_pages`, `kv_cache_bytes`, `paged_attention_impl`) are
+      `respo_jax.config.engine.EngineSection`'s, declared once for `rollout.*` and `eval.*`; why the
+      rollout's defaults differ from the library's: `ROLLOUT_ENGINE_DEFAULTS`. The held-out evaluation
+      uses the same engine.
     - `sampler_max_rows` (static engine): the sampler generates the N·M·G rollout rows in chunks of
       at most this many rows (KV cache, prefill activations and [rows, vocab] logits per decode step).
-    - Continuous engine: `max_slots` rows decoded together (the default holds the default run's
-      N·M·G = 256 rows at once), `steps_per_schedule` decode steps between two scheduling decisions
-      (64: responses of up to 64 tokens whose rows fit the slots decode in one segment, one program
-      and one host sync per prompt bucket, with no narrower tail program compiled for it; a long
-      response's finished row waits at most 64 steps for its slot's refill), `min_decode_slots` (a
-      segment decodes the occupied slots padded to a halving of the slot count of at least this many,
-      one program per width, so a batch's tail pays only for its live rows),
-      `page_size` tokens per KV page, the pool as `num_pages` pages or a `kv_cache_bytes` budget
-      (at most one; 0 for both: every slot can hold a row of the longest prompt and max_new_tokens,
-      so admission never waits), and `paged_attention_impl`: "gather" (every platform) or the
-      accelerator kernel "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform).
     - `compile_ahead`: at the start of the first iteration, compile the sampler, log π_old and update
       programs for every prompt bucket the training prompts can need (at the longest response
       bucket), so no later iteration stops to compile when a batch meets a new bucket
@@ -254,25 +244,10 @@ class RolloutConfig(_Section):
     # model without Routing Replay (a MoE's load-balancing loss counts every row's prompt), one device
     # on the mesh's batch axes; elsewhere every row runs its own prompt.
     share_prompts: bool = True
-    # padded prompt lengths are buckets of this many tokens (one program set per bucket)
-    prompt_bucket: int = 256
-    # "geometric" buckets (prompt_bucket * 2^k) or "linear" (multiples of prompt_bucket)
-    prompt_buckets: str = "geometric"
     response_bucket: int = 64  # padded response lengths are multiples of this (at most max_new_tokens)
     # prompt + response tokens per micro-batch; gradients accumulated exactly
     max_tokens_per_microbatch: int = 16384
-    # the rollout engine: "continuous" (paged KV cache, slots refilled) or "static"
-    scheduler: str = "continuous"
     sampler_max_rows: int = 256  # static engine: rollout rows generated per sampler call, at most
-    max_slots: int = 256  # continuous engine: rows decoded together
-    steps_per_schedule: int = 64  # continuous engine: decode steps between two scheduling decisions
-    # continuous engine: the fewest slots a decode segment runs (halvings of max_slots)
-    min_decode_slots: int = 16
-    page_size: int = 16  # continuous engine: tokens per KV page
-    num_pages: int = 0  # 0: unset (kv_cache_bytes, or enough for every slot)
-    kv_cache_bytes: int = 0  # 0: unset
-    # attention over pages: "gather" (everywhere), "pallas_tpu" or "pallas_gpu"
-    paged_attention_impl: str = "gather"
     compile_ahead: bool = True  # compile every prompt bucket's programs before the first rollout
     # Routing Replay (R3, MoE only): the sampler records the experts it routed every token to, and the
     # recomputation of log π_old and every policy forward reuse them (gate weights still come from the
@@ -296,12 +271,12 @@ class RolloutConfig(_Section):
         from respo_jax.sampling import SamplingParams
 
         self._check_types()
-        for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks", "prompt_bucket",
-                     "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets",
+        for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks", "response_bucket",
+                     "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets",
                      "max_generation_batches"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
         self._need("async_steps", self.async_steps >= 0, "an integer >= 0 (0: synchronous)")
-        check_engine_fields(self)
+        self.validate_engine()
         self._need("minibatch_order", self.minibatch_order in ("consecutive", "balanced"),
                    "'consecutive' or 'balanced'")
         responses = self.prompts_per_minibatch * self.group_size
@@ -323,7 +298,6 @@ class RolloutConfig(_Section):
         try:  # the sampler's own checks, so a rollout never fails after warm-up
             SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                            top_k=self.top_k, num_samples=self.group_size)
-            self.engine_config()
         except ValueError as err:
             raise ConfigError(f"rollout: {_one_line(err)}") from None
 
@@ -349,40 +323,7 @@ class RolloutConfig(_Section):
 
     def engine_config(self):
         """The sampler's `EngineConfig` of the rollouts and of the held-out evaluation."""
-        return engine_config(self, prompt_bucket=self.prompt_bucket, max_batch_rows=self.sampler_max_rows)
-
-
-# The rollout engine's fields that `rollout.*` and the evaluation's `eval.*` share (their meaning:
-# `respo_jax.sampling.EngineConfig`); the pool sizes take 0 for "unset".
-ENGINE_FIELDS = ("scheduler", "max_slots", "steps_per_schedule", "min_decode_slots", "page_size",
-                 "num_pages", "kv_cache_bytes", "paged_attention_impl", "prompt_buckets")
-
-
-def check_engine_fields(section: _Section) -> None:
-    """The `ENGINE_FIELDS` of a section in range (ConfigError naming `section.field`)."""
-    from respo_jax.sampling.params import PAGED_ATTENTION_IMPLS, PROMPT_BUCKET_SCHEMES, SCHEDULERS
-
-    section._need("scheduler", section.scheduler in SCHEDULERS, " or ".join(map(repr, SCHEDULERS)))
-    section._need("prompt_buckets", section.prompt_buckets in PROMPT_BUCKET_SCHEMES,
-                  " or ".join(map(repr, PROMPT_BUCKET_SCHEMES)))
-    for name in ("max_slots", "steps_per_schedule", "min_decode_slots", "page_size"):
-        section._need(name, getattr(section, name) >= 1, "an integer >= 1")
-    for name in ("num_pages", "kv_cache_bytes"):
-        section._need(name, getattr(section, name) >= 0, "an integer >= 0 (0: unset)")
-    section._need("kv_cache_bytes", not (section.num_pages and section.kv_cache_bytes),
-                  f"0 with {section.section}.num_pages={section.num_pages} (both size the page pool: "
-                  "set one)")
-    section._need("paged_attention_impl", section.paged_attention_impl in PAGED_ATTENTION_IMPLS,
-                  f"one of {', '.join(map(repr, PAGED_ATTENTION_IMPLS))}")
-
-
-def engine_config(section: _Section, **fields):
-    """The `EngineConfig` of a section's `ENGINE_FIELDS` (0 = unset -> None) and `fields`."""
-    from respo_jax.sampling import EngineConfig
-
-    engine = {name: getattr(section, name) for name in ENGINE_FIELDS}
-    engine.update(num_pages=section.num_pages or None, kv_cache_bytes=section.kv_cache_bytes or None)
-    return EngineConfig(**engine, **fields)
+        return super().engine_config(max_batch_rows=self.sampler_max_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -552,6 +493,19 @@ class WarmupConfig(_Section):
         self._need("learning_rate", self.learning_rate > 0, "a finite number > 0")
 
 
+# Where metric rows go (`run.loggers`, `respo_jax.training.trackers`): metrics.jsonl always, plus those named.
+TRACKERS = ("jsonl", "tensorboard", "wandb")
+
+
+def parse_loggers(value: str) -> tuple[str, ...] | None:
+    """The trackers named in `value` ("jsonl,tensorboard"), jsonl first and always; None if a name is
+    unknown."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if any(name not in TRACKERS for name in names):
+        return None
+    return tuple(dict.fromkeys(["jsonl", *names]))
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig(_Section):
     """Run length, seed and where results go."""
@@ -604,64 +558,8 @@ class RunConfig(_Section):
         self._need("eval_problems", self.eval_problems >= 0, "an integer >= 0 (0: no eval)")
         self._need("overwrite", not (self.resume and self.overwrite),
                    "false with run.resume=true (continue the run, or replace it: not both)")
-        from respo_jax.training.trackers import TRACKERS, parse_loggers
-
         self._need("loggers", parse_loggers(self.loggers) is not None,
                    f"comma-separated names among {list(TRACKERS)} (jsonl is always on)")
-
-
-def validate_sections(config) -> None:
-    """Every section of a config made of sections (`ExperimentConfig`, the sweep's `StarvationConfig`)
-    has its declared type (a config file can pass anything) and passes its own checks."""
-    section_types = typing.get_type_hints(type(config))
-    for field in dataclasses.fields(config):
-        section, cls = getattr(config, field.name), section_types[field.name]
-        _require(isinstance(section, cls), field.name, section, f"a {cls.__name__}")
-        section.validate()
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshSection(_Section):
-    """The device mesh of the run (`respo_jax.sharding.MeshConfig`): sizes of the axes data, fsdp,
-    tensor and expert; one of them may be -1 (all devices the others leave). The default puts every
-    device on `data`. Parameters, optimizer state, batches, the sampler and the KV cache are placed by
-    the one logical-axis table `respo_jax.sharding.ShardingRules` on this mesh."""
-
-    section = "mesh"
-    data: int = -1  # devices on the data axis (-1: those the other axes leave)
-    fsdp: int = 1  # devices on the fsdp axis (parameters and optimizer state split)
-    tensor: int = 1  # devices on the tensor axis (heads, MLP and vocabulary split)
-    expert: int = 1  # devices on the expert axis (MoE experts split, all-to-all dispatch)
-    # Devices of a rollout mesh of their own (the last ones; the trainer's mesh takes the others), with
-    # rollout.async_steps >= 1; 0 (the default): the sampler runs on the trainer's mesh.
-    rollout_devices: int = 0
-    # devices on the rollout mesh's tensor axis (the rest on its data axis)
-    rollout_tensor: int = 1
-
-    def validate(self) -> None:
-        self._check_types()
-        for name in ("data", "fsdp", "tensor", "expert"):
-            self._need(name, getattr(self, name) >= 1 or getattr(self, name) == -1,
-                       "an integer >= 1, or -1 (fill with the devices the other axes leave)")
-        fills = [name for name in ("data", "fsdp", "tensor", "expert") if getattr(self, name) == -1]
-        _require(len(fills) <= 1, "mesh", {n: getattr(self, n) for n in ("data", "fsdp", "tensor", "expert")},
-                 "at most one axis set to -1")
-        self._need("rollout_devices", self.rollout_devices >= 0, "an integer >= 0 (0: one mesh)")
-        self._need("rollout_tensor", self.rollout_tensor >= 1 and (
-            not self.rollout_devices or self.rollout_devices % self.rollout_tensor == 0),
-                   "an integer >= 1 dividing mesh.rollout_devices")
-
-    def mesh_config(self):
-        from respo_jax.sharding import MeshConfig
-
-        return MeshConfig(data=self.data, fsdp=self.fsdp, tensor=self.tensor, expert=self.expert)
-
-    def axis_sizes(self, device_count: int) -> tuple[int, int, int, int]:
-        """(data, fsdp, tensor, expert) for `device_count` devices; ConfigError when they do not fit."""
-        try:
-            return self.mesh_config().axis_sizes(device_count)
-        except ValueError as err:
-            raise ConfigError(f"mesh: {_one_line(err)}") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,33 @@
+"""Typed configuration shared by every command: the leaf package that training and evaluation both import.
+
+Modules:
+  typed   the machinery: `ConfigError` (one line naming key, value and what is allowed), the section base
+          with its type checks, `validate_sections`, the `section.field=value` parser (`apply_overrides`)
+          and the loader of a config's `to_dict()` form (`config_from_dict`)
+  engine  the rollout engine's fields, declared once for `rollout.*` and `eval.*` (`EngineSection`), with
+          the defaults training and evaluation choose and why
+  mesh    the device mesh section `mesh.*` (`MeshSection`)
+
+The sections of a training run are `respo_jax.training.config` (`ExperimentConfig`), the evaluation's
+`respo_jax.eval.config` (`EvalConfig`). This package imports nothing else of respo_jax at import time.
+"""
+
+from respo_jax.config.engine import (
+    ENGINE_FIELDS,
+    EVAL_ENGINE_DEFAULTS,
+    ROLLOUT_ENGINE_DEFAULTS,
+    EngineSection,
+)
+from respo_jax.config.mesh import MeshSection
+from respo_jax.config.typed import (
+    ConfigError,
+    ConfigKeyError,
+    apply_overrides,
+    config_from_dict,
+    validate_sections,
+)
+
+__all__ = [
+    "ENGINE_FIELDS", "EVAL_ENGINE_DEFAULTS", "ROLLOUT_ENGINE_DEFAULTS", "ConfigError", "ConfigKeyError",
+    "EngineSection", "MeshSection", "apply_overrides", "config_from_dict", "validate_sections",
+]
