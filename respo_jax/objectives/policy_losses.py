@@ -60,7 +60,6 @@ import jax
 import jax.numpy as jnp
 
 from respo_jax.objectives import kernels
-from respo_jax.objectives.positive_branch import positive_branch_statistics
 from respo_jax.objectives.aggregation import (
     LossTerms,
     aggregation_terms,
@@ -69,7 +68,9 @@ from respo_jax.objectives.aggregation import (
     loss_denominator,
     safe_divide,
 )
+from respo_jax.objectives.positive_branch import positive_branch_statistics
 from respo_jax.objectives.validation import check_policy_inputs
+from respo_jax.registry import Registry
 
 sg = jax.lax.stop_gradient
 
@@ -401,7 +402,9 @@ class ObjectiveSpec:
             raise TypeError(f"ObjectiveSpec.scale_advantages must be a bool; got {self.scale_advantages!r}")
 
 
-OBJECTIVES: dict[str, ObjectiveSpec] = {
+# The objectives by name (`respo_jax.registry.Registry`: built-ins frozen, users add with
+# `respo_jax.objectives.register_objective`).
+OBJECTIVES: Registry[ObjectiveSpec] = Registry("objective", {
     "respo": ObjectiveSpec(
         respo_token_loss,
         {"alpha": kernels.RESPO_ALPHA, "beta": kernels.RESPO_BETA, "lam": kernels.RESPO_LAMBDA},
@@ -441,7 +444,7 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
         aggregation="seq-mean-token-sum-norm",
         scale_advantages=False,
     ),
-}
+})
 
 
 class ObjectiveOutput(NamedTuple):
