@@ -2,8 +2,9 @@
 
 Modules:
   typed   the machinery: `ConfigError` (one line naming key, value and what is allowed), the section base
-          with its type checks, `validate_sections`, the `section.field=value` parser (`apply_overrides`)
-          and the loader of a config's `to_dict()` form (`config_from_dict`)
+          with its type checks, `validate_sections`, the `section.field=value` parser (`apply_overrides`),
+          the loader of a config's `to_dict()` form (`config_from_dict`) and `derive` (a config file's
+          changes to its base)
   engine  the rollout engine's fields, declared once for `rollout.*` and `eval.*` (`EngineSection`), with
           the defaults training and evaluation choose and why
   mesh    the device mesh section `mesh.*` (`MeshSection`)
@@ -24,10 +25,11 @@ from respo_jax.config.typed import (
     ConfigKeyError,
     apply_overrides,
     config_from_dict,
+    derive,
     validate_sections,
 )
 
 __all__ = [
     "ENGINE_FIELDS", "EVAL_ENGINE_DEFAULTS", "ROLLOUT_ENGINE_DEFAULTS", "ConfigError", "ConfigKeyError",
-    "EngineSection", "MeshSection", "apply_overrides", "config_from_dict", "validate_sections",
+    "EngineSection", "MeshSection", "apply_overrides", "config_from_dict", "derive", "validate_sections",
 ]

@@ -181,3 +181,22 @@ def validate_sections(config) -> None:
         section, cls = getattr(config, field.name), section_types[field.name]
         _require(isinstance(section, cls), field.name, section, f"a {cls.__name__}")
         section.validate()
+
+
+def derive(config: ConfigT, **sections: dict) -> ConfigT:
+    """`config` with, in each named section, the fields of its dict replaced: a config file states what
+    differs from its base, `derive(ExperimentConfig(), rollout={"reuse": 8}, run={"iterations": 20})`.
+    An unknown section or field raises ConfigKeyError naming it; nothing is validated here (the entry
+    point validates the config it runs)."""
+    known = {field.name for field in dataclasses.fields(config)}
+    replaced = {}
+    for name, fields in sections.items():
+        if name not in known:
+            raise ConfigKeyError(f"unknown config section {name!r}; {type(config).__name__} has "
+                                 f"{sorted(known)}")
+        section = getattr(config, name)
+        unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(section)})
+        if unknown:
+            raise ConfigKeyError(f"unknown config fields {name}.{unknown}")
+        replaced[name] = dataclasses.replace(section, **fields)
+    return dataclasses.replace(config, **replaced)

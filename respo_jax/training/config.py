@@ -15,7 +15,7 @@ import typing
 
 # The config machinery and the sections training shares with the evaluation live in the leaf package
 # `respo_jax.config`; their names are importable from here too (config files and the docs use them).
-from respo_jax.config.engine import ENGINE_FIELDS, ROLLOUT_ENGINE_DEFAULTS, EngineSection  # noqa: F401
+from respo_jax.config.engine import ROLLOUT_ENGINE_DEFAULTS, EngineSection
 from respo_jax.config.mesh import MeshSection  # noqa: F401
 from respo_jax.config.typed import (  # noqa: F401
     ConfigError,
@@ -25,6 +25,7 @@ from respo_jax.config.typed import (  # noqa: F401
     _Section,
     apply_overrides,
     config_from_dict,
+    derive,
     validate_sections,
 )
 
