@@ -1,4 +1,4 @@
-"""Training rewards by name (issue 27): the registry, failure containment in the trainer's process and in
+"""Training rewards by name: the registry, failure containment in the trainer's process and in
 the worker pool of a slow reward (a raising, NaN, non-numeric and hanging reward each scored
 `failure_score` and counted), and start-up errors for an unknown `task.reward`."""
 

@@ -14,7 +14,7 @@ from respo_jax.config.engine import EVAL_ENGINE_DEFAULTS, EngineSection
 from respo_jax.config.mesh import MeshSection
 from respo_jax.config.typed import validate_sections
 
-# Benchmark names of the evaluation (the issue's / paper's names) -> `respo_jax.data.load_benchmark` names.
+# Benchmark names of the evaluation (the paper's) -> `respo_jax.data.load_benchmark` names.
 PAPER_BENCHMARKS = ("aime25", "aime24", "amc23", "olympiadbench", "minerva_math", "math500")
 LOADER_NAMES = {"aime25": "aime25", "aime24": "aime24", "amc23": "amc23", "olympiadbench": "olympiadbench",
                 "minerva_math": "minerva", "math500": "math500"}
