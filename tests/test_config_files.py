@@ -61,3 +61,32 @@ def test_derive_replaces_the_named_fields_and_refuses_unknown_ones():
         training_config.derive(base, rollouts={"reuse": 8})
     with pytest.raises(training_config.ConfigKeyError, match=r"unknown config fields rollout\.\['reus'\]"):
         training_config.derive(base, rollout={"reus": 8})
+
+
+def test_the_engine_fields_are_declared_once_for_rollout_and_eval():
+    """`rollout.*` and `eval.*` take the engine's fields from `EngineSection` (their class bodies declare
+    none of them: the comments, the checks and the mapping to `EngineConfig` are one), and differ only in
+    the defaults each states with its reasons."""
+    import ast
+    import inspect
+    import textwrap
+
+    from respo_jax.config.engine import (ENGINE_FIELDS, EVAL_ENGINE_DEFAULTS, ROLLOUT_ENGINE_DEFAULTS,
+                                         EngineSection)
+    from respo_jax.eval.config import EvalSettings
+
+    for cls, changed in ((training_config.RolloutConfig, ROLLOUT_ENGINE_DEFAULTS),
+                         (EvalSettings, EVAL_ENGINE_DEFAULTS)):
+        assert issubclass(cls, EngineSection)
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        declared = {node.target.id for node in body if isinstance(node, ast.AnnAssign)}
+        assert not declared & set(ENGINE_FIELDS), sorted(declared & set(ENGINE_FIELDS))
+        section = cls()
+        for name in ENGINE_FIELDS:
+            assert getattr(section, name) == changed.get(name, getattr(EngineSection(), name)), name
+        engine = section.engine_config()
+        assert (engine.max_slots, engine.page_size, engine.prompt_bucket) == \
+            (section.max_slots, section.page_size, section.prompt_bucket)
+    with pytest.raises(TypeError, match="engine_defaults names 'slots', not an engine field"):
+        class Wrong(EngineSection, engine_defaults={"slots": 3}):  # noqa: F841
+            pass
