@@ -216,3 +216,12 @@ def test_the_config_package_sits_below_training_and_evaluation(graph):
     assert not above, above
     assert any(t.startswith("respo_jax.config") for t in graph["respo_jax.eval.config"])
     assert any(t.startswith("respo_jax.config") for t in graph["respo_jax.training.config"])
+
+
+def test_evaluation_builds_on_config_not_on_training(graph):
+    """The evaluation and its reports read a training run's config through `respo_jax.config`, so the
+    trainer may use the evaluation's modules (its rollout files) without a cycle."""
+    into_training = sorted(f"{module} -> {target}" for module, targets in graph.items()
+                           if module.startswith("respo_jax.eval") for target in targets
+                           if target.startswith("respo_jax.training"))
+    assert not into_training, into_training
