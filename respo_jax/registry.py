@@ -41,8 +41,8 @@ class Registry(dict, Generic[SpecT]):
     def check_name(self, name) -> None:
         """ValueError unless `name` is a letter, then letters, digits, `_` or `-`."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ValueError(f"{self.kind} name must start with a letter and hold only letters, digits, '_' or "
-                             f"'-'; got {name!r}")
+            raise ValueError(f"{self.kind} name must start with a letter and hold only letters, digits, "
+                             f"'_' or '-'; got {name!r}")
 
     def check_free(self, name: str, replace: bool) -> None:
         """ValueError when `name` is built in, or taken and `replace` is false."""

@@ -13,8 +13,8 @@ consecutive deciles (the first from 0, rounded up to at least 1 token; the tenth
 are split evenly over the ten deciles (stratified) in an order shuffled by `--seed`. The rows are
 `--prompts` DAPO-Math prompts (the first batch the trainer would draw, chat-formatted as the trainer
 renders them, real Qwen3 tokenizer) times G = `--group-size` samples, prompt-major, on the RL-iteration
-benchmark's model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`). Sampling:
-temperature 1, no truncation, `SamplingParams.ignore_eos` and one budget per row (`generate(...,
+benchmark's model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`).
+Sampling: temperature 1, no truncation, `SamplingParams.ignore_eos` and one budget per row (`generate(...,
 row_max_new_tokens=budgets)`), so every row generates exactly its budget, as vLLM's throughput
 benchmark replays a length distribution.
 

@@ -21,7 +21,8 @@ Modules:
   regularizers        KL to a reference policy, entropy bonus
   off_policy_masks    masks of stale tokens or sequences (DeepSeek-V3.2, geometric mean, M2PO)
   rollout_correction  verl's truncated / masked importance weights between sampler and trainer
-  decoupled           AReaL's decoupled objective: ratio and clip on pi / pi_prox, weighted by pi_prox / pi_behav
+  decoupled           AReaL's decoupled objective: ratio and clip on pi / pi_prox, weighted by
+                      pi_prox / pi_behav
   validation          input checks (shapes, dtypes; values when concrete), so bad input fails loudly
 """
 
