@@ -46,7 +46,7 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments.cli import ArgumentParser, run_cli, run_failures
-from experiments.train import load_config
+from experiments.cli import load_config
 from respo_jax.data import (
     ArithmeticTask,
     CharTokenizer,

@@ -42,7 +42,7 @@ import experiments.signals_at_start  # noqa: F401  (first: a signal during the i
 import numpy as np
 from tqdm import tqdm
 
-from experiments.cli import ArgumentParser, run_cli, run_failures
+from experiments.cli import ArgumentParser, load_config, run_cli, run_failures
 from experiments.starvation_figures import controls_figure, grid_figure, starvation_figure
 from experiments.starvation_summary import cell_window, json_view, selection_score, summarize
 from experiments.starvation_tables import second_study_markdown, summary_markdown
@@ -68,14 +68,8 @@ GRID_FIGURE, CONTROLS_FIGURE, LONG_FIGURE = "grid.png", "controls.png", "long_re
 
 def load_sweep_config(path: str, quick: bool = False) -> StarvationConfig:
     """The config file's `get_config()` (or `get_quick_config()` with `quick`), a StarvationConfig."""
-    from experiments.train import call_config_file
-
-    name = "get_quick_config" if quick else "get_config"
-    config = call_config_file(path, name, "starvation_config")
-    if not isinstance(config, StarvationConfig):
-        raise ConfigError(f"--config {path!r}: {name}() returned {type(config).__name__}, expected "
-                          "StarvationConfig")
-    return config
+    function = "get_quick_config" if quick else "get_config"
+    return load_config(path, StarvationConfig, function, "starvation_config")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -293,9 +293,9 @@ CLIP_LIMIT, TAIL_SHARE = 0.01, 0.15
 
 
 def long_acceptance(groups: list[dict]) -> dict:
-    """Issue 28's rule for the long-response regime, per N: the clipped baselines clip little (mean clip
-    fraction < 1% under each) while >= 15% of positive responses reach log W < -1 (under each of them:
-    the drift is there and the clip does not already remove it)."""
+    """The second study's rule for the long-response regime, per N: the clipped baselines clip little
+    (mean clip fraction < 1% under each) while >= 15% of positive responses reach log W < -1 (under each
+    of them: the drift is there and the clip does not already remove it)."""
     out = {"rule": f"each of {', '.join(CLIPPED)}: clip fraction < {CLIP_LIMIT:.0%} and >= {TAIL_SHARE:.0%} "
                    "of positive responses with log W < -1", "by_reuse": []}
     for n in sorted({g["reuse"] for g in groups}):

@@ -32,12 +32,10 @@ the run ends normally (exit status 0) with a line saying so.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
 import sys
-import traceback
 
 import experiments.signals_at_start  # noqa: F401  (first: a signal during the imports below stops cleanly)
 
@@ -45,7 +43,14 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from experiments.cli import ArgumentParser, run_cli, run_failures
+from experiments.cli import (  # noqa: F401 - the config-file readers, importable from here too
+    ArgumentParser,
+    call_config_file,
+    config_file_error,
+    load_config,
+    run_cli,
+    run_failures,
+)
 from respo_jax.eval.rollout_files import write_rollout_file
 from respo_jax.distributed import initialize_from_env, is_primary_process, sync_processes
 from respo_jax.host_allocator import configure_host_allocator, expected_platform
@@ -66,49 +71,6 @@ from respo_jax.training.trackers import check_available, open_trackers, parse_lo
 from respo_jax.training.write_errors import writing
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
-
-
-def load_config(path: str, expected: type = ExperimentConfig):
-    """Imports a config file and calls its `get_config()`, which must return an `expected` instance
-    (`ExperimentConfig` for training, `respo_jax.eval.config.EvalConfig` for evaluation)."""
-    config = call_config_file(path, "get_config")
-    if not isinstance(config, expected):
-        raise ConfigError(f"--config {path!r}: get_config() returned {type(config).__name__}, "
-                          f"expected {expected.__name__}")
-    return config
-
-
-def call_config_file(path: str, function: str, module_name: str = "experiment_config"):
-    """Imports the config file `path` and returns what its `function()` returns; a ConfigError (one line,
-    `config_file_error`) for a missing file or function, a syntax error or an exception raised in it."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config {path!r}: no such file")
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        if not hasattr(module, function):
-            raise ConfigError(f"--config {path!r}: the file has no {function}()")
-        return getattr(module, function)()
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the config file's own error, whatever it raised
-        raise ConfigError(config_file_error(path, err)) from None
-
-
-def config_file_error(path: str, err: Exception) -> str:
-    """'--config FILE:LINE: <exception>' for an error raised by (or a syntax error in) a config file; the
-    line is the deepest one of that file in the traceback."""
-    line = None
-    if isinstance(err, SyntaxError) and err.filename and os.path.samefile(err.filename, path):
-        line = err.lineno
-    else:
-        for frame in traceback.extract_tb(err.__traceback__):
-            if os.path.exists(frame.filename) and os.path.samefile(frame.filename, path):
-                line = frame.lineno
-    message = err.msg if isinstance(err, SyntaxError) else str(err)
-    where = f"{path}:{line}" if line else path
-    return f"--config {where}: {type(err).__name__}: {' '.join(str(message).split())}"
 
 
 def main(argv: list[str] | None = None) -> dict:

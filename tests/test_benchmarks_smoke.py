@@ -263,7 +263,7 @@ def test_accelerator_mode_runs_on_cpu_with_a_tiny_preset():
     assert decode["batch"] == 1 and decode["step_bytes"] > 0 and decode["bandwidth_utilization"] > 0
 
 
-# ------------------------------------------------------------------------ rollout engine (issue 24)
+# ------------------------------------------------------------------------------------ rollout engine
 
 
 def test_rollout_engine_budgets_follow_the_tab4_deciles():

@@ -1,4 +1,4 @@
-"""Tests of the gradient-starvation study (issue 17): the scratchpad task with its held-out split, the
+"""Tests of the gradient-starvation study: the scratchpad task with its held-out split, the
 sweep config, and `python -m experiments.gradient_starvation` end to end on a tiny setting (it runs,
 writes well-formed outputs, skips finished cells and refuses stale ones — not which method wins).
 """
@@ -179,7 +179,7 @@ def test_a_malformed_data_file_is_one_line_and_exit_status_1(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The second study (issue 28)
+# The second study
 
 CONFIG_V2 = os.path.join(os.path.dirname(gs.DEFAULT_CONFIG), "gradient_starvation_v2.py")
 

@@ -1,6 +1,6 @@
-"""Runs that hold under faults: checked Hugging Face loading and data files (issue 14), and concurrency
-and faults (issue 25): one writer per directory, a log two writers mixed refused on resume, a full
-disk or an unwritable directory in one line, limits checked at start-up.
+"""Runs that hold under faults: checked Hugging Face loading and data files, and concurrency and faults:
+one writer per directory, a log two writers mixed refused on resume, a full disk or an unwritable
+directory in one line, limits checked at start-up.
 
 The end-to-end tests run `python -m experiments.train` in subprocesses with the tiny model of
 tests/tiny_runs.py (see there).
@@ -121,7 +121,7 @@ def test_a_bad_utf8_byte_in_a_data_file_names_the_file_and_line(tmp_path):
 
 
 
-# ------------------------------------- issue 25: one writer per directory, full and unwritable disks
+# ------------------------------------------------ one writer per directory, full and unwritable disks
 
 
 def test_a_second_writer_is_refused_and_the_lock_goes_with_its_holder(tmp_path):
@@ -246,7 +246,7 @@ def test_log_problem_finds_a_second_writer_in_the_log():
     evals = {"phase": "eval"}
     assert run_dir.log_problem([warm(1), warm(2), evals, rl(1), rl(2), evals]) is None
     assert run_dir.log_problem([rl(1), rl(2)]) is None  # no warm-up
-    # The issue's log: two warm-ups interleaved, then iteration 1 twice.
+    # The mixed log: two warm-ups interleaved, then iteration 1 twice.
     assert run_dir.log_problem([warm(1), warm(1), warm(2), warm(2), evals, rl(1), rl(1)]) == (
         "record 2 is warm-up step 1 after 1 warm-up steps and 0 RL iterations")
     assert run_dir.log_problem([warm(1), evals, rl(1), rl(1)]) == (

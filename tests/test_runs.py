@@ -1,10 +1,10 @@
-"""Runs that never mix, lose or poison results (issue 14): validation before any write, run-directory
+"""Runs that never mix, lose or poison results: validation before any write, run-directory
 rules, exact resume after SIGKILL, NaN stops, verified checkpoints, atomic writes.
 
 The end-to-end tests run `python -m experiments.train` in subprocesses with the tiny model of
 tests/tiny_runs.py on the synthetic task; they share a persistent XLA compilation cache so that only
-the first process compiles. Checked HF loading, data files and the faults of issue 25 are in
-tests/test_run_faults.py.
+the first process compiles. Checked HF loading, data files, concurrency and faults (one writer per
+directory, full or unwritable disks) are in tests/test_run_faults.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The rollout engine on the paper's length distribution: static batch vs continuous batching vs
-`transformers`' own continuous batching (issue 24).
+`transformers`' own continuous batching.
 
     python -m experiments.benchmarks.rollout_engine                  # rollout_engine.json / .md in results/
     python -m experiments.benchmarks.rollout_engine --max-slots 32 --steps-per-schedule 8 --out DIR
@@ -12,9 +12,9 @@ Workload. Tab. 4 of the paper (N = 32) gives the response-length deciles 371, 48
 consecutive deciles (the first from 0, rounded up to at least 1 token; the tenth at the cap); the rows
 are split evenly over the ten deciles (stratified) in an order shuffled by `--seed`. The rows are
 `--prompts` DAPO-Math prompts (the first batch the trainer would draw, chat-formatted as the trainer
-renders them, real Qwen3 tokenizer) times G = `--group-size` samples, prompt-major, on the e2e race's
-model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`). Sampling:
-temperature 1, no truncation, `SamplingParams.ignore_eos` and one budget per row (`generate(...,
+renders them, real Qwen3 tokenizer) times G = `--group-size` samples, prompt-major, on the RL-iteration
+benchmark's model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`).
+Sampling: temperature 1, no truncation, `SamplingParams.ignore_eos` and one budget per row (`generate(...,
 row_max_new_tokens=budgets)`), so every row generates exactly its budget, as vLLM's throughput
 benchmark replays a length distribution.
 

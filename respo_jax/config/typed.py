@@ -2,8 +2,9 @@
 
 The machinery every config of the project shares (`respo_jax.training.config.ExperimentConfig`, the
 evaluation's `EvalConfig`, the sweep's `StarvationConfig`): the one-line `ConfigError`, the section base
-with its type checks, the `section.field=value` command-line parser (values parsed with the field's
-declared type) and the loader of a config's `to_dict()` form (a run's `config.json`).
+with its type checks, the check of a config made of sections (`validate_sections`), the
+`section.field=value` command-line parser (values parsed with the field's declared type) and the loader
+of a config's `to_dict()` form (a run's `config.json`).
 """
 
 from __future__ import annotations
@@ -170,3 +171,32 @@ def _one_line(err: BaseException) -> str:
     """An exception's message on one line (KeyError's quotes removed)."""
     text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
     return " ".join(str(text).split())
+
+
+def validate_sections(config) -> None:
+    """Every section of a config made of sections (`ExperimentConfig`, `EvalConfig`, the sweep's
+    `StarvationConfig`) has its declared type (a config file can pass anything) and passes its own checks."""
+    section_types = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        section, cls = getattr(config, field.name), section_types[field.name]
+        _require(isinstance(section, cls), field.name, section, f"a {cls.__name__}")
+        section.validate()
+
+
+def derive(config: ConfigT, **sections: dict) -> ConfigT:
+    """`config` with, in each named section, the fields of its dict replaced: a config file states what
+    differs from its base, `derive(ExperimentConfig(), rollout={"reuse": 8}, run={"iterations": 20})`.
+    An unknown section or field raises ConfigKeyError naming it; nothing is validated here (the entry
+    point validates the config it runs)."""
+    known = {field.name for field in dataclasses.fields(config)}
+    replaced = {}
+    for name, fields in sections.items():
+        if name not in known:
+            raise ConfigKeyError(f"unknown config section {name!r}; {type(config).__name__} has "
+                                 f"{sorted(known)}")
+        section = getattr(config, name)
+        unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(section)})
+        if unknown:
+            raise ConfigKeyError(f"unknown config fields {name}.{unknown}")
+        replaced[name] = dataclasses.replace(section, **fields)
+    return dataclasses.replace(config, **replaced)
