@@ -61,13 +61,14 @@ def get_config() -> StarvationConfig:
     return StarvationConfig(
         model=ModelConfig(preset="tiny", scan_layers=False),
         task=TaskConfig(name="synthetic", difficulty="scratchpad", seed=0),
-        rollout=RolloutConfig(prompts_per_minibatch=4, group_size=8, max_new_tokens=64),
+        # prompt_bucket: the padding the committed cells ran with (the package default is now 256)
+        rollout=RolloutConfig(prompts_per_minibatch=4, group_size=8, max_new_tokens=64, prompt_bucket=128),
         optim=OptimConfig(learning_rate=1e-4, max_grad_norm=1.0),  # the common lr (the first study's)
         warmup=WarmupConfig(steps=300, batch_size=64, learning_rate=3e-3),
         run=RunConfig(eval_problems=512, progress=False, eval_samples=8, eval_temperature=1.0,
                       eval_top_p=0.7),
         sweep=SweepConfig(objectives="grpo,gspo,vespo,respo", reuse="1,32", seeds="0,1,2",
-                          policy_updates=256, runs_dir="runs/gradient_starvation_v2",
+                          policy_updates=256, runs_dir="experiments/results/gradient_starvation_v2/runs",
                           out_dir="experiments/results/gradient_starvation_v2",
                           learning_rates="2.5e-5,5e-5,1e-4", on_policy_objectives="grpo,gspo",
                           selection_seed=3, controls=",".join(CONTROLS), long_difficulty="scratchpad_long",
