@@ -17,16 +17,17 @@ from respo_jax.eval.statistics import paired_cluster_bootstrap
 CONFIG_V3 = os.path.join(os.path.dirname(gs.DEFAULT_CONFIG), "gradient_starvation_v3.py")
 
 
-def test_mixed_scratchpad_draws_every_count_from_2_to_16_and_fits_180_tokens():
+def test_mixed_scratchpad_draws_every_count_from_2_to_16_and_its_responses_fit_193_tokens():
     task = get_task("scratchpad_mixed")
     records = task.make_records(800, seed=0, split="train")
     counts = [operand_count(r["problem"]) for r in records]
     assert set(counts) == set(range(2, 17))
     for record, count in zip(records[:50], counts):
         assert len(scratchpad_steps(record["problem"])) == count - 1
-    # one character per token: the longest correct responses, EOS included, fit max_new_tokens = 180
+    # one character per token: the longest drawn correct responses (~160) and the task's bound, which
+    # the trainer checks max_new_tokens against, fit the pilot's max_new_tokens with EOS
     longest = max(len(task.reference_solution(r)) for r in records)
-    assert 130 <= longest < 180 - 1 and longest <= task.max_response_tokens()
+    assert 130 <= longest < 170 and longest <= task.max_response_tokens() == 193 - 1
     assert operand_count("   3+4-5=") == 3 and operand_count("7+0=") == 2
 
 
@@ -106,7 +107,7 @@ def test_the_arms_are_the_stated_kernels():
 
 def test_pilot_config_validates_and_states_its_acceptance_rule():
     config = gs.load_sweep_config(CONFIG_V3)
-    assert config.task.difficulty == "scratchpad_mixed" and config.rollout.max_new_tokens == 180
+    assert config.task.difficulty == "scratchpad_mixed" and config.rollout.max_new_tokens == 193
     assert config.sweep.objectives == "grpo" and 128 in config.sweep.reuse_list
     assert not os.path.isabs(config.sweep.runs_dir)
     gs.load_sweep_config(CONFIG_V3, quick=True)
@@ -114,3 +115,35 @@ def test_pilot_config_validates_and_states_its_acceptance_rule():
     assert module.pilot_accepted(0.009, 0.15) and not module.pilot_accepted(0.01, 0.5)
     assert not module.pilot_accepted(0.0, 0.149) and not module.pilot_accepted(None, 0.5)
     assert "PRE-REGISTERED ACCEPTANCE RULE" in module.__doc__
+
+
+@pytest.mark.slow
+def test_pilot_smoke_run_trains_the_tailcut_arm_and_stores_per_problem_outcomes(tmp_path, monkeypatch):
+    """The quick config's tail-cut cell end to end (a few updates from a 4-step warm-up, not a result):
+    the cell's config stores its paths relative to the working directory, its eval records carry the
+    per-problem outcomes, and the rollout file's phi is the tail-cut kernel of its (log W, A)."""
+    import json
+
+    from respo_jax.eval import load_rollout_files
+
+    monkeypatch.chdir(tmp_path)
+    gs.main(["--config", CONFIG_V3, "--quick", "sweep.objectives=respo_vespo_tailcut",
+             "sweep.runs_dir=runs/v3", "sweep.out_dir=runs/v3/results"])
+    cell = tmp_path / "runs/v3/cells/respo_vespo_tailcut_n2_seed0"
+    saved = json.loads((cell / "config.json").read_text())
+    assert saved["model"]["checkpoint_dir"] == os.path.join("runs", "v3", "base")
+    evals = [r for r in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())
+             if r.get("phase") == "eval"]
+    assert len(evals) == 2
+    for record in evals:
+        lists = ("greedy_correct", "sampled_correct", "problem_ids")
+        assert [len(record[key]) for key in lists] == [8, 8, 8]
+        assert np.mean(record["greedy_correct"]) == record["greedy_accuracy"]
+        assert np.sum(record["sampled_correct"]) / 16 == pytest.approx(record["sampled_pass_at_1"])
+    rollout = load_rollout_files(cell)[0]
+    log_w, adv = rollout["log_w"].astype(np.float64), rollout["advantage"].astype(np.float64)
+    w = np.exp(log_w)
+    respo_pos, vespo_pos = (1 + w) / 2 * np.exp(1 - w), w**2 * np.exp(3 * (1 - w))
+    expected = np.where(adv < 0, w**3 * np.exp(2 * (1 - w)),
+                        np.where((adv > 0) & (log_w < -1), vespo_pos, respo_pos))
+    np.testing.assert_allclose(rollout["phi"], expected, rtol=2e-4, atol=1e-6)

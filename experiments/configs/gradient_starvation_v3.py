@@ -2,7 +2,8 @@
 
 The question: where responses are long and per-token drift small, does ReSPO's positive kernel phi+ help
 through the low-W positive tail, as the paper's mechanism says? The task mixes lengths
-(`scratchpad_mixed`: 2-16 one-digit operands, responses up to ~160 tokens, `max_new_tokens` 180), so the
+(`scratchpad_mixed`: 2-16 one-digit operands, correct responses up to ~160 tokens; `max_new_tokens` 193,
+the task's bound on a correct response with EOS, which the trainer requires), so the
 long problems (12-16 operands) give positives that are rare, long and carry large |A|.
 
 Arms (the grid, after the pilot): VESPO, ReSPO, GRPO, `respo_vespo` (ReSPO's phi+ with VESPO's phi-) and
@@ -72,7 +73,7 @@ def get_config() -> StarvationConfig:
     return StarvationConfig(
         model=ModelConfig(preset="tiny", scan_layers=False),
         task=TaskConfig(name="synthetic", difficulty="scratchpad_mixed", seed=0),
-        rollout=RolloutConfig(prompts_per_minibatch=4, group_size=8, max_new_tokens=180),
+        rollout=RolloutConfig(prompts_per_minibatch=4, group_size=8, max_new_tokens=193),
         optim=OptimConfig(learning_rate=2.5e-5, max_grad_norm=1.0),
         # longer than the first two studies' 300 steps, so that the loss on the long problems plateaus
         warmup=WarmupConfig(steps=2000, batch_size=64, learning_rate=3e-3),
