@@ -17,7 +17,8 @@ PRE-REGISTERED ACCEPTANCE RULE (decided on the pilot, before any report seed run
   1. its mean clip fraction over the run is < 1% (PILOT_CLIP_LIMIT: its token clip rarely binds), and
   2. >= 15% (PILOT_TAIL_SHARE) of its positive responses (A > 0) to long problems (LONG_OPERANDS: 12-16
      operands) have log W < -1 inside App. E.3's window (the first half of the run's rollout batches).
-`pilot_accepted` is the rule as code. If no setting passes after the levers (longer warm-up, operand
+`pilot_accepted` is the rule as code (condition 2 needs each response's operand count, which the rollout
+files do not record yet). If no setting passes after the levers (longer warm-up, operand
 range, N, step size) are tried, the study reports what was tried and stops there.
 
 `get_config()` is the pilot: GRPO at N in {32, 128}, lr 2.5e-5, the pilot seed 5 (the report seeds will
@@ -28,20 +29,17 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from experiments.configs import gradient_starvation_v2 as v2
 from respo_jax.objectives import kernel_objective, register_objective
-from respo_jax.objectives.kernels import respo_kernel, vespo_kernel
-from respo_jax.training.config import (ModelConfig, OptimConfig, RolloutConfig, RunConfig, TaskConfig,
-                                       WarmupConfig)
+from respo_jax.objectives.kernels import vespo_kernel
+from respo_jax.training.config import RolloutConfig, TaskConfig
 from respo_jax.training.sweep import StarvationConfig, SweepConfig
 
 PILOT_CLIP_LIMIT, PILOT_TAIL_SHARE, TAIL_LOG_W = 0.01, 0.15, -1.0
 LONG_OPERANDS = (12, 16)  # the long problems: this many operands, bounds included
 
 
-def respo_vespo_phi(log_w, advantages):
-    """ReSPO's phi+ (its paper kernel) for A >= 0, VESPO's phi- = W^3 e^(2 (1 - W)) for A < 0."""
-    one = jnp.ones_like(log_w)
-    return jnp.where(advantages >= 0, respo_kernel(log_w, one), vespo_kernel(log_w, -one))
+respo_vespo_phi = v2.respo_pos_vespo_neg_phi  # ReSPO's phi+ for A >= 0, VESPO's phi- for A < 0
 
 
 def respo_vespo_tailcut_phi(log_w, advantages):
@@ -69,16 +67,17 @@ def pilot_accepted(clip_fraction: float | None, long_positive_tail_share: float 
 
 
 def get_config() -> StarvationConfig:
+    """The second study's model, optimizer and held-out evaluation, with this study's task, warm-up and
+    pilot sweep."""
     register_arms()
-    return StarvationConfig(
-        model=ModelConfig(preset="tiny", scan_layers=False),
+    base = v2.get_config()
+    return dataclasses.replace(
+        base,
         task=TaskConfig(name="synthetic", difficulty="scratchpad_mixed", seed=0),
         rollout=RolloutConfig(prompts_per_minibatch=4, group_size=8, max_new_tokens=193),
-        optim=OptimConfig(learning_rate=2.5e-5, max_grad_norm=1.0),
+        optim=dataclasses.replace(base.optim, learning_rate=2.5e-5),
         # longer than the first two studies' 300 steps, so that the loss on the long problems plateaus
-        warmup=WarmupConfig(steps=2000, batch_size=64, learning_rate=3e-3),
-        run=RunConfig(eval_problems=512, progress=False, eval_samples=8, eval_temperature=1.0,
-                      eval_top_p=0.7),
+        warmup=dataclasses.replace(base.warmup, steps=2000),
         sweep=SweepConfig(objectives="grpo", reuse="32,128", seeds="5", policy_updates=1024,
                           runs_dir="experiments/results/gradient_starvation_v3/pilot/runs",
                           out_dir="experiments/results/gradient_starvation_v3/pilot"),
