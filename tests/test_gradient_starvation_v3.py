@@ -117,6 +117,43 @@ def test_pilot_config_validates_and_states_its_acceptance_rule():
     assert "PRE-REGISTERED ACCEPTANCE RULE" in module.__doc__
 
 
+def test_long_positive_tail_share_counts_positives_to_long_problems_below_the_cut():
+    """Two rollout batches of a hand-built run on the mixed task: only positives whose problem (rebuilt
+    from the config) has 12-16 operands count, and the E.3 window (first half) keeps batch 1 only."""
+    from respo_jax.eval.report.loading import Run
+    from respo_jax.training.config import ExperimentConfig, RolloutConfig, RunConfig, TaskConfig
+
+    from experiments.starvation_problems import long_positive_tail_share, rollout_problems
+
+    task = TaskConfig(name="synthetic", difficulty="scratchpad_mixed", num_records=400)
+    config = ExperimentConfig(task=task,
+                              rollout=RolloutConfig(prompts_per_minibatch=8, group_size=2, reuse=1,
+                                                    max_new_tokens=193),
+                              run=RunConfig(eval_problems=0))
+    problems = rollout_problems(config, 2)
+    assert [len(batch) for batch in problems] == [8, 8] and problems[0] != problems[1]
+    counts = np.array([operand_count(rec["problem"]) for rec in problems[0]])
+    rng = np.random.default_rng(0)
+    rollouts = []
+    for iteration in (1, 2):
+        group = np.repeat(np.arange(8), 2)
+        rollouts.append({"iteration": np.int64(iteration), "group": group,
+                         "advantage": np.tile([1.0, -1.0], 8),
+                         "log_w": rng.uniform(-2.0, 0.5, size=16)})
+    first = rollouts[0]
+    long_pos = (first["advantage"] > 0) & (counts[first["group"]] >= 12)
+    expected = long_pos & (first["log_w"] < -1)
+    records = [{"phase": "rl", "iteration": 2, "policy_updates": 2}]
+    run = Run("x", "x", config.to_dict(), records, rollouts, None)
+    share, total = long_positive_tail_share(run)
+    assert total == long_pos.sum() > 0 and 0 < expected.sum() < total
+    assert share == (expected.sum() / total if total else None)
+    both = long_positive_tail_share(run, batches=2)[1]
+    second = rollouts[1]
+    counts2 = np.array([operand_count(rec["problem"]) for rec in problems[1]])
+    assert both == total + ((second["advantage"] > 0) & (counts2[second["group"]] >= 12)).sum()
+
+
 @pytest.mark.slow
 def test_pilot_smoke_run_trains_the_tailcut_arm_and_stores_per_problem_outcomes(tmp_path, monkeypatch):
     """The quick config's tail-cut cell end to end (a few updates from a 4-step warm-up, not a result):
@@ -126,12 +163,27 @@ def test_pilot_smoke_run_trains_the_tailcut_arm_and_stores_per_problem_outcomes(
 
     from respo_jax.eval import load_rollout_files
 
+    from respo_jax.training.config import ExperimentConfig, config_from_dict
+    from respo_jax.training.loop import RLTrainer
+
+    from experiments.starvation_problems import rollout_problems
+
+    used = []  # the records of each rollout batch, as the trainer sampled them
+    rollout = RLTrainer.rollout
+
+    def logged(self, records, *args, **kwargs):
+        used.append([dict(record) for record in records])
+        return rollout(self, records, *args, **kwargs)
+
+    monkeypatch.setattr(RLTrainer, "rollout", logged)
     monkeypatch.chdir(tmp_path)
     gs.main(["--config", CONFIG_V3, "--quick", "sweep.objectives=respo_vespo_tailcut",
              "sweep.runs_dir=runs/v3", "sweep.out_dir=runs/v3/results"])
     cell = tmp_path / "runs/v3/cells/respo_vespo_tailcut_n2_seed0"
     saved = json.loads((cell / "config.json").read_text())
     assert saved["model"]["checkpoint_dir"] == os.path.join("runs", "v3", "base")
+    # the problems rebuilt from the cell's config are those the trainer sampled
+    assert used and rollout_problems(config_from_dict(ExperimentConfig, saved, validate=False), 1) == used
     evals = [r for r in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())
              if r.get("phase") == "eval"]
     assert len(evals) == 2

@@ -17,8 +17,8 @@ PRE-REGISTERED ACCEPTANCE RULE (decided on the pilot, before any report seed run
   1. its mean clip fraction over the run is < 1% (PILOT_CLIP_LIMIT: its token clip rarely binds), and
   2. >= 15% (PILOT_TAIL_SHARE) of its positive responses (A > 0) to long problems (LONG_OPERANDS: 12-16
      operands) have log W < -1 inside App. E.3's window (the first half of the run's rollout batches).
-`pilot_accepted` is the rule as code (condition 2 needs each response's operand count, which the rollout
-files do not record yet). If no setting passes after the levers (longer warm-up, operand
+`pilot_accepted` is the rule as code; condition 2's share is
+`experiments.starvation_problems.long_positive_tail_share(run)` of GRPO's cell. If no setting passes after the levers (longer warm-up, operand
 range, N, step size) are tried, the study reports what was tried and stops there.
 
 `get_config()` is the pilot: GRPO at N in {32, 128}, lr 2.5e-5, the pilot seed 5 (the report seeds will
