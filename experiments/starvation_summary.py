@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from experiments.starvation_findings import per_seed_findings
 from respo_jax.eval import positive_branch
 from respo_jax.eval.report import Run, positive_branch_tables
 from respo_jax.eval.statistics import early_peak, late_mean
@@ -237,6 +238,7 @@ def summarize(config: StarvationConfig, bases: dict, runs: dict[Cell, Run], best
     }
     if s.learning_rates:
         summary.update(second_study(config, bases, groups, best or {}, selection or []))
+        summary = add_per_seed(summary)
     return summary
 
 
@@ -286,6 +288,11 @@ def second_study(config: StarvationConfig, bases: dict, groups: list[dict], best
     if s.long_difficulty:
         out["long_acceptance"] = long_acceptance(long_groups)
     return out
+
+
+def add_per_seed(summary: dict) -> dict:
+    """`summary` with the second study's per-seed comparisons (`experiments.starvation_findings`)."""
+    return dict(summary, per_seed=per_seed_findings(summary))
 
 
 CLIPPED = ("grpo", "gspo")  # the clipped baselines of the long regime's acceptance rule

@@ -234,6 +234,10 @@ def test_evaluate_held_out_scores_greedy_and_sampled_responses_per_problem():
     assert np.any(sampled.reshape(12, 3) != greedy[:, None])
     assert (out["sampled_pass_at_1"], out["sampled_pass_at_1_se"]) == pass_at_1(sampled.reshape(12, 3) > 0)
     assert out["sampled_top_p"] == 1.0 and out["sampled_samples"] == 3
+    # per problem, in the records' order: greedy 0/1 and the count of correct samples
+    assert out["greedy_correct"] == (greedy > 0).astype(int).tolist()
+    assert out["sampled_correct"] == (sampled.reshape(12, 3) > 0).sum(axis=1).tolist()
+    assert "problem_ids" not in out  # these records carry no id
 
 
 def test_scratchpad_long_responses_are_around_a_hundred_tokens():

@@ -58,8 +58,10 @@ def get_config() -> StarvationConfig:
     register_controls()
     return derive(
         first_study_config(),  # its model, task, M x G, base model and common lr (1e-4)
+        # prompt_bucket: the padding the committed cells ran with (the package default is now 256)
+        rollout={"prompt_bucket": 128},
         run={"eval_problems": 512, "eval_samples": 8},  # sampled pass@1 at the defaults T = 1, top-p 0.7
-        sweep={"reuse": "1,32", "runs_dir": "runs/gradient_starvation_v2",
+        sweep={"reuse": "1,32", "runs_dir": "experiments/results/gradient_starvation_v2/runs",
                "out_dir": "experiments/results/gradient_starvation_v2", "learning_rates": "2.5e-5,5e-5,1e-4",
                "on_policy_objectives": "grpo,gspo", "selection_seed": 3, "controls": ",".join(CONTROLS),
                "long_difficulty": "scratchpad_long", "long_max_new_tokens": 200, "long_seeds": "0"},
