@@ -186,7 +186,7 @@ def _run_locked(config: ExperimentConfig) -> dict:
     show = config.run.progress and primary
     clock = preemption.Clock(config.run.checkpoint_every_minutes)
     trackers = open_trackers(config, info, records if plan.mode == "resume" else None, enabled=primary)
-    with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log, trackers:
+    with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log, trackers, trainer:
 
         def emit(record: dict) -> None:
             log.append(record)

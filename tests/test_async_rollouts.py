@@ -105,19 +105,22 @@ def _config(*overrides):
 
 
 def _train(config, queue_steps=None, overlap=None):
-    """(metric records without timings, the final parameters' leaves) of `config`'s warm-up and
-    iterations in this process; `queue_steps`: route the rollouts through `AsyncRollouts` with that
-    staleness; `overlap=False`: its jobs run in the main thread."""
+    """(metric records without timings, the final parameters' leaves, the last rollout file, every
+    iteration's) of `config`'s warm-up and iterations in this process; `queue_steps`: route the
+    rollouts through `AsyncRollouts` with that staleness; `overlap=False`: its jobs run in the main
+    thread."""
     trainer = RLTrainer(config)
     records = list(trainer.warmup())
     if queue_steps is not None or overlap is not None:
         trainer.start_async_rollouts(config.rollout.async_steps if queue_steps is None else queue_steps,
                                      overlap=overlap)
+    rollouts = []
     for _ in range(config.num_iterations):
         records.append(trainer.iteration())
-    rollout = trainer.last_rollout
+        rollouts.append(trainer.last_rollout)
     trainer.close()
-    return without_timings(records), [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)], rollout
+    params = [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+    return without_timings(records), params, rollouts[-1], rollouts
 
 
 def _assert_same(a, b):
@@ -125,15 +128,20 @@ def _assert_same(a, b):
     assert all(x.tobytes() == y.tobytes() for x, y in zip(a[1], b[1]))
 
 
-def test_k0_through_the_rollout_jobs_is_the_synchronous_loop_bit_for_bit():
-    config = _config()
-    sync = _train(config)
-    _assert_same(_train(config, queue_steps=0), sync)
+@pytest.fixture(scope="module")
+def synchronous_run():
+    """The synchronous tiny run (`_train(_config())`), shared."""
+    return _train(_config())
+
+
+def test_k0_through_the_rollout_jobs_is_the_synchronous_loop_bit_for_bit(synchronous_run):
+    sync = synchronous_run
+    _assert_same(_train(_config(), queue_steps=0), sync)
     assert "staleness_mean" not in sync[0][-1]
     assert sync[2]["policy_version"].tolist() == [2] * 8  # iteration 3's batch: the policy after 2
 
 
-def test_an_async_run_does_not_depend_on_the_threads_timing():
+def test_an_async_run_does_not_depend_on_the_threads_timing(synchronous_run):
     """k = 1 with the rollout thread twice and with the jobs run in the main thread: identical; and not
     the synchronous run (iteration 2 trains on the initial policy's batch)."""
     config = _config("rollout.async_steps=1")
@@ -143,7 +151,7 @@ def test_an_async_run_does_not_depend_on_the_threads_timing():
     rl = [r for r in threaded[0] if r["phase"] == "rl"]
     assert [(r["staleness_mean"], r["staleness_max"]) for r in rl] == [(0.0, 0), (1.0, 1), (1.0, 1)]
     assert threaded[2]["policy_version"].tolist() == [1] * 8
-    sync = [r for r in _train(_config())[0] if r["phase"] == "rl"]
+    sync = [r for r in synchronous_run[0] if r["phase"] == "rl"]
     assert rl[0]["log_w_mean"] == sync[0]["log_w_mean"] and rl[1]["log_w_mean"] != sync[1]["log_w_mean"]
 
 
@@ -208,7 +216,8 @@ def test_a_killed_async_run_resumes_bit_identical_to_an_uninterrupted_one(tmp_pa
 
 def test_the_batches_in_flight_are_counted_by_the_start_up_limits():
     """k = 2 holds two more copies of the parameters: the least memory that fits is the sampler's cache
-    plus two models' parameters, and less is refused in one line naming rollout.async_steps."""
+    plus two models' parameters, and less is refused in one line naming rollout.async_steps; with a
+    rollout mesh the reshard's transient copies count too."""
     from respo_jax.models import qwen3
     from respo_jax.training.limits import check_limits, parameter_bytes
 
@@ -223,16 +232,38 @@ def test_the_batches_in_flight_are_counted_by_the_start_up_limits():
     with pytest.raises(ConfigError, match=r"^rollout\.async_steps=2: 2 more copies of the parameters"):
         check_limits(config, model_cfg, 10, cache + 2 * params - 1)
 
+    # k = 1 on 4 trainer + 4 rollout devices: the snapshot, its rollout copy and the reshard's transient
+    # replicated copy on each of the 8 devices
+    split = apply_overrides(base, ["rollout.async_steps=1", "mesh.rollout_devices=4"])
+    check_limits(split, model_cfg, 10, cache + 10 * params, trainer_devices=4)
+    with pytest.raises(ConfigError, match=r"^rollout\.async_steps=1: 10 more copies .* the reshard onto "):
+        check_limits(split, model_cfg, 10, cache + 10 * params - 1, trainer_devices=4)
 
-def test_the_timeline_counts_the_update_seconds_a_rollout_overlaps():
-    from experiments.benchmarks.async_timeline import timeline
 
-    updates = [(1, 10.0, 12.0), (2, 12.5, 14.5), (3, 15.0, 16.0)]
-    rollouts = [(2, 9.0, 10.0), (3, 12.0, 13.5), (4, 14.0, 15.5)]
-    result = timeline(updates, rollouts)
-    assert [r["overlapped_seconds"] for r in result["iterations"]] == [0.0, 1.5, 0.5]
-    assert result["iterations"][0]["update"] == [1.0, 3.0]  # from the first timestamp
-    assert result["overlapped_fraction_after_first"] == pytest.approx(2.0 / 3.0)
+def test_the_timeline_reads_each_devices_busy_time_from_the_traces_xla_events():
+    """A Chrome-format trace as `jax.profiler` writes it: CPU thunks name their device in `device_ordinal`,
+    an accelerator's kernels by their process; host events (no `hlo_module`) are left out."""
+    from experiments.benchmarks.async_timeline import timeline, xla_events
+
+    def op(device, ts, dur, pid=1):
+        return {"ph": "X", "pid": pid, "tid": 1, "name": "fusion", "ts": ts, "dur": dur,
+                "args": {"hlo_module": "jit_step",
+                         **({} if device is None else {"device_ordinal": str(device)})}}
+
+    trace = {"traceEvents": [
+        {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:1"}},
+        {"ph": "X", "pid": 1, "tid": 2, "name": "PjitFunction(step)", "ts": 0.0, "dur": 9e6, "args": {}},
+        op(0, 1e6, 2e6), op(0, 2.5e6, 1e6),  # trainer device 0 busy 1-3.5 s
+        op(1, 3e6, 1e6), op(None, 4.5e6, 1e6, pid=7),  # rollout device 1 busy 3-4 s and 4.5-5.5 s
+    ]}
+    events = xla_events(trace)
+    assert sorted(e[0] for e in events) == [0, 0, 1, 1] and events[0][2] == 1.0
+    result = timeline(events, {"trainer": {0}, "rollout": {1}})
+    assert result["meshes"]["trainer"]["busy"] == [(0.0, 2.5)]
+    assert result["meshes"]["rollout"]["busy"] == [(2.0, 3.0), (3.5, 4.5)]
+    assert result["both_busy_seconds"] == pytest.approx(0.5)
+    assert result["overlapped_fraction"] == pytest.approx(0.5 / 2.5)
+    assert result["span_seconds"] == pytest.approx(4.5)
 
 
 def test_the_staleness_report_averages_the_seeds_of_each_cell():
@@ -249,3 +280,113 @@ def test_the_staleness_report_averages_the_seeds_of_each_cell():
     lines = summary_markdown(rows).splitlines()
     assert lines[2] == "| grpo | 1 | 2 | 1.00 | -2.000 / +0.000 / +2.000 | 0.2000 | 0.2000 | 0.500 |"
     assert lines[3].endswith("| 0.1000 | — | 0.500 |")
+
+
+# ----------------------------------------------------------------------------- async with the other options
+
+
+class _FedSynchronously(RLTrainer):
+    """The synchronous loop fed the batches an asynchronous run trains on: each iteration samples its
+    batch now, in the main thread, with the parameters of its behaviour policy θ_{t-1-k} kept from
+    earlier iterations: no rollout jobs, thread or queue."""
+
+    def next_rollout(self):
+        self.history = getattr(self, "history", {})
+        self.history[self.state.iteration] = jax.tree.map(jnp.copy, self.state.params)
+        version = behaviour_version(self.state.iteration + 1, self.config.rollout.async_steps)
+        sampled = self.sample_groups(self.state.iteration, self.history[version])
+        for key, value in sampled.pop("reward_counts").items():
+            self.reward_counts[key] += value
+        return sampled, (version, self.history[version])
+
+
+def _train_fed(config):
+    trainer = _FedSynchronously(config)
+    records = list(trainer.warmup()) + [trainer.iteration() for _ in range(config.num_iterations)]
+    return without_timings(records), [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+
+
+TINY_MOE = ("model.preset=tiny-moe", 'model.overrides={"num_hidden_layers": 1, "hidden_size": 16, '
+            '"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "num_experts": 4, '
+            '"moe_intermediate_size": 8}')
+
+
+# Dynamic sampling needs groups whose raw accuracy differs: a warm-up that gets some answers right.
+DYNAMIC_SAMPLING = ("rollout.filter_groups=true", "rollout.max_generation_batches=3", "warmup.steps=40",
+                    "warmup.batch_size=16", "warmup.learning_rate=0.01")
+
+
+@pytest.mark.parametrize("options,fed", [
+    ((*DYNAMIC_SAMPLING, "objective.kl_coef=0.05", "rollout.old_logprobs=recompute",
+      'objective.rollout_correction={"level": "token", "mode": "truncate", "threshold": 2.0}',
+      'objective.off_policy_mask={"kind": "deepseek_v32", "delta": 0.05}'), True),
+    ((*TINY_MOE, "rollout.routing_replay=true", "rollout.old_logprobs=recompute"), False),
+], ids=["dynamic-sampling+kl-reference+rollout-correction+off-policy-mask", "routing-replay-moe"])
+def test_async_works_with_dynamic_sampling_routing_replay_correction_kl_and_masks(options, fed):
+    """k = 2 with the other options. Through the rollout thread it equals, bit for bit, the synchronous
+    loop that samples each batch with its behaviour parameters (`_FedSynchronously`; checked for the
+    dense options, the MoE run's path is the same). What each option promises holds under the lag: log
+    π_old recomputed under the behaviour parameters (with the behaviour's routing, Routing Replay) is the
+    sampler's to float32 round-off while log W shows the lag (so neither the current parameters nor the
+    current routing were used); dynamic sampling keeps only groups whose rewards differ; the KL reference
+    and the off-policy mask are measured."""
+    config = _config("rollout.async_steps=2", *options)
+    records, params, _, rollouts = _train(config)
+    if fed:
+        reference = _train_fed(config)
+        assert records == reference[0]
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(params, reference[1]))
+    rl = [r for r in records if r["phase"] == "rl"]
+    trained = [(t, r, rollout) for t, (r, rollout) in enumerate(zip(rl, rollouts), start=1) if rollout]
+    assert [t for t, *_ in trained][:2] == [1, 2]  # (dynamic sampling keeps no group in iteration 3)
+    for t, r, rollout in trained:
+        assert r["staleness_max"] == t - 1 and (rollout["policy_version"] == 0).all()
+        assert r["sampler_trainer_logp_gap"] < 1e-5, r["sampler_trainer_logp_gap"]
+        if t > 1:
+            assert abs(r["log_w_mean"]) > 1e3 * r["sampler_trainer_logp_gap"]
+        if config.rollout.filter_groups:
+            rewards = rollout["reward"].reshape(-1, config.rollout.group_size)
+            assert (rewards.min(axis=1) < rewards.max(axis=1)).all()
+            assert r["groups_generated"] >= r["groups_kept"] > 0
+            assert np.isfinite(r["kl_ref"]) and 0.0 <= r["off_policy_masked_fraction"] <= 1.0
+
+
+# ----------------------------------------------------------------------------- shutdown
+
+
+@pytest.mark.parametrize("stop", ["end", "exception", "SIGTERM"])
+def test_a_stopped_async_run_leaves_no_rollout_thread(stop, tmp_path, monkeypatch):
+    """`run_experiment` of k = 1 joins the rollout thread however the run stops: at its end, by an
+    exception in iteration 1, or by SIGTERM (a stop at the step boundary after iteration 1)."""
+    import os
+    import signal
+    import threading
+
+    from experiments.train import run_experiment
+    from respo_jax.training import preemption
+
+    def rollout_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("rollout") and t.is_alive()]
+
+    assert not rollout_threads()
+    seen, iteration = [], RLTrainer.iteration
+
+    def stopping(self):
+        record = iteration(self)
+        seen.extend(rollout_threads())
+        if stop == "exception":
+            raise RuntimeError("stopped in iteration 1")
+        if stop == "SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler sets the flag; the boundary stops the run
+        return record
+
+    monkeypatch.setattr(RLTrainer, "iteration", stopping)
+    config = _config("rollout.async_steps=1", "run.iterations=1", f"run.out_dir={tmp_path / 'run'}")
+    expected = {"end": None, "exception": RuntimeError, "SIGTERM": preemption.Preempted}[stop]
+    if expected is None:
+        run_experiment(config)
+    else:
+        with pytest.raises(expected):
+            run_experiment(config)
+    assert seen, "no rollout thread ran"
+    assert not rollout_threads()

@@ -19,19 +19,25 @@ runs each job in the main thread at its submission (`overlap=False`): the collec
 
 With a rollout mesh of its own (`mesh.rollout_devices`), each snapshot of the trainer's parameters is
 resharded onto the rollout mesh by device programs and a device-to-device `jax.device_put`, under
-JAX's transfer guards that refuse any host round trip (`Resharder`).
+JAX's transfer guards that refuse any host round trip (`Resharder`). A job keeps its rollout-mesh copy
+until its batch is trained on, so a recomputed log π_behaviour runs on the rollout mesh, where the
+behaviour parameters are (`RolloutMeshLogprobs`); only the batch and the [rows, response_len] result
+cross between the meshes.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import time
+import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
+
+from respo_jax.training.batch import batch_sharding
+from respo_jax.training.step import StepShardings, make_logprob_fn
 
 
 def behaviour_version(iteration: int, async_steps: int) -> int:
@@ -74,16 +80,45 @@ class Resharder:
         return moved
 
 
+def reshard_transient_copies(trainer_devices: int, rollout_devices: int) -> int:
+    """Whole parameter copies a `Resharder` holds at its peak, summed over the devices: a replicated
+    copy on each of the `trainer_devices` (step 1) and on each of the `rollout_devices` (step 2, live
+    until step 3 has sliced it); 0 without a rollout mesh."""
+    return trainer_devices + rollout_devices if rollout_devices else 0
+
+
+class RolloutMeshLogprobs:
+    """log π (and the token entropy) of a trainer-side `PolicyBatch` under parameters held on the rollout
+    mesh, computed there: the batch is resharded onto the rollout mesh's batch sharding, `logprobs`
+    (`make_logprob_fn` with the rollout mesh's shardings) runs on the rollout devices, and its
+    [rows, response_len] outputs are resharded back to the trainer's batch sharding (`Resharder` both
+    ways: no host round trip). `batch_shards`: the rollout mesh's devices a batch's rows are split over."""
+
+    def __init__(self, logprobs: Callable, trainer_batch: NamedSharding, rollout_batch: NamedSharding,
+                 batch_shards: int):
+        self._logprobs, self._shards = logprobs, batch_shards
+        self._there = Resharder(trainer_batch, rollout_batch)
+        self._back = Resharder(rollout_batch, trainer_batch)
+
+    def __call__(self, rollout_params, batch, microbatch_rows: int | None):
+        """(logp, entropy), [rows, response_len] each on the trainer's batch sharding; `microbatch_rows`
+        the trainer's (the whole batch at once when the rollout mesh cannot split it evenly)."""
+        micro = microbatch_rows if microbatch_rows and microbatch_rows % self._shards == 0 else None
+        return self._back(self._logprobs(rollout_params, self._there(batch), micro))
+
+
 @dataclasses.dataclass
 class RolloutJob:
     """One in-flight rollout batch: the iteration it serves, the policy version that generates it, that
-    policy's parameters on the trainer's shardings (for log π_behaviour and checkpoints), and the
-    future of its sampled rows (`RLTrainer.sample_groups`' dict)."""
+    policy's parameters on the trainer's shardings (for checkpoints and log π_behaviour on one mesh) and
+    on the rollout mesh's (the same arrays on one mesh), and the future of its sampled rows
+    (`RLTrainer.sample_groups`' dict)."""
 
     iteration: int
     version: int
     params: Any
     result: concurrent.futures.Future
+    rollout_params: Any = None
 
 
 class AsyncRollouts:
@@ -102,9 +137,6 @@ class AsyncRollouts:
         self._held: dict[int, Any] = {}  # policy version -> its parameters (trainer side), while needed
         self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout") if overlap
                       else None)
-        # (iteration, start, end) of each job's rollout, time.perf_counter() seconds: when the rollout
-        # devices were busy (the job returns once its samples and rewards are on the host)
-        self.timeline: list[tuple[int, float, float]] = []
 
     def restore(self, behaviour: list, done: int) -> None:
         """The behaviour parameters a checkpoint after iteration `done` saved (`behaviour_params`)."""
@@ -141,20 +173,31 @@ class AsyncRollouts:
         rollout_params = self._to_rollout(params)
         if self._pool is None:
             result = concurrent.futures.Future()
-            result.set_result(self._run(iteration, rollout_params))
+            result.set_result(self._sample(iteration, rollout_params))
         else:
-            result = self._pool.submit(self._run, iteration, rollout_params)
-        self._jobs[iteration] = RolloutJob(iteration, version, params, result)
-
-    def _run(self, iteration: int, rollout_params) -> dict:
-        started = time.perf_counter()
-        sampled = self._sample(iteration, rollout_params)
-        self.timeline.append((iteration, started, time.perf_counter()))
-        return sampled
+            result = self._pool.submit(self._sample, iteration, rollout_params)
+        self._jobs[iteration] = RolloutJob(iteration, version, params, result, rollout_params)
 
     def close(self) -> None:
-        """Cancels the jobs not started and lets the running one finish (its result is dropped)."""
+        """Cancels the jobs not started, lets the running one finish (its result is dropped) and joins the
+        worker thread; the queue takes no job after it."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._jobs.clear()
         self._held.clear()
+
+
+def rollout_mesh_logprobs(trainer) -> RolloutMeshLogprobs | None:
+    """The `RolloutMeshLogprobs` of an `RLTrainer` whose sampler has a mesh of its own (None on one
+    mesh): `make_logprob_fn` of the rollout model at the rollout temperature, jitted on the rollout
+    mesh's parameter and batch shardings (the one `ShardingRules` table)."""
+    if trainer.rollout_mesh is trainer.mesh:
+        return None
+    mesh, rules = trainer.rollout_mesh, trainer.rules
+    batch = batch_sharding(mesh, rules)
+    shardings = StepShardings(params=trainer.rollout_shardings, opt_state=None, batch=batch,
+                              replicated=NamedSharding(mesh, PartitionSpec()))
+    logprobs = make_logprob_fn(trainer.rollout_graphdef, temperature=trainer.config.rollout.temperature,
+                               return_entropy=True, shardings=shardings)
+    shards = math.prod(mesh.shape[axis] for axis in rules.mesh_axes("batch"))
+    return RolloutMeshLogprobs(logprobs, trainer.shardings.batch, batch, shards)

@@ -47,7 +47,7 @@ from respo_jax.sharding import (
     optimizer_state_shardings,
     state_shardings,
 )
-from respo_jax.training.async_rollouts import AsyncRollouts, Resharder
+from respo_jax.training.async_rollouts import AsyncRollouts, Resharder, rollout_mesh_logprobs
 from respo_jax.training.batch import (
     PolicyBatch,
     batch_sharding,
@@ -259,9 +259,8 @@ class RLTrainer:
         self._restored_behaviour = None  # async: a checkpoint's behaviour parameters of the jobs in flight
         self.warmup_position: WarmupPosition | None = None  # after each warm-up step (`warmup`)
         self._resharder: Resharder | None = None  # trainer -> rollout mesh, built at the first reshard
-        # (iteration, start, end) of each iteration's N updates, time.perf_counter() seconds (the end once
-        # their metrics are on the host): when the trainer's devices were busy
-        self.update_timeline: list[tuple[int, float, float]] = []
+        # log π_behaviour recomputed on the rollout mesh, under the copy held there (None on one mesh)
+        self.rollout_logprobs = rollout_mesh_logprobs(self)
 
     def _rollout_placement(self, model_cfg) -> tuple:
         """The sampler's mesh, model structure and parameter shardings: the trainer's, or with
@@ -298,7 +297,9 @@ class RLTrainer:
             model_cfg = qwen3.Qwen3Config.preset(
                 model.preset, **{k: v for k, v in model.overrides.items() if k in fields})
         longest = max([*self.shapes.prompt_lengths, *(len(self.encode(rec)) for rec in self.held_out)])
-        check_limits(self.config, model_cfg, longest, device_memory_bytes(self.mesh.devices.flat))
+        check_limits(self.config, model_cfg, longest,
+                     device_memory_bytes([*self.mesh.devices.flat, *rollout_devices(self.config)]),
+                     trainer_devices=self.mesh.devices.size)
 
     def _check_mesh_fits(self, model_cfg) -> None:
         """What the mesh and the MoE options need, checked before any compute (ConfigError)."""
@@ -716,7 +717,7 @@ class RLTrainer:
         minibatches = self.minibatch_rows(batch)  # N mini-batches: consecutive or verl's balanced order
         self.ensure_reference()
         # log π_old (and log π_behaviour, decoupled), no update yet
-        policy_batches, logprob_parts = self.with_old_logprobs(batch, minibatches, behaviour[1])
+        policy_batches, logprob_parts = self.with_old_logprobs(batch, minibatches, *behaviour[1:])
         kl_reward = {}
         if self.config.objective.kl_in_reward:  # verl's apply_kl_penalty: the scores, then the advantages
             policy_batches, batch, kl_reward = self.kl_penalized_advantages(batch, minibatches,
@@ -728,19 +729,20 @@ class RLTrainer:
         return {**record, **kl_reward}
 
     # -- asynchronous rollouts (`respo_jax.training.async_rollouts`) -----------------------------------
-    def next_rollout(self) -> tuple[dict, tuple[int, object]]:
+    def next_rollout(self) -> tuple[dict, tuple[int, object, object]]:
         """The sampled batch of the next iteration (`sample_groups`) and its behaviour policy: (version,
-        parameters on the trainer's shardings). Synchronous: sampled now by the current parameters;
-        asynchronous: the rollout job submitted k iterations ago (the jobs up to k ahead submitted)."""
+        parameters on the trainer's shardings, on the rollout mesh's or None). Synchronous: sampled now
+        by the current parameters; asynchronous: the rollout job submitted k iterations ago (the jobs up
+        to k ahead submitted)."""
         if self.async_rollouts is None and self.config.rollout.async_steps:
             self.start_async_rollouts(self.config.rollout.async_steps)
         if self.async_rollouts is None:
-            return self.sample_groups(), (self.state.iteration, self.state.params)
+            return self.sample_groups(), (self.state.iteration, self.state.params, None)
         sampled, job = self.async_rollouts.take(self.state.iteration + 1, self.state.params)
         for key, value in sampled.pop("reward_counts").items():
             self.reward_counts[key] += value
         self._batches_resume_state = sampled["batches_after"]
-        return sampled, (job.version, job.params)
+        return sampled, (job.version, job.params, job.rollout_params)
 
     def start_async_rollouts(self, steps: int, overlap: bool | None = None) -> None:
         """Routes the rollouts through `AsyncRollouts` with `steps` of staleness (0: the synchronous
@@ -784,9 +786,16 @@ class RLTrainer:
         self._restored_behaviour = None if behaviour is None else list(behaviour)
 
     def close(self) -> None:
-        """Stops the rollout jobs of an asynchronous run (the one running finishes first)."""
+        """Stops the rollout jobs of an asynchronous run (the one running finishes first) and joins their
+        thread; `with trainer:` does it however the block ends (its end, an exception, a stop)."""
         if self.async_rollouts is not None:
             self.async_rollouts.close()
+
+    def __enter__(self) -> "RLTrainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def training_rows(self, sampled: dict) -> TrainingRows:
         """The kept groups' rows (`sample_groups`) with their group-normalized advantages.
@@ -821,13 +830,14 @@ class RLTrainer:
         return minibatch_rows(r.minibatch_order, sequence_lengths, updates, r.balance_ranks)
 
     def with_old_logprobs(self, batch: TrainingRows, minibatches: list[np.ndarray],
-                          behaviour=None) -> tuple[list, list]:
+                          behaviour=None, rollout_behaviour=None) -> tuple[list, list]:
         """Each mini-batch in its own bucketed shape (`policy_batch`) with log π_old and the rollout-time
         entropy under the rollout-time parameters, before any update: [(policy batch, micro-batch rows)]
         and, for the metrics, [(response_mask, old_logp, entropy)] (device arrays; the entropy a host
         array when it is the sampler's). Both come from the sampler or from a forward pass
         (`rollout.old_logprobs`). `behaviour`: the parameters that generated the batch (default: the
-        current ones); the recomputation runs under them.
+        current ones); the recomputation runs under them, on the rollout mesh when `rollout_behaviour` (their
+        copy there) is given and the rollout mesh is not the trainer's (`rollout_logprobs`).
 
         `objective.decoupled`: log π_old is π_prox's, a forward pass under the current parameters, and
         the batch carries log π_behaviour (the sampler's or the recomputed) for the weight
@@ -849,7 +859,10 @@ class RLTrainer:
                 old_logp, policy = policy.sampler_logp, policy.replace(sampler_logp=None)
                 token_entropy = batch.sampler_entropy[rows, :old_logp.shape[1]]  # logprob_metrics masks it
             else:
-                old_logp, token_entropy = self.old_logprobs(behaviour, policy, micro)
+                old_logp, token_entropy = (
+                    self.old_logprobs(behaviour, policy, micro)
+                    if self.rollout_logprobs is None or rollout_behaviour is None
+                    else self.rollout_logprobs(rollout_behaviour, policy, micro))
             if decoupled:  # old_logp so far is the behaviour policy's; the ratio's is π_prox's
                 behaviour_logp = old_logp
                 if from_sampler or behaviour is not current:
@@ -904,7 +917,7 @@ class RLTrainer:
     def update(self, policy_batches: list[tuple[PolicyBatch, int]]) -> list[dict]:
         """One policy update per mini-batch, in order; advances the counters. Returns each update's
         metrics on the host (one transfer for all), NonFiniteError when one is not finite."""
-        step_metrics, started = [], time.perf_counter()
+        step_metrics = []
         for batch, micro in policy_batches:
             self.state.params, self.state.opt_state, metrics = self.policy_step(
                 self.state.params, self.state.opt_state, batch, micro)
@@ -912,7 +925,6 @@ class RLTrainer:
         self.state.policy_updates += len(policy_batches)
         self.state.iteration += 1
         step_metrics = jax.device_get(step_metrics)
-        self.update_timeline.append((self.state.iteration, started, time.perf_counter()))
         check_finite_steps(step_metrics, self.state.iteration)
         return step_metrics
 
