@@ -21,9 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-# Logical axes of the page pools: kv heads split like the attention weights (and like the dense cache's
-# `qwen3.cache.CACHE_AXES`); pages and their tokens whole.
-PAGE_AXES = ("layers", "kv_heads", None, None, "head_dim")
+from respo_jax.models.qwen3.paged_attention import PAGE_AXES
 
 
 @struct.dataclass

@@ -39,14 +39,13 @@ from flax import nnx
 from respo_jax.distributed import to_host
 from respo_jax.exported_programs import ProgramCache
 from respo_jax.models import qwen3
-from respo_jax.models.qwen3.layers import HIDDEN, constrain, rope_cos_sin
-from respo_jax.sampling.engine_state import PAGE_AXES, EngineState, Layout, constrain_state, init_state
+from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl
+from respo_jax.sampling.engine_state import EngineState, Layout, constrain_state, init_state
 from respo_jax.sampling.engine_state import is_eos, place_state, row_keys
 from respo_jax.sampling.generate import (
     GenerateOutput, _batch_shards, _check_call, _check_engine, _model_config, left_pad,
 )
 from respo_jax.sampling.logits_processing import sample
-from respo_jax.sampling.paged_attention import check_paged_attention_impl, paged_attention
 from respo_jax.sampling.paged_cache import pages_for
 from respo_jax.sampling.paged_prefill import admit_rows, padded_count, prefill_counts, prefill_prompts
 from respo_jax.sampling.params import EngineConfig, SamplingParams, padded_prompt_length
@@ -54,63 +53,16 @@ from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages, pr
 
 
 def _feed(model, state: EngineState, feed: jax.Array, impl: str):
-    """Run the model on each slot's last token (token `generated - 1`, at its position) where `feed`
-    [slots] is set, writing its K/V into the slot's page (elsewhere: the scratch page). Returns (logits
-    [slots, vocab] float32, k_pages, v_pages, routing [num_moe_layers, slots, top_k] int32 or None)."""
-    cfg = model.config
-    position = jnp.maximum(state.prompt_len + state.generated - 1, 0)
-    page_size = state.k_pages.shape[3]
-    scratch = state.k_pages.shape[2] - 1
-    page = jnp.take_along_axis(state.page_table, (position // page_size)[:, None], axis=1)[:, 0]
-    page = jnp.where(feed, page, scratch)
-    offset = position % page_size
-    cos, sin = rope_cos_sin(position[:, None], cfg.head_dim, cfg.rope_theta)
-    table = constrain(model.embed_tokens[...], ("vocab", None), cfg)
-    x = constrain(jnp.take(table, state.last_token[:, None], axis=0).astype(cfg.dtype), HIDDEN, cfg)
-    token_mask = feed[:, None]
-
-    def layer_step(carry, layer, layer_idx):
-        x, k_pages, v_pages = carry
-        q, k, v = layer.attn.project(layer.input_layernorm(x), cos, sin)  # [slots, 1, heads, dim]
-        k_pages = k_pages.at[layer_idx, :, page, offset].set(k[:, 0].astype(k_pages.dtype))
-        v_pages = v_pages.at[layer_idx, :, page, offset].set(v[:, 0].astype(v_pages.dtype))
-        k_pages, v_pages = constrain(k_pages, PAGE_AXES, cfg), constrain(v_pages, PAGE_AXES, cfg)
-        attn = paged_attention(q[:, 0], k_pages[layer_idx].astype(q.dtype),
-                               v_pages[layer_idx].astype(q.dtype), state.page_table, position + 1,
-                               scale=layer.attn.scale, impl=impl)
-        x = x + layer.attn.output(attn[:, None])
-        h = layer.post_attention_layernorm(x)
-        if layer.is_moe:
-            y, indices, _ = layer.mlp(h, token_mask)  # [slots, 1, embed], [slots, 1, top_k]
-        else:
-            y, indices = layer.mlp(h), None
-        return (constrain(x + y, HIDDEN, cfg), k_pages, v_pages), indices
-
-    carry, routed = (x, state.k_pages, state.v_pages), []
-    for stack in model.stacks:  # the model's own layer loop: scanned stacks or per-layer modules
-        if cfg.scan_layers:
-            graphdef, stacked = nnx.split(stack.layers)
-
-            def scan_step(carry, xs, graphdef=graphdef):
-                layer_state, layer_idx = xs
-                return layer_step(carry, nnx.merge(graphdef, layer_state), layer_idx)
-
-            layer_ids = stack.first + jnp.arange(stack.count, dtype=jnp.int32)
-            carry, indices = jax.lax.scan(scan_step, carry, (stacked, layer_ids))
-        else:
-            outs = []
-            for i, layer in enumerate(stack.layers):
-                carry, layer_indices = layer_step(carry, layer, stack.first + i)
-                outs.append(layer_indices)
-            indices = jnp.stack(outs) if stack.is_moe else None
-        if stack.is_moe:
-            routed.append(indices[:, :, 0])  # [count, slots, top_k]
-    x, k_pages, v_pages = carry
-    hidden = model.norm(x)[:, 0]
-    weight = (model.embed_tokens if cfg.tie_word_embeddings else model.lm_head)[...].astype(cfg.dtype)
-    logits = jnp.einsum("se,ve->sv" if cfg.tie_word_embeddings else "se,ev->sv", hidden, weight,
-                        preferred_element_type=jnp.float32)
-    return logits, k_pages, v_pages, jnp.concatenate(routed, axis=0) if routed else None
+    """The model's forward on each slot's last token (token `generated - 1`, at its position), its K/V
+    written into the slot's page where `feed` [slots] is set (elsewhere: the scratch page). Returns
+    (logits [slots, vocab] float32, the state with the pools written, routing [num_moe_layers, slots,
+    top_k] int32 or None)."""
+    position = jnp.maximum(state.prompt_len + state.generated - 1, 0)[:, None]
+    cache = qwen3.PagedKVCache(state.k_pages, state.v_pages, state.page_table, impl=impl)
+    out = model.forward(state.last_token[:, None], position, feed[:, None], cache,
+                        return_routing=state.routing is not None)
+    state = state.replace(k_pages=out.cache.k_pages, v_pages=out.cache.v_pages)
+    return out.logits[:, 0], state, None if out.routing is None else out.routing[:, :, 0]
 
 
 def _record_routing(state: EngineState, routed, feed) -> EngineState:
@@ -127,7 +79,7 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
     live = ~state.done
     routing = state.routing is not None
     feed = ~state.captured if routing else live
-    logits, k_pages, v_pages, routed = _feed(model, state, feed, impl)
+    logits, state, routed = _feed(model, state, feed, impl)
     keys = jax.vmap(jax.random.fold_in)(row_keys(state, state.row_id), state.generated)
     tokens, token_logprobs, *entropy = sample(keys, logits, params.temperature, params.top_k, params.top_p,
                                               params.return_entropy)
@@ -139,7 +91,7 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
     generated = state.generated + live.astype(jnp.int32)
     done = state.done | (live & (is_eos(tokens, params) | (generated >= state.budget)))
     return state.replace(
-        k_pages=k_pages, v_pages=v_pages, generated=generated, done=done,
+        generated=generated, done=done,
         last_token=jnp.where(live, tokens, state.last_token),
         tokens=state.tokens.at[write_row, state.generated].set(tokens, mode="drop"),
         logprobs=state.logprobs.at[write_row, state.generated].set(token_logprobs, mode="drop"),
@@ -150,9 +102,9 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
 def _capture(model, state: EngineState, impl: str) -> EngineState:
     """Feed the last token of every done row whose routing lacks it (nothing is sampled)."""
     feed = state.done & ~state.captured
-    _, k_pages, v_pages, routed = _feed(model, state, feed, impl)
+    _, state, routed = _feed(model, state, feed, impl)
     state = _record_routing(state, routed, feed)
-    return state.replace(k_pages=k_pages, v_pages=v_pages, captured=state.captured | feed)
+    return state.replace(captured=state.captured | feed)
 
 
 # The EngineState fields with one entry per slot (a decode segment runs a subset of the slots).

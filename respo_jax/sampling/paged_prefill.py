@@ -52,42 +52,25 @@ def padded_count(count: int, sizes: tuple[int, ...]) -> int:
 @functools.partial(jax.jit, static_argnames=("graphdef", "chunk", "step"), donate_argnames=("state",))
 def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positions, attention_mask, pages,
                     logit_rows, prompt_index, *, chunk: int | None, step: int = 0) -> EngineState:
-    """Step `step` of the prefill of P prompts, its K/V scattered into their pages.
+    """Step `step` of the prefill of P prompts: the model's forward over the step's pieces with the
+    prompts' pages as its cache (`qwen3.PagedKVCache`), so each piece writes its K/V into the pages and
+    attends over the pages its earlier pieces (earlier steps included) wrote.
 
-    input_ids, positions, attention_mask: [P, bucket] int32, left-padded (`generate.left_pad`; filler
+    input_ids, positions, attention_mask: [P, bucket] int32, left-padded (`engine.left_pad`; filler
     rows hold one token); pages: [P, pages_for(bucket)] int32 pool pages of each prompt's tokens in
     order (the scratch page past the prompt's own, and everywhere for filler); logit_rows: [P] int32
     rows of `state.prompt_logits` to write the last token's logits to (at the last step); prompt_index:
-    [P] int32 the prompts' indices (routing). Filler entries of both are out of bounds: dropped. As in
-    `generate`, all but the last token run in pieces of at most `chunk` tokens
-    (`EngineConfig.prefill_chunk_size`; None: one piece) and the last token alone, so logits are
-    computed for it only; the step runs the pieces `scheduler.prefill_steps` gives it. A step after a
-    prompt's first reads the K/V of the earlier pieces back from its pages into the dense cache the
-    pieces attend over (the pads' slots zero and masked, as a piece of pads alone leaves them), so the
-    values are those of one call running every piece.
+    [P] int32 the prompts' indices (routing). Filler entries of both are out of bounds: dropped. All but
+    the last token run in pieces of at most `chunk` tokens (`EngineConfig.prefill_chunk_size`; None: one
+    piece) and the last token alone, so logits are computed for it only; the step runs the pieces
+    `scheduler.prefill_steps` gives it. Pads write to the scratch page (masked), so a piece of pads
+    alone writes nothing a real token reads.
     """
     model = nnx.merge(graphdef, model_state)
     cfg = model.config
-    batch, bucket = input_ids.shape
-    pieces = prefill_steps(bucket, chunk)[step]
+    pieces = prefill_steps(input_ids.shape[1], chunk)[step]
     begin, end = pieces[0][0], pieces[-1][1]
-    page_size = state.k_pages.shape[3]
-    pad = bucket - jnp.sum(attention_mask, axis=1).astype(jnp.int32)                   # [P]
-    prompt = jnp.arange(batch, dtype=jnp.int32)[:, None]
-    cache = qwen3.init_cache(cfg, batch, bucket, dtype=state.k_pages.dtype)
-    if begin:
-        position = jnp.arange(begin, dtype=jnp.int32)[None, :] - pad[:, None]          # [P, begin] per slot
-        real = position >= 0
-        position = jnp.maximum(position, 0)
-        page, offset = pages[prompt, position // page_size], position % page_size
-
-        def restore(cached, pool):  # pool [layers, kv, pages, page_size, d] -> slots [0, begin) of the cache
-            values = jnp.where(real[None, None, :, :, None], pool[:, :, page, offset], 0)
-            return cached.at[:, :, :begin].set(values.transpose(0, 2, 3, 1, 4).astype(cached.dtype))
-
-        cache = cache.replace(k=restore(cache.k, state.k_pages), v=restore(cache.v, state.v_pages),
-                              valid=cache.valid.at[:, :begin].set(attention_mask[:, :begin] > 0),
-                              index=jnp.int32(begin))
+    cache = qwen3.PagedKVCache(state.k_pages, state.v_pages, pages)
     routing = state.prompt_routing is not None
     routed = []
     for start, stop in pieces:  # static unroll: few pieces
@@ -96,20 +79,8 @@ def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positi
         cache = out.cache
         if routing:
             routed.append(out.routing.astype(jnp.int32))
-    position = jnp.arange(pages.shape[1] * page_size, dtype=jnp.int32)                 # [T]
-    source = jnp.minimum(position[None, :] + pad[:, None], bucket - 1)  # cache slot of each position
-    # positions whose slot this step wrote; the others' pages stay (out of bounds: dropped)
-    page = jnp.where((source >= begin) & (source < end), pages[prompt, (position // page_size)[None, :]],
-                     state.k_pages.shape[2])                                            # [P, T]
-    offset = jnp.broadcast_to(position % page_size, page.shape)
-
-    def scatter(pool, cached):  # cached: [layers, P, bucket, kv_heads, head_dim]
-        values = cached[:, prompt, source]                                              # [layers, P, T, kv, d]
-        values = values.transpose(0, 3, 1, 2, 4).astype(pool.dtype)
-        return pool.at[:, :, page, offset].set(values, mode="drop")
-
-    state = state.replace(k_pages=scatter(state.k_pages, cache.k), v_pages=scatter(state.v_pages, cache.v))
-    if end == bucket:
+    state = state.replace(k_pages=cache.k_pages, v_pages=cache.v_pages)
+    if end == input_ids.shape[1]:
         logits = state.prompt_logits.at[logit_rows].set(out.logits[:, -1], mode="drop")
         state = state.replace(prompt_logits=logits)
     if routing:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from respo_jax.models.qwen3.paged_attention import PAGED_ATTENTION_IMPLS
+
 
 def _check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -98,9 +100,6 @@ class SamplingParams:
         return self.eos_token_ids[0] if self.eos_token_ids else 0
 
 
-# Kernels of attention over the paged KV cache (`respo_jax.sampling.paged_attention`): the platform
-# each one runs on (None: every platform).
-PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
 
 # The engines `generate` dispatches to (`EngineConfig.scheduler`).
 SCHEDULERS = ("continuous", "static")
