@@ -46,24 +46,25 @@ class EvalSettings(_Section):
       a finished row's slot from the same call.
     scheduler: the sampler's engine (`respo_jax.sampling.EngineConfig.scheduler`): "continuous" (the
       default: max_slots rows decoded together, a finished row's slot refilled, K/V in a paged pool)
-      or "static" (a call decoded in chunks of max_slots rows, each until its longest row ends). For
+      or "static" (a call decoded in batches of max_slots rows, each until its longest row ends). For
       one seed both give the same completions (up to float round-off ties): not part of the protocol.
-    max_slots: rows decoded together, in either engine: it bounds the KV cache in memory.
+    max_slots: rows decoded together, in either schedule: it bounds the KV cache in memory.
     steps_per_schedule / min_decode_slots / page_size / num_pages / kv_cache_bytes /
       paged_attention_impl: the continuous engine's decode steps between scheduling decisions, the
       fewest slots a segment decodes (the occupied ones padded to a halving of max_slots), tokens per KV
       page, and pool (num_pages pages or a kv_cache_bytes budget, at most one; 0 for both: every slot
       can hold a whole row, so admission never waits), and its attention kernel ("gather" everywhere,
       "pallas_tpu" / "pallas_gpu" on their platform only).
-    prompt_bucket / prompt_buckets / decode_chunk_size: the sampler's EngineConfig (fewer compilations:
-      "geometric" buckets of prompt_bucket · 2^k or "linear" multiples / the static engine's attention
-      over the slots generated so far); 0 for decode_chunk_size decodes in one loop.
+    prompt_bucket / prompt_buckets: the sampler's EngineConfig (fewer compilations: "geometric" buckets
+      of prompt_bucket · 2^k or "linear" multiples).
     num_workers: Math-Verify worker processes (0: the CPU count, at most 32).
     overwrite: discard the outputs already in out_dir and start again (otherwise a rerun resumes, and a
       different protocol in the same out_dir is refused).
     """
 
     section = "eval"
+    retired = {"decode_chunk_size": "the engine's attention reads only the pages a row holds (pages of "
+                                    "eval.page_size tokens)"}
     checkpoint: str = ""
     benchmarks: str = ",".join(PAPER_BENCHMARKS)
     data_dir: str = "../shared/data"  # the benchmarks' data root
@@ -88,7 +89,6 @@ class EvalSettings(_Section):
     paged_attention_impl: str = "gather"  # attention over pages: "gather", "pallas_tpu" or "pallas_gpu"
     prompt_bucket: int = 128
     prompt_buckets: str = "geometric"
-    decode_chunk_size: int = 1024
     seed: int = 0  # each sample's seed is derived from this and (benchmark, problem, sample)
     num_workers: int = 0
     verify_timeout_s: float = 20.0  # Math-Verify's time limit per completion, in seconds
@@ -126,7 +126,7 @@ class EvalSettings(_Section):
         check_engine_fields(self)
         self._need("bootstrap_resamples", self.bootstrap_resamples >= 2, "an integer >= 2")
         for name, zero in (("samples", "the paper's counts"), ("top_k", "no top-k"),
-                           ("limit", "all problems"), ("decode_chunk_size", "decode in one loop"),
+                           ("limit", "all problems"),
                            ("num_workers", "the CPU count")):
             self._need(name, getattr(self, name) >= 0, f"an integer >= 0 (0: {zero})")
         for name in ("seed", "bootstrap_seed"):
@@ -139,10 +139,8 @@ class EvalSettings(_Section):
         self._need("verify_timeout_s", self.verify_timeout_s > 0, "a number > 0 (seconds)")
 
     def engine_config(self):
-        """The sampler's `EngineConfig`: max_slots bounds the rows decoded at once in both engines (the
-        static engine's row chunks)."""
-        return engine_config(self, prompt_bucket=self.prompt_bucket,
-                             decode_chunk_size=self.decode_chunk_size or None, max_batch_rows=self.max_slots)
+        """The sampler's `EngineConfig` (max_slots bounds the rows decoded at once in either schedule)."""
+        return engine_config(self, prompt_bucket=self.prompt_bucket)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -195,14 +195,12 @@ class RolloutConfig(_Section):
       micro-batches of whole responses of at most this many prompt + response tokens, whose gradients
       are accumulated exactly; memory then no longer grows with M·G. The default fits the CPU
       configuration of experiments/benchmarks/rl_iteration.py on a 24 GB host.
-    - `scheduler`: the rollout engine (`respo_jax.sampling.EngineConfig.scheduler`): "continuous"
-      (the default: `max_slots` decode slots refilled as rows finish, K/V in a paged pool, one
-      prefill per prompt) or "static" (rows decoded in chunks until the chunk's longest ends). The
-      held-out evaluation uses the same engine. For one seed both draw the same samples (up to
-      float round-off ties).
-    - `sampler_max_rows` (static engine): the sampler generates the N·M·G rollout rows in chunks of
-      at most this many rows (KV cache, prefill activations and [rows, vocab] logits per decode step).
-    - Continuous engine: `max_slots` rows decoded together (the default holds the default run's
+    - `scheduler`: how the rollout engine schedules rows (`respo_jax.sampling.EngineConfig.scheduler`):
+      "continuous" (the default: `max_slots` decode slots refilled as rows finish, K/V in a paged pool,
+      one prefill per prompt) or "static" (batches of up to `max_slots` rows, each decoded until its
+      longest row ends). The held-out evaluation uses the same engine. For one seed both draw the same
+      samples (up to float round-off ties).
+    - The engine: `max_slots` rows decoded together (the default holds the default run's
       N·M·G = 256 rows at once), `steps_per_schedule` decode steps between two scheduling decisions
       (64: responses of up to 64 tokens whose rows fit the slots decode in one segment, one program
       and one host sync per prompt bucket, with no narrower tail program compiled for it; a long
@@ -236,6 +234,8 @@ class RolloutConfig(_Section):
     """
 
     section = "rollout"
+    retired = {"sampler_max_rows": "the rollout engine decodes at most rollout.max_slots rows at once "
+                                   "(rollout.scheduler=static: batches of rollout.max_slots rows)"}
     prompts_per_minibatch: int = 8  # M
     group_size: int = 8  # G
     reuse: int = 4  # N, the rollout-reuse ratio
@@ -263,8 +263,7 @@ class RolloutConfig(_Section):
     max_tokens_per_microbatch: int = 16384
     # the rollout engine: "continuous" (paged KV cache, slots refilled) or "static"
     scheduler: str = "continuous"
-    sampler_max_rows: int = 256  # static engine: rollout rows generated per sampler call, at most
-    max_slots: int = 256  # continuous engine: rows decoded together
+    max_slots: int = 256  # rows decoded together
     steps_per_schedule: int = 64  # continuous engine: decode steps between two scheduling decisions
     # continuous engine: the fewest slots a decode segment runs (halvings of max_slots)
     min_decode_slots: int = 16
@@ -297,7 +296,7 @@ class RolloutConfig(_Section):
 
         self._check_types()
         for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks", "prompt_bucket",
-                     "response_bucket", "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets",
+                     "response_bucket", "max_tokens_per_microbatch", "max_prompt_buckets",
                      "max_generation_batches"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
         self._need("async_steps", self.async_steps >= 0, "an integer >= 0 (0: synchronous)")
@@ -349,7 +348,7 @@ class RolloutConfig(_Section):
 
     def engine_config(self):
         """The sampler's `EngineConfig` of the rollouts and of the held-out evaluation."""
-        return engine_config(self, prompt_bucket=self.prompt_bucket, max_batch_rows=self.sampler_max_rows)
+        return engine_config(self, prompt_bucket=self.prompt_bucket)
 
 
 # The rollout engine's fields that `rollout.*` and the evaluation's `eval.*` share (their meaning:

@@ -75,7 +75,8 @@ from respo_jax.models.qwen3.paged_attention import PagedKVCache
 
 __all__ = [
     "FORWARD_STATIC", "TOKEN_LOGPROBS_STATIC", "forward", "token_logprobs",
-    "PRESETS", "KVCache", "PagedKVCache", "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "default_kernels", "from_pretrained",
+    "PRESETS", "KVCache", "PagedKVCache",
+    "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "default_kernels", "from_pretrained",
     "hf_state_dict", "init_cache", "init_model", "load_balancing_loss", "load_config", "param_shardings",
     "save_pretrained", "resolve_config", "default_mesh",
 ]

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from respo_jax.models.qwen3.attention import Attention, attention_mask_from_slots
-from respo_jax.models.qwen3.cache import CACHE_AXES, KVCache, init_cache
+from respo_jax.models.qwen3.cache import KVCache, init_cache
 from respo_jax.models.qwen3.config import Qwen3Config
 from respo_jax.models.qwen3.kernels import resolve_config
 from respo_jax.models.qwen3.layers import BATCH, HIDDEN, SEQ, RMSNorm, constrain, make_param, rope_cos_sin, rows
