@@ -144,11 +144,9 @@ def test_engine_input_errors(model, sampled):
         EngineConfig(max_batch_rows=8)
 
 
-def test_one_prefill_and_one_admission_call_per_schedule(model, sampled, monkeypatch):
-    # Enough slots for every row: the first schedule starts all 4 prompts in one prefill of a [4, bucket]
-    # batch and admits all 12 rows in one call; later schedules only decode.
-    params, _, want = sampled
-    calls = {name: [] for name in ("prefill_prompts", "admit_rows", "decode_segment")}
+def _log_calls(monkeypatch, names) -> dict:
+    """{name: [positional args of each call]} of the `model_step` programs `names`, called through."""
+    calls = {name: [] for name in names}
 
     def logged(program, log):
         def call(*args, **kwargs):
@@ -158,6 +156,14 @@ def test_one_prefill_and_one_admission_call_per_schedule(model, sampled, monkeyp
 
     for name, log in calls.items():
         monkeypatch.setattr(model_step, name, logged(getattr(model_step, name), log))
+    return calls
+
+
+def test_one_prefill_and_one_admission_call_per_schedule(model, sampled, monkeypatch):
+    # Enough slots for every row: the first schedule starts all 4 prompts in one prefill of a [4, bucket]
+    # batch and admits all 12 rows in one call; later schedules only decode.
+    params, _, want = sampled
+    calls = _log_calls(monkeypatch, ("prefill_prompts", "admit_rows", "decode_segment"))
     engine = EngineConfig(max_slots=12, page_size=4, steps_per_schedule=3)
     assert_same(generate(model, PROMPTS, params, engine=engine), want)
     assert len(calls["prefill_prompts"]) == 1 and len(calls["admit_rows"]) == 1
@@ -222,16 +228,7 @@ def test_the_static_schedule_admits_a_batch_only_once_the_last_one_is_done(model
     # 12 rows through 5 slots: batches of 5, 5 and 2 rows, one decode segment each over every slot
     # (each decodes until its last row ends), one admission call per batch; the reference's samples.
     params, _, want = sampled
-    calls = {"admit_rows": [], "decode_segment": []}
-
-    def logged(program, log):
-        def call(*args, **kwargs):
-            log.append(args)
-            return program(*args, **kwargs)
-        return call
-
-    for name, log in calls.items():
-        monkeypatch.setattr(model_step, name, logged(getattr(model_step, name), log))
+    calls = _log_calls(monkeypatch, ("admit_rows", "decode_segment"))
     assert_same(generate(model, PROMPTS, params, engine=EngineConfig(scheduler="static", max_slots=5)), want)
     admitted = [int((np.asarray(args[3]) < 5).sum()) for args in calls["admit_rows"]]  # slot < 5: real
     assert admitted == [5, 5, 2]
