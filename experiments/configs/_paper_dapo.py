@@ -15,8 +15,8 @@ from respo_jax.training.config import ExperimentConfig, derive
 # distribution a busy slot holds ~E[L^2] / (2 E[L]) ~ 5.5k tokens on average at the 15,360 cap (a slot
 # is more often held by a long row), ~2.9k at 8,192. Each model file sets max_slots and the budget
 # from its bfloat16 K/V bytes per token; when long rows take the pool, admission waits (never drops a
-# row). The static engine would hold rollout.sampler_max_rows (256) rows x (prompt + cap): ~450 GiB
-# of K/V at 1.7B. Raise max_slots and kv_cache_bytes together on devices with more memory.
+# row). A static batch of 256 rows x (prompt + cap) would hold ~450 GiB of K/V at 1.7B. Raise max_slots
+# and kv_cache_bytes together on devices with more memory.
 PAGE_SIZE = 64
 
 

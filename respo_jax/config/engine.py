@@ -20,8 +20,9 @@ class EngineSection(_Section):
     """The engine fields shared by `rollout.*` and `eval.*` (meaning: `respo_jax.sampling.EngineConfig`).
 
     `scheduler`: "continuous" (the default: `max_slots` decode slots refilled as rows finish, K/V in a
-    paged pool, one prefill per prompt) or "static"; for one seed both draw the same samples (up to float
-    round-off ties). Continuous engine: `steps_per_schedule` decode steps between two scheduling
+    paged pool, one prefill per prompt) or "static" (batches of up to `max_slots` rows, each decoded until
+    its longest row ends: a schedule of the same engine); for one seed both draw the same samples (up to
+    float round-off ties). Continuous engine: `steps_per_schedule` decode steps between two scheduling
     decisions; `min_decode_slots`: a segment decodes the occupied slots padded to a halving of the slot
     count of at least this many, one program per width, so a batch's tail pays only for its live rows;
     `page_size` tokens per KV page; the pool as `num_pages` pages or a `kv_cache_bytes` budget (at most

@@ -189,8 +189,6 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
       `respo_jax.config.engine.EngineSection`'s, declared once for `rollout.*` and `eval.*`; why the
       rollout's defaults differ from the library's: `ROLLOUT_ENGINE_DEFAULTS`. The held-out evaluation
       uses the same engine.
-    - `sampler_max_rows` (static engine): the sampler generates the N·M·G rollout rows in chunks of
-      at most this many rows (KV cache, prefill activations and [rows, vocab] logits per decode step).
     - `compile_ahead`: at the start of the first iteration, compile the sampler, log π_old and update
       programs for every prompt bucket the training prompts can need (at the longest response
       bucket), so no later iteration stops to compile when a batch meets a new bucket
@@ -214,6 +212,8 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
     """
 
     section = "rollout"
+    retired = {"sampler_max_rows": "the rollout engine decodes at most rollout.max_slots rows at once "
+                                   "(rollout.scheduler=static: batches of rollout.max_slots rows)"}
     prompts_per_minibatch: int = 8  # M
     group_size: int = 8  # G
     reuse: int = 4  # N, the rollout-reuse ratio
@@ -235,7 +235,6 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
     response_bucket: int = 64  # padded response lengths are multiples of this (at most max_new_tokens)
     # prompt + response tokens per micro-batch; gradients accumulated exactly
     max_tokens_per_microbatch: int = 16384
-    sampler_max_rows: int = 256  # static engine: rollout rows generated per sampler call, at most
     compile_ahead: bool = True  # compile every prompt bucket's programs before the first rollout
     # Routing Replay (R3, MoE only): the sampler records the experts it routed every token to, and the
     # recomputation of log π_old and every policy forward reuse them (gate weights still come from the
@@ -260,7 +259,7 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
 
         self._check_types()
         for name in ("prompts_per_minibatch", "reuse", "max_new_tokens", "balance_ranks", "response_bucket",
-                     "max_tokens_per_microbatch", "sampler_max_rows", "max_prompt_buckets",
+                     "max_tokens_per_microbatch", "max_prompt_buckets",
                      "max_generation_batches"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
         self._need("async_steps", self.async_steps >= 0, "an integer >= 0 (0: synchronous)")
@@ -308,10 +307,6 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
         from respo_jax.sampling.params import padded_prompt_length
 
         return padded_prompt_length(length, self.prompt_bucket, self.prompt_buckets)
-
-    def engine_config(self):
-        """The sampler's `EngineConfig` of the rollouts and of the held-out evaluation."""
-        return super().engine_config(max_batch_rows=self.sampler_max_rows)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,9 +37,11 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 
 class _Section:
-    """What every config section shares: its key prefix and the checks of its fields."""
+    """What every config section shares: its key prefix, the checks of its fields, and its retired keys
+    (`retired`: {field: what replaces it}), refused by name wherever a config is read."""
 
     section: typing.ClassVar[str] = ""
+    retired: typing.ClassVar[dict[str, str]] = {}
 
     def _need(self, name: str, ok: bool, allowed: str) -> None:
         """Raises `ConfigError("section.name=value: expected <allowed>")` unless `ok`."""
@@ -113,6 +115,7 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
             raise ConfigKeyError(f"unknown config key {key!r}; sections are {sorted(sections)}")
         section_name, field_name, rest = parts[0], parts[1], parts[2:]
         section = getattr(config, section_name)
+        _refuse_retired(sections[section_name], [field_name])
         field_types = hints[section_name]
         if field_name not in field_types:
             raise ConfigKeyError(f"unknown config key {key!r}; {section_name} has {sorted(field_types)}")
@@ -129,6 +132,15 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
             value = _parse_value(raw, field_types[field_name], key)
         config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{field_name: value})})
     return config.validate()
+
+
+def _refuse_retired(section_type: type, names) -> None:
+    """ConfigKeyError (one line) for the first retired key among `names`, naming its replacement."""
+    retired = getattr(section_type, "retired", {})
+    for name in names:
+        if name in retired:
+            key = f"{section_type.section}.{name}"
+            raise ConfigKeyError(f"{key} no longer exists: {retired[name]}; remove {key} from the config")
 
 
 def _field_types(section_type: type) -> dict[str, Any]:
@@ -158,6 +170,7 @@ def config_from_dict(config_type: type[ConfigT], data: dict, validate: bool = Tr
         values = data.get(name, {})
         if not isinstance(values, dict):
             raise ConfigError(f"config section {name!r} must be an object; got {values!r}")
+        _refuse_retired(section_type, values)
         known = {field.name for field in dataclasses.fields(section_type)}
         extra = sorted(set(values) - known)
         if extra:

@@ -50,14 +50,14 @@ class EvalSettings(EngineSection, engine_defaults=EVAL_ENGINE_DEFAULTS):
       `eval.*` and `rollout.*` (`respo_jax.config.engine.EngineSection`; why evaluation's defaults differ:
       `EVAL_ENGINE_DEFAULTS`); max_slots bounds the KV cache in memory. Not part of the protocol: for one
       seed every engine setting gives the same completions (up to float round-off ties).
-    decode_chunk_size: the static engine's attention over the slots generated so far; 0 decodes in one
-      loop.
     num_workers: Math-Verify worker processes (0: the CPU count, at most 32).
     overwrite: discard the outputs already in out_dir and start again (otherwise a rerun resumes, and a
       different protocol in the same out_dir is refused).
     """
 
     section = "eval"
+    retired = {"decode_chunk_size": "the engine's attention reads only the pages a row holds (pages of "
+                                    "eval.page_size tokens)"}
     checkpoint: str = ""
     benchmarks: str = ",".join(PAPER_BENCHMARKS)
     data_dir: str = "../shared/data"  # the benchmarks' data root
@@ -72,7 +72,6 @@ class EvalSettings(EngineSection, engine_defaults=EVAL_ENGINE_DEFAULTS):
     limit: int = 0
     synthetic_problems: int = 500  # held-out problems of a synthetic-task run (benchmarks="synthetic")
     batch_size: int = 256
-    decode_chunk_size: int = 1024
     seed: int = 0  # each sample's seed is derived from this and (benchmark, problem, sample)
     num_workers: int = 0
     verify_timeout_s: float = 20.0  # Math-Verify's time limit per completion, in seconds
@@ -110,7 +109,7 @@ class EvalSettings(EngineSection, engine_defaults=EVAL_ENGINE_DEFAULTS):
         self.validate_engine()
         self._need("bootstrap_resamples", self.bootstrap_resamples >= 2, "an integer >= 2")
         for name, zero in (("samples", "the paper's counts"), ("top_k", "no top-k"),
-                           ("limit", "all problems"), ("decode_chunk_size", "decode in one loop"),
+                           ("limit", "all problems"),
                            ("num_workers", "the CPU count")):
             self._need(name, getattr(self, name) >= 0, f"an integer >= 0 (0: {zero})")
         for name in ("seed", "bootstrap_seed"):
@@ -121,12 +120,6 @@ class EvalSettings(EngineSection, engine_defaults=EVAL_ENGINE_DEFAULTS):
         self._need("dtype", self.dtype in ("", "float32", "bfloat16"),
                    "'' (the checkpoint's), float32 or bfloat16")
         self._need("verify_timeout_s", self.verify_timeout_s > 0, "a number > 0 (seconds)")
-
-    def engine_config(self):
-        """The sampler's `EngineConfig`: max_slots bounds the rows decoded at once in both engines (the
-        static engine's row chunks)."""
-        return super().engine_config(decode_chunk_size=self.decode_chunk_size or None,
-                                     max_batch_rows=self.max_slots)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,7 +39,7 @@ from respo_jax.objectives import BUILTIN_OBJECTIVES, get_objective, group_advant
 from respo_jax.objectives.regularizers import adaptive_kl_coef, response_kl
 from respo_jax.rewards import SCORED, TIMED_OUT, RewardScorer, get_reward, overlong_penalty
 from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
-from respo_jax.sampling.paged_attention import check_paged_attention_impl
+from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl
 from respo_jax.sharding import (
     ShardingRules,
     bytes_per_device,
