@@ -7,12 +7,14 @@ import argparse
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import os
 import shlex
 import sys
+import traceback
 from typing import Any, Callable, NoReturn
 
-from respo_jax.training.config import ConfigError
+from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.preemption import Preempted
 
 
@@ -110,23 +112,66 @@ def parse_only():
         _parse_only = before
 
 
-def _train_config(namespace):
-    from experiments.train import load_config
+def load_config(path: str, expected: type = ExperimentConfig, function: str = "get_config",
+                module_name: str = "experiment_config"):
+    """Imports a config file and calls its `function()` (`get_config()`), which must return an `expected`
+    instance (`ExperimentConfig` for training, `respo_jax.eval.config.EvalConfig` for evaluation, the
+    sweep's `StarvationConfig`)."""
+    config = call_config_file(path, function, module_name)
+    if not isinstance(config, expected):
+        raise ConfigError(f"--config {path!r}: {function}() returned {type(config).__name__}, "
+                          f"expected {expected.__name__}")
+    return config
 
+
+def call_config_file(path: str, function: str, module_name: str = "experiment_config"):
+    """Imports the config file `path` and returns what its `function()` returns; a ConfigError (one line,
+    `config_file_error`) for a missing file or function, a syntax error or an exception raised in it."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config {path!r}: no such file")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        if not hasattr(module, function):
+            raise ConfigError(f"--config {path!r}: the file has no {function}()")
+        return getattr(module, function)()
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the config file's own error, whatever it raised
+        raise ConfigError(config_file_error(path, err)) from None
+
+
+def config_file_error(path: str, err: Exception) -> str:
+    """'--config FILE:LINE: <exception>' for an error raised by (or a syntax error in) a config file; the
+    line is the deepest one of that file in the traceback."""
+    line = None
+    if isinstance(err, SyntaxError) and err.filename and os.path.samefile(err.filename, path):
+        line = err.lineno
+    else:
+        for frame in traceback.extract_tb(err.__traceback__):
+            if os.path.exists(frame.filename) and os.path.samefile(frame.filename, path):
+                line = frame.lineno
+    message = err.msg if isinstance(err, SyntaxError) else str(err)
+    where = f"{path}:{line}" if line else path
+    return f"--config {where}: {type(err).__name__}: {' '.join(str(message).split())}"
+
+
+def _train_config(namespace):
     return load_config(namespace.config)
 
 
 def _eval_config(namespace):
-    from experiments.train import load_config
     from respo_jax.eval.config import EvalConfig
 
     return load_config(namespace.config, EvalConfig)
 
 
 def _sweep_config(namespace):
-    from experiments.gradient_starvation import load_sweep_config
+    from respo_jax.training.sweep import StarvationConfig
 
-    return load_sweep_config(namespace.config, namespace.quick)
+    function = "get_quick_config" if namespace.quick else "get_config"
+    return load_config(namespace.config, StarvationConfig, function, "starvation_config")
 
 
 # Entry points that take `section.field=value` overrides: the config their --config file gives.

@@ -224,9 +224,11 @@ def random_signals(rng: random.Random, phases: tuple[str, ...]) -> list[tuple[st
     return [(phase, rng.choice((signal.SIGTERM, signal.SIGKILL))) for phase in phases]
 
 
-def every_phase(signum: int) -> Callable[[random.Random, tuple[str, ...]], list[tuple[str, int]]]:
-    """Every phase, each with `signum`."""
-    return lambda rng, phases: [(phase, signum) for phase in phases]
+def every_phase_one_sigint(rng: random.Random, phases: tuple[str, ...]) -> list[tuple[str, int]]:
+    """Every phase with SIGTERM, but for one RL phase (rollout or update, drawn from `rng`) with SIGINT
+    (Ctrl-C), which must stop the run the same way (exit status 130)."""
+    sigint = rng.choice(("rollout", "update"))
+    return [(phase, signal.SIGINT if phase == sigint else signal.SIGTERM) for phase in phases]
 
 
 def some_phases(signum: int, count: int) -> Callable[[random.Random, tuple[str, ...]], list[tuple[str, int]]]:

@@ -46,7 +46,7 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments.cli import ArgumentParser, run_cli, run_failures
-from experiments.train import load_config
+from experiments.cli import load_config
 from respo_jax.data import (
     ArithmeticTask,
     CharTokenizer,
@@ -522,7 +522,7 @@ def _evaluate(config: EvalConfig) -> dict:
     from respo_jax.training.loop import build_mesh
 
     from respo_jax.models.qwen3.kernels import platform
-    from respo_jax.sampling.paged_attention import check_paged_attention_impl
+    from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl
 
     settings = config.eval
     configure_compilation_cache(settings.compilation_cache_dir, key="eval.compilation_cache_dir")

@@ -42,7 +42,7 @@ import experiments.signals_at_start  # noqa: F401  (first: a signal during the i
 import numpy as np
 from tqdm import tqdm
 
-from experiments.cli import ArgumentParser, run_cli, run_failures
+from experiments.cli import ArgumentParser, load_config, run_cli, run_failures
 from experiments.starvation_figures import controls_figure, grid_figure, starvation_figure
 from experiments.starvation_summary import cell_window, json_view, selection_score, summarize
 from experiments.starvation_tables import second_study_markdown, summary_markdown
@@ -68,14 +68,8 @@ GRID_FIGURE, CONTROLS_FIGURE, LONG_FIGURE = "grid.png", "controls.png", "long_re
 
 def load_sweep_config(path: str, quick: bool = False) -> StarvationConfig:
     """The config file's `get_config()` (or `get_quick_config()` with `quick`), a StarvationConfig."""
-    from experiments.train import call_config_file
-
-    name = "get_quick_config" if quick else "get_config"
-    config = call_config_file(path, name, "starvation_config")
-    if not isinstance(config, StarvationConfig):
-        raise ConfigError(f"--config {path!r}: {name}() returned {type(config).__name__}, expected "
-                          "StarvationConfig")
-    return config
+    function = "get_quick_config" if quick else "get_config"
+    return load_config(path, StarvationConfig, function, "starvation_config")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -143,6 +137,33 @@ def prepare_base(config: StarvationConfig, show: bool = True, regime: str = "") 
     return info
 
 
+# A cell's config.json stores these paths relative to the working directory the sweep ran from (the
+# repository root), so that its cells can be moved with the repository and read from any checkout path.
+PORTABLE_PATHS = (("model", "checkpoint_dir"), ("run", "out_dir"), ("run", "compilation_cache_dir"))
+
+
+def portable_paths(saved: dict, root: str | None = None) -> dict:
+    """A copy of a cell's config.json with each of PORTABLE_PATHS that lies under `root` (default: the
+    working directory) made relative to it."""
+    root = os.path.abspath(root or os.getcwd())
+    out = {section: dict(values) for section, values in saved.items()}
+    for section, key in PORTABLE_PATHS:
+        path = out.get(section, {}).get(key)
+        if isinstance(path, str) and os.path.isabs(path) and os.path.commonpath([path, root]) == root:
+            out[section][key] = os.path.relpath(path, root)
+    return out
+
+
+def resolved_paths(saved: dict) -> dict:
+    """A copy of a cell's config.json with its relative model.checkpoint_dir resolved against the working
+    directory, as `StarvationConfig.experiment` gives it (the other PORTABLE_PATHS are not compared)."""
+    out = {section: dict(values) for section, values in saved.items()}
+    path = out.get("model", {}).get("checkpoint_dir")
+    if isinstance(path, str) and path and not os.path.isabs(path):
+        out["model"]["checkpoint_dir"] = os.path.abspath(path)
+    return out
+
+
 def finished(config: StarvationConfig, cell: Cell, base: dict) -> bool:
     """Whether `cell` is done (its directory exists); ConfigError when it was run with another config
     or from another base model (a stale cell is never mixed into a report)."""
@@ -152,7 +173,7 @@ def finished(config: StarvationConfig, cell: Cell, base: dict) -> bool:
     info_path, config_path = os.path.join(path, CELL_INFO), os.path.join(path, run_dir.CONFIG_FILE)
     if not (os.path.isfile(info_path) and os.path.isfile(config_path)):
         raise ConfigError(f"{path} is not a finished cell ({CELL_INFO} or config.json missing); remove it")
-    info, saved = run_dir.read_json(info_path), run_dir.read_json(config_path)
+    info, saved = run_dir.read_json(info_path), resolved_paths(run_dir.read_json(config_path))
     expected = config.experiment(cell)
     problems = run_dir.config_differences(saved, expected)
     if saved.get("run", {}).get("policy_updates") != expected.run.policy_updates:
@@ -203,7 +224,7 @@ def run_cell(config: StarvationConfig, cell: Cell, base: dict) -> None:
     shutil.rmtree(os.path.join(partial, run_dir.CHECKPOINT_DIR), ignore_errors=True)
     saved = run_dir.read_json(os.path.join(partial, run_dir.CONFIG_FILE))
     saved["run"]["out_dir"] = final
-    run_dir.atomic_write_json(os.path.join(partial, run_dir.CONFIG_FILE), saved)
+    run_dir.atomic_write_json(os.path.join(partial, run_dir.CONFIG_FILE), portable_paths(saved))
     run_dir.atomic_write_json(os.path.join(partial, CELL_INFO), {
         "cell": dataclasses.asdict(cell), "base_sha256": base["sha256"],
         "seconds": time.perf_counter() - started,

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from experiments.starvation_findings import per_seed_findings
 from respo_jax.eval import positive_branch
 from respo_jax.eval.report import Run, positive_branch_tables
 from respo_jax.eval.statistics import early_peak, late_mean
@@ -237,6 +238,7 @@ def summarize(config: StarvationConfig, bases: dict, runs: dict[Cell, Run], best
     }
     if s.learning_rates:
         summary.update(second_study(config, bases, groups, best or {}, selection or []))
+        summary = add_per_seed(summary)
     return summary
 
 
@@ -288,14 +290,19 @@ def second_study(config: StarvationConfig, bases: dict, groups: list[dict], best
     return out
 
 
+def add_per_seed(summary: dict) -> dict:
+    """`summary` with the second study's per-seed comparisons (`experiments.starvation_findings`)."""
+    return dict(summary, per_seed=per_seed_findings(summary))
+
+
 CLIPPED = ("grpo", "gspo")  # the clipped baselines of the long regime's acceptance rule
 CLIP_LIMIT, TAIL_SHARE = 0.01, 0.15
 
 
 def long_acceptance(groups: list[dict]) -> dict:
-    """Issue 28's rule for the long-response regime, per N: the clipped baselines clip little (mean clip
-    fraction < 1% under each) while >= 15% of positive responses reach log W < -1 (under each of them:
-    the drift is there and the clip does not already remove it)."""
+    """The second study's rule for the long-response regime, per N: the clipped baselines clip little
+    (mean clip fraction < 1% under each) while >= 15% of positive responses reach log W < -1 (under each
+    of them: the drift is there and the clip does not already remove it)."""
     out = {"rule": f"each of {', '.join(CLIPPED)}: clip fraction < {CLIP_LIMIT:.0%} and >= {TAIL_SHARE:.0%} "
                    "of positive responses with log W < -1", "by_reuse": []}
     for n in sorted({g["reuse"] for g in groups}):

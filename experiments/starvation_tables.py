@@ -5,6 +5,8 @@ long-regime tables. Pure functions of the summary dict (`experiments.starvation_
 
 from __future__ import annotations
 
+from experiments.starvation_findings import findings_markdown
+
 OBJECTIVE_NAMES = {"respo": "ReSPO", "vespo": "VESPO", "grpo": "GRPO", "gspo": "GSPO"}
 
 
@@ -131,6 +133,8 @@ def second_study_markdown(summary: dict) -> str:
                                for k, v in row["checks"].items())
             lines.append(f"- N = {row['reuse']}: {'accepted' if row['accepted'] else 'NOT accepted'} "
                          f"({checks or 'no clipped baseline finished'}).")
+    if summary.get("per_seed"):
+        lines += ["", *findings_markdown(summary["per_seed"], OBJECTIVE_NAMES)]
     if summary["missing_cells"]:
         lines += ["", f"Not finished (not in the tables): {', '.join(summary['missing_cells'])}."]
     return "\n".join(lines) + "\n"

@@ -34,64 +34,26 @@ the run ends normally (exit status 0) with a line saying so.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shlex
 import sys
-import traceback
 
 import experiments.signals_at_start  # noqa: F401  (first: a signal during the imports below stops cleanly)
 
-from experiments.cli import ArgumentParser, run_cli, run_failures
+from experiments.cli import (  # noqa: F401 - the config-file readers, importable from here too
+    ArgumentParser,
+    call_config_file,
+    config_file_error,
+    load_config,
+    run_cli,
+    run_failures,
+)
 from respo_jax.training import preemption
-from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
+from respo_jax.training.config import apply_overrides
 from respo_jax.training.run import run as run_experiment
 from respo_jax.training.run import summarize  # noqa: F401 - re-exported for this module's callers
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "respo_synthetic.py")
-
-
-def load_config(path: str, expected: type = ExperimentConfig):
-    """Imports a config file and calls its `get_config()`, which must return an `expected` instance
-    (`ExperimentConfig` for training, `respo_jax.eval.config.EvalConfig` for evaluation)."""
-    config = call_config_file(path, "get_config")
-    if not isinstance(config, expected):
-        raise ConfigError(f"--config {path!r}: get_config() returned {type(config).__name__}, "
-                          f"expected {expected.__name__}")
-    return config
-
-
-def call_config_file(path: str, function: str, module_name: str = "experiment_config"):
-    """Imports the config file `path` and returns what its `function()` returns; a ConfigError (one line,
-    `config_file_error`) for a missing file or function, a syntax error or an exception raised in it."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config {path!r}: no such file")
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        if not hasattr(module, function):
-            raise ConfigError(f"--config {path!r}: the file has no {function}()")
-        return getattr(module, function)()
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the config file's own error, whatever it raised
-        raise ConfigError(config_file_error(path, err)) from None
-
-
-def config_file_error(path: str, err: Exception) -> str:
-    """'--config FILE:LINE: <exception>' for an error raised by (or a syntax error in) a config file; the
-    line is the deepest one of that file in the traceback."""
-    line = None
-    if isinstance(err, SyntaxError) and err.filename and os.path.samefile(err.filename, path):
-        line = err.lineno
-    else:
-        for frame in traceback.extract_tb(err.__traceback__):
-            if os.path.exists(frame.filename) and os.path.samefile(frame.filename, path):
-                line = frame.lineno
-    message = err.msg if isinstance(err, SyntaxError) else str(err)
-    where = f"{path}:{line}" if line else path
-    return f"--config {where}: {type(err).__name__}: {' '.join(str(message).split())}"
 
 
 def main(argv: list[str] | None = None) -> dict:

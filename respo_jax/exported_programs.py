@@ -27,7 +27,7 @@ serialized program. A changed byte anywhere (header or program) fails the checks
 tree must equal the tree the header declares and have the program's number of outputs, and the
 program's inputs must be the arguments' shapes and dtypes. A damaged entry is ignored and written anew.
 A cache that cannot be written (read-only, e.g. a cluster's pre-warmed one; full) is only read: the
-program runs from its trace, and `respo_jax.training.compilation.cache_write_failed` says so once.
+program runs from its trace, and `respo_jax.compilation_cache.cache_write_failed` says so once.
 
 Why written here: JAX's own caches are keyed by the lowered program, which is what a relaunch wants
 to skip; `jax.export` is the serialization JAX keeps compatible, and this module only adds the key,
@@ -47,6 +47,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from respo_jax.compilation_cache import cache_read_only, cache_write_failed
 from respo_jax.runs import atomic_write_bytes
 
 EXPORTED_DIR = "respo_jax_exported"  # in the compilation cache directory
@@ -313,8 +314,6 @@ class ExportedProgram:
             described = jax.tree.structure(_rebuild(description, dynamic)) == out_tree
         except ValueError:
             described = False
-        from respo_jax.training.compilation import cache_read_only, cache_write_failed
-
         if described:
             blob = bytes(exported.serialize())
             if not cache_read_only():  # a read-only cache is never written

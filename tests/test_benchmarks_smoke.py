@@ -5,6 +5,7 @@ the sides' settings and that both train-step sides compute the same loss."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -19,7 +20,6 @@ from experiments.benchmarks import accelerator, common, rl_iteration, roofline, 
 from experiments.cli import run_cli
 from respo_jax import host_allocator
 from respo_jax.models import qwen3
-from respo_jax.sampling.params import padded_prompt_length
 
 QUICK_KEYS = ("train_step_speedup", "train_step_speedup_tiny", "decode_speedup_b1", "decode_speedup_b32",
               "objective_fraction", "mfu", "xla_matmul_peak_gflops")
@@ -263,7 +263,7 @@ def test_accelerator_mode_runs_on_cpu_with_a_tiny_preset():
     assert decode["batch"] == 1 and decode["step_bytes"] > 0 and decode["bandwidth_utilization"] > 0
 
 
-# ------------------------------------------------------------------------ rollout engine (issue 24)
+# ------------------------------------------------------------------------------------ rollout engine
 
 
 def test_rollout_engine_budgets_follow_the_tab4_deciles():
@@ -288,16 +288,16 @@ def test_rollout_engine_budgets_follow_the_tab4_deciles():
 def test_rollout_engine_scheduler_replay_matches_closed_forms():
     # One sample per prompt, a segment long enough for every budget: with a slot per row every row runs in
     # the first segment and holds its prompt + budget pages at once; with one slot the rows run one after
-    # another and the peak is the largest row.
+    # another and the peak is the largest row. The static schedule (each batch decoded to its end) alike.
     from experiments.benchmarks import rollout_engine
     from respo_jax.sampling import EngineConfig
 
     prompt_lengths, budgets, page = [5, 9, 16], np.array([7, 1, 12]), 4
     need = [-(-(n + b) // page) for n, b in zip(prompt_lengths, budgets)]
     cases = ((3, sum(need), 3 + 3 * 11, 1), (1, max(need), int(budgets.sum()), 3))
-    for slots, peak, decoded, segments in cases:
-        engine = EngineConfig(max_slots=slots, page_size=page, steps_per_schedule=16)
-        replay = rollout_engine.continuous_schedule(prompt_lengths, 1, budgets, 16, engine, num_pages=64)
+    for (slots, peak, decoded, segments), scheduler in itertools.product(cases, ("continuous", "static")):
+        engine = EngineConfig(scheduler=scheduler, max_slots=slots, page_size=page, steps_per_schedule=16)
+        replay = rollout_engine.replay_schedule(prompt_lengths, 1, budgets, 16, engine, num_pages=64)
         assert replay == {"peak_pages": peak, "decoded_tokens": decoded, "segments": segments}, slots
 
 
@@ -305,12 +305,11 @@ def test_rollout_engine_scheduler_replay_matches_closed_forms():
 def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     # The whole benchmark on a micro model: three side processes, the JSON contract's keys, and numbers
     # that agree with each other (every row generates exactly its budget; ratios are quotients of the
-    # side values; the static engine's KV bytes are its dense cache). Data: the first 32 DAPO-Math rows.
+    # side values; each JAX side's KV bytes within its pool). Data: the first 32 DAPO-Math rows.
     import pyarrow.parquet as pq
 
     from experiments.benchmarks import rollout_engine
     from respo_jax.data.records import resolve_data_file
-    from respo_jax.sampling import EngineConfig
 
     data = tmp_path / "data" / "dapo_math_17k.parquet"
     data.parent.mkdir()
@@ -340,13 +339,13 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     assert report["kv_bytes_vs_static"] == pytest.approx(continuous[kv] / static[kv])
     assert report["speedup_vs_transformers"] == pytest.approx(continuous[tokens_per_s] / hf[tokens_per_s])
     assert report["samples_identical"] is True
-    model, defaults = rl_iteration.MICRO_MODEL, EngineConfig()
+    model = rl_iteration.MICRO_MODEL
     token_bytes = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * 4
     prompts = report["workload"]["prompt_tokens"]
-    padded = padded_prompt_length(max(prompts), defaults.prompt_bucket, defaults.prompt_buckets)
-    cache = -(-(padded + 64) // defaults.cache_bucket) * defaults.cache_bucket
-    assert static["peak_kv_bytes"] == 8 * cache * token_bytes  # one chunk of all 8 rows
-    assert 0 < continuous["peak_kv_bytes"] <= continuous["pool_kv_bytes"]
+    assert report["engine"]["static"]["max_slots"] == 8  # one static batch of every row
+    for side in (static, continuous):
+        assert 0 < side["peak_kv_bytes"] <= side["pool_kv_bytes"]
+    assert continuous["peak_kv_bytes"] <= static["peak_kv_bytes"]
     rows = [n for n in prompts for _ in range(4)][:2]
     assert hf["peak_kv_bytes"] >= sum(n + b for n, b in zip(rows, budgets[:2])) * token_bytes
     markdown = (tmp_path / "rollout_engine_micro.md").read_text(encoding="utf-8")
@@ -358,7 +357,7 @@ def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch
     # that run to their budgets: the replay must see the pages in use and the segments the engine's own
     # run sees (recorded by a Scheduler that logs after each decision), with slots refilled mid-run.
     from respo_jax.models import qwen3
-    from respo_jax.sampling import EngineConfig, SamplingParams, generate, paged_decode, scheduler
+    from respo_jax.sampling import EngineConfig, SamplingParams, engine as engine_module, generate, scheduler
 
     from experiments.benchmarks import rollout_engine
 
@@ -370,7 +369,7 @@ def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch
             seen.append(self.cache.pages_in_use)
             return plan
 
-    monkeypatch.setattr(paged_decode, "Scheduler", Recording)
+    monkeypatch.setattr(engine_module, "Scheduler", Recording)
     cfg = qwen3.Qwen3Config.preset("tiny")
     model = qwen3.Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(1)
@@ -383,5 +382,5 @@ def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch
     dims = {"num_hidden_layers": cfg.num_hidden_layers, "num_key_value_heads": cfg.num_key_value_heads,
             "head_dim": cfg.head_dim}
     pool = rollout_engine.engine_pool_pages([len(p) for p in prompts], 3, 24, engine, dims, 4)
-    replay = rollout_engine.continuous_schedule([len(p) for p in prompts], 3, budgets, 24, engine, pool)
+    replay = rollout_engine.replay_schedule([len(p) for p in prompts], 3, budgets, 24, engine, pool)
     assert len(seen) > 2 and (replay["peak_pages"], replay["segments"]) == (max(seen), len(seen))

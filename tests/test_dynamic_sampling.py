@@ -1,8 +1,8 @@
-"""DAPO dynamic sampling (issue 27, `rollout.filter_groups`): which groups are kept and how many prompt
+"""DAPO dynamic sampling (`rollout.filter_groups`): which groups are kept and how many prompt
 batches are drawn (against scripted accuracies, no model), and a real run whose trained groups all have
 an advantage spread, whose counts are logged, and which resumes bit for bit after losing its last
 checkpoint (the state a SIGKILL between an iteration and its checkpoint leaves). The same run has
-rollout correction on (issue 27, `objective.rollout_correction`) and shows its metrics."""
+rollout correction on (`objective.rollout_correction`) and shows its metrics."""
 
 from __future__ import annotations
 

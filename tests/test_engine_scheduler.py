@@ -22,12 +22,15 @@ def _row_value(row: int, position: int) -> int:
     return 10**6 + 1000 * row + position
 
 
-def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps, page_size, num_pages):
+def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps, page_size, num_pages,
+              static=False):
     """Run the scheduler to the end against a fake device; row r ends after `lengths[r]` tokens (its
-    "EOS") or at its budget. Checks the pool's content and the bookkeeping after every segment.
-    Returns (generated tokens per row, the most slots busy at once, the most pages in use)."""
+    "EOS") or at its budget. Checks the pool's content and the bookkeeping after every segment (a static
+    schedule: admissions only into an engine with every slot free). Returns (generated tokens per row,
+    the most slots busy at once, the most pages in use)."""
     sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max(budgets), max_slots=max_slots,
-                      steps_per_schedule=steps, page_size=page_size, num_pages=num_pages)
+                      steps_per_schedule=steps, page_size=page_size, num_pages=num_pages, static=static)
+    steps = sched.steps_per_schedule  # a static batch: to its end
     pool = np.full((num_pages + 1, page_size), -1, np.int64)  # + the scratch page
     generated = np.zeros(max_slots, np.int64)
     done = np.zeros(max_slots, bool)
@@ -38,7 +41,9 @@ def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps
         return [pool[table[p // page_size], p % page_size] for p in range(tokens)]
 
     while not sched.finished:
+        busy = bool(np.any(sched.slot_row >= 0))
         plan = sched.schedule()
+        assert not (static and busy and plan.admissions), "a static batch is admitted whole, once free"
         for prefill in plan.prefills:
             for p in range(prefill.tokens):
                 pool[prefill.pages[p // page_size], p % page_size] = _prompt_value(prefill.prompt, p)
@@ -101,6 +106,14 @@ def test_every_row_completes_with_its_own_tokens(max_slots, steps, page_size, nu
     assert busiest <= max_slots and most_pages <= pages
     if num_pages is not None:
         assert busiest < max_slots  # the pool, not the slots, held rows back
+
+
+@pytest.mark.parametrize("max_slots,page_size", [(5, 8), (12, 4), (1, 8)])
+def test_the_static_schedule_runs_batches_of_rows_to_their_end(max_slots, page_size):
+    pages = default_num_pages(PROMPTS, max(BUDGETS), max_slots=max_slots, page_size=page_size)
+    got, busiest, _ = _simulate(PROMPTS, G, LENGTHS, BUDGETS, max_slots=max_slots, steps=1,
+                                page_size=page_size, num_pages=pages, static=True)
+    assert got == [min(n, b) for n, b in zip(LENGTHS, BUDGETS)] and busiest == max_slots
 
 
 def test_samples_share_the_prompts_full_pages_and_copy_its_partial_page():

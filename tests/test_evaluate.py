@@ -185,16 +185,16 @@ def test_eval_engine_fields_map_into_the_samplers_engine_config():
     settings = EvalSettings(checkpoint="x")
     # Continuous by default; calls of several times the slots, so finished rows' slots are refilled.
     assert settings.engine_config() == EngineConfig(
-        scheduler="continuous", prompt_bucket=128, decode_chunk_size=1024, max_batch_rows=32, max_slots=32,
-        steps_per_schedule=32, page_size=64, num_pages=None, kv_cache_bytes=None)
+        scheduler="continuous", prompt_bucket=128, max_slots=32, steps_per_schedule=32, page_size=64,
+        num_pages=None, kv_cache_bytes=None)
     assert settings.batch_size >= 4 * settings.max_slots
     changed = apply_overrides(EvalConfig(), [
         "eval.checkpoint=x", "eval.scheduler=static", "eval.max_slots=6", "eval.steps_per_schedule=2",
         "eval.page_size=8", "eval.num_pages=50", "eval.paged_attention_impl=pallas_tpu",
-        "eval.decode_chunk_size=0", "eval.min_decode_slots=3"]).eval
+        "eval.min_decode_slots=3"]).eval
     assert changed.engine_config() == EngineConfig(
-        scheduler="static", prompt_bucket=128, decode_chunk_size=None, max_batch_rows=6, max_slots=6,
-        steps_per_schedule=2, page_size=8, num_pages=50, paged_attention_impl="pallas_tpu",
+        scheduler="static", prompt_bucket=128, max_slots=6, steps_per_schedule=2, page_size=8, num_pages=50,
+        paged_attention_impl="pallas_tpu",
         min_decode_slots=3)
     budget = apply_overrides(EvalConfig(), ["eval.checkpoint=x", "eval.kv_cache_bytes=123456"]).eval
     assert (budget.engine_config().kv_cache_bytes, budget.engine_config().num_pages) == (123456, None)
@@ -222,7 +222,7 @@ def _one_error_line(capsys) -> str:
     ("eval.samples=-1", r"eval.samples=-1: expected an integer >= 0 \(0: the paper's counts\)"),
     ("eval.top_k=-1", r"eval.top_k=-1: expected an integer >= 0"),
     ("eval.limit=-3", r"eval.limit=-3: expected an integer >= 0"),
-    ("eval.decode_chunk_size=-1", r"eval.decode_chunk_size=-1: expected an integer >= 0"),
+    ("eval.decode_chunk_size=1024", r"eval.decode_chunk_size no longer exists: .*eval.page_size"),
     ("eval.scheduler=paged", r"eval.scheduler='paged': expected 'continuous' or 'static'"),
     ("eval.max_slots=0", r"eval.max_slots=0: expected an integer >= 1"),
     ("eval.steps_per_schedule=0", r"eval.steps_per_schedule=0: expected an integer >= 1"),

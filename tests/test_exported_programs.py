@@ -16,8 +16,7 @@ from flax import nnx
 from respo_jax.exported_programs import EXPORTED_DIR, ProgramCache, source_fingerprint
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
-from respo_jax.sampling import EngineConfig, SamplingParams
-from respo_jax.sampling.paged_decode import compile_continuous, generate_continuous
+from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.training.programs import jit_program
 from respo_jax.training.step import make_policy_step
 
@@ -178,13 +177,13 @@ def test_the_engines_programs_through_the_cache_sample_the_same_tokens(tmp_path)
     prompts = [[5, 9, 2], [7, 1, 3, 4, 8, 6, 2]]
     params = SamplingParams(max_new_tokens=6, seed=1, num_samples=2, eos_token_ids=(1,))
     engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2)
-    want = generate_continuous(model, prompts, params, engine=engine)
+    want = generate(model, prompts, params, engine=engine)
     first = ProgramCache(str(tmp_path), "tiny engine")
-    compile_continuous(model, 7, 2, params, engine=engine, programs=first)
+    compile_generate(model, 7, 2, params, engine=engine, programs=first)
     names = {name.split("-")[0] for name in _entries(tmp_path)}
     assert names == {"prefill_prompts", "admit_rows", "decode_segment"}
     later = ProgramCache(str(tmp_path), "tiny engine")
-    got = generate_continuous(model, prompts, params, engine=engine, programs=later)
+    got = generate(model, prompts, params, engine=engine, programs=later)
     for name in ("tokens", "lengths", "logprobs"):
         np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)))
     programs = later._functions.values()

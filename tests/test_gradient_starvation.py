@@ -1,4 +1,4 @@
-"""Tests of the gradient-starvation study (issue 17): the scratchpad task with its held-out split, the
+"""Tests of the gradient-starvation study: the scratchpad task with its held-out split, the
 sweep config, and `python -m experiments.gradient_starvation` end to end on a tiny setting (it runs,
 writes well-formed outputs, skips finished cells and refuses stale ones — not which method wins).
 """
@@ -179,7 +179,7 @@ def test_a_malformed_data_file_is_one_line_and_exit_status_1(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The second study (issue 28)
+# The second study
 
 CONFIG_V2 = os.path.join(os.path.dirname(gs.DEFAULT_CONFIG), "gradient_starvation_v2.py")
 
@@ -234,6 +234,10 @@ def test_evaluate_held_out_scores_greedy_and_sampled_responses_per_problem():
     assert np.any(sampled.reshape(12, 3) != greedy[:, None])
     assert (out["sampled_pass_at_1"], out["sampled_pass_at_1_se"]) == pass_at_1(sampled.reshape(12, 3) > 0)
     assert out["sampled_top_p"] == 1.0 and out["sampled_samples"] == 3
+    # per problem, in the records' order: greedy 0/1 and the count of correct samples
+    assert out["greedy_correct"] == (greedy > 0).astype(int).tolist()
+    assert out["sampled_correct"] == (sampled.reshape(12, 3) > 0).sum(axis=1).tolist()
+    assert "problem_ids" not in out  # these records carry no id
 
 
 def test_scratchpad_long_responses_are_around_a_hundred_tokens():

@@ -97,7 +97,7 @@ def test_registry_defaults_are_the_papers_table_3_and_the_reference_codes():
 
 
 def test_respo_gradient_is_phi_times_advantage_over_token_count():
-    """The issue's contract: d loss / d logp[i, t] = -phi(W_i) A_i mask[i, t] / sum(mask) under token-mean."""
+    """The contract: d loss / d logp[i, t] = -phi(W_i) A_i mask[i, t] / sum(mask) under token-mean."""
     logp, old_logp, adv, mask = f32(*make_batch(seed=7))
     grad = jax.grad(lambda x: respo_objective(x, old_logp, adv, mask)[0])(logp)
     phi = respo_kernel(sequence_log_ratio(logp, old_logp, mask), adv)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from respo_jax.sampling.paged_attention import check_paged_attention_impl, paged_attention
+from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl, paged_attention
 
 
 def _reference(q, k_pages, v_pages, tables, lengths, scale):

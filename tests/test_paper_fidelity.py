@@ -450,6 +450,28 @@ def test_pooled_diagnostics_on_a_hand_built_batch():
     assert set(pooled_diagnostics(log_w, -np.abs(adv), phi, length).values()) == {0.0}
 
 
+def test_the_policy_updates_e3_metrics_are_the_pooled_records_definitions():
+    """One definition of App. E.3's statistics: the jitted update's per-mini-batch metrics and the pooled
+    record (float64 on the host) agree on one batch, an empty response (length 0) counting in neither."""
+    import jax
+
+    from respo_jax.objectives.policy_losses import sequence_metrics
+    from respo_jax.objectives.positive_branch import positive_branch_statistics
+
+    log_w = np.array([-2.0, -0.5, -3.0, -4.0, -6.0, -5.0], np.float32)
+    adv = np.array([1.0, 2.0, 1.0, -1.0, 0.0, 3.0], np.float32)
+    phi = np.array([1.2, 1.0, 1.3, 0.5, 1.1, 0.7], np.float32)
+    length = np.array([3, 2, 4, 1, 2, 0])
+    mask = (np.arange(4)[None, :] < length[:, None]).astype(np.float32)
+    step = jax.jit(sequence_metrics)(log_w, adv, mask, phi)
+    pooled = positive_branch_statistics(log_w, adv, phi, length, xp=np)
+    assert float(step["positive_low_w_fraction"]) == pytest.approx(pooled["positive_low_w_share"], rel=1e-6)
+    assert float(step["positive_low_w_mass_share"]) == pytest.approx(pooled["positive_low_w_mass_share"],
+                                                                     rel=1e-6)
+    assert pooled["positive_low_w_share"] == pytest.approx(2 / 3)  # the empty positive response is out
+    assert pooled == pooled_diagnostics(log_w, adv, phi, length)
+
+
 # ----------------------------------------------------------------------------- the 1.7B config, scaled down
 
 

@@ -120,7 +120,8 @@ def test_sharded_save_and_load(checkpoints, tmp_path):
 
 def test_kv_cache_prefill_then_decode_matches_full_forward(checkpoints):
     """Left-padded prompts: prefill 5 slots, a 2-token chunk, then 1 token per step under one jitted
-    step function; every step's logits equal the full forward's logits at the same positions."""
+    step function; every step's logits equal the full forward's logits at the same positions, with the
+    dense cache and with a paged one (`qwen3.PagedKVCache`, the rollout engine's)."""
     _, path = checkpoints[False]
     model = qwen3.from_pretrained(path)
     ids, mask, positions = (jnp.asarray(t.numpy()) for t in _left_padded_batch(seed=5, seq=11))
@@ -146,6 +147,21 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(checkpoints):
     assert programs.compiles + programs.cache_hits == 3  # one per chunk length (7, 2, 1), not per step
     assert np.array_equal(np.asarray(cache.valid[:, :11]), real)
     assert not np.asarray(cache.valid[:, 11:]).any()
+    # The same steps over a paged pool (each row's pages out of order; the last page is the scratch page
+    # that pads write to): the same logits at every real position, and no page a row owns is written
+    # past its real tokens.
+    cfg, page_size = model.config, 4
+    tables = np.random.default_rng(0).permutation(12).reshape(3, 4).astype(np.int32)  # 16 positions a row
+    pool = jnp.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, 13, page_size, cfg.head_dim), cfg.dtype)
+    paged = qwen3.PagedKVCache(pool, pool, jnp.asarray(tables))
+    for lo, hi in bounds:
+        logits, paged = step(state, ids[:, lo:hi], positions[:, lo:hi], mask[:, lo:hi], paged)
+        assert _rel_err(logits, full[:, lo:hi], real[:, lo:hi]) < 1e-5
+    k_pages = np.asarray(paged.k_pages)
+    for row, length in enumerate(real.sum(axis=1)):
+        unused = [(tables[row, p // page_size], p % page_size) for p in range(length, 16)]
+        assert all(not k_pages[:, :, page, offset].any() for page, offset in unused), row
+        assert all(k_pages[:, :, tables[row, p // page_size], p % page_size].any() for p in range(length))
 
 
 def test_cache_overflow_and_shape_errors(checkpoints):

@@ -1,4 +1,4 @@
-"""Training rewards by name (issue 27): the registry, failure containment in the trainer's process and in
+"""Training rewards by name: the registry, failure containment in the trainer's process and in
 the worker pool of a slow reward (a raising, NaN, non-numeric and hanging reward each scored
 `failure_score` and counted), and start-up errors for an unknown `task.reward`."""
 
@@ -202,3 +202,29 @@ def write_user_reward_config(folder: pathlib.Path) -> pathlib.Path:
     path = folder / "user_reward.py"
     path.write_text(textwrap.dedent(USER_REWARD))
     return path
+
+
+def test_objectives_and_rewards_share_one_registry_with_its_rules():
+    from respo_jax.objectives import OBJECTIVES
+    from respo_jax.registry import Registry
+    from respo_jax.rewards.registry import REWARDS
+
+    assert isinstance(OBJECTIVES, Registry) and isinstance(REWARDS, Registry)
+    things = Registry("thing", {"a": 1})
+    assert things.freeze_builtins() == {"a"}
+    things.check_name("b-2_x")
+    with pytest.raises(ValueError, match=r"^thing name must start with a letter .*; got '2b'$"):
+        things.check_name("2b")
+    with pytest.raises(ValueError, match="^thing 'a' is built in and cannot be replaced"):
+        things.check_free("a", replace=True)
+    things["b"] = 2
+    with pytest.raises(ValueError, match="^thing 'b' is already registered; pass replace=True"):
+        things.check_free("b", replace=False)
+    things.check_free("b", replace=True)
+    assert things.names() == ["a", "b"] and things.user_names() == ["b"]
+    with pytest.raises(ValueError, match="^thing 'a' is built in and cannot be removed$"):
+        things.remove("a")
+    things.remove("b")
+    with pytest.raises(KeyError, match=r"no registered thing 'b'; user things are \[\]"):
+        things.remove("b")
+    assert dict(things) == {"a": 1}

@@ -1,4 +1,4 @@
-"""Rollout correction (issue 27): verl's truncated / masked importance weights between the sampler's
+"""Rollout correction: verl's truncated / masked importance weights between the sampler's
 log-probs and log π_old against a float64 NumPy transcription of verl's formulas
 (``verl/trainer/ppo/mismatch_helper.py``, ``compute_rollout_importance_weights``) on held-out cases,
 the weights composing with every objective and the config's one-line errors. A short run with it on is

@@ -1,10 +1,10 @@
-"""Runs that never mix, lose or poison results (issue 14): validation before any write, run-directory
+"""Runs that never mix, lose or poison results: validation before any write, run-directory
 rules, exact resume after SIGKILL, NaN stops, verified checkpoints, atomic writes.
 
 The end-to-end tests run `python -m experiments.train` in subprocesses with the tiny model of
 tests/tiny_runs.py on the synthetic task; they share a persistent XLA compilation cache so that only
-the first process compiles. Checked HF loading, data files and the faults of issue 25 are in
-tests/test_run_faults.py.
+the first process compiles. Checked HF loading, data files, concurrency and faults (one writer per
+directory, full or unwritable disks) are in tests/test_run_faults.py.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from respo_jax.training.checkpoint import (
     write_manifest,
 )
 from respo_jax.training.config import ConfigError, ConfigKeyError, ExperimentConfig, apply_overrides
+from respo_jax.config import config_from_dict
 from respo_jax.training.iteration_metrics import check_finite_steps
 from respo_jax.training.step import NonFiniteError
 from tiny_runs import (
@@ -133,6 +134,19 @@ def test_cli_prints_one_line_and_exits_2_for_a_user_error(tmp_path, capsys):
     line = one_line_error(capsys.readouterr().err)
     assert "objective.hparams={'eps_hgh': 0.3}" in line and "eps_high" in line
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_a_retired_key_is_refused_naming_its_replacement(tmp_path, capsys):
+    # The static engine's row chunks are gone: its key fails in one line, from the command line (exit 2,
+    # nothing written) and from a config dict (a config file or a run's config.json) alike.
+    assert cli([f"run.out_dir={tmp_path / 'run'}", "rollout.sampler_max_rows=64"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "rollout.sampler_max_rows no longer exists" in line and "rollout.max_slots" in line
+    assert not (tmp_path / "run").exists()
+    saved = json.loads(json.dumps(load_config(DEFAULT_CONFIG).to_dict()))
+    saved["rollout"]["sampler_max_rows"] = 256
+    with pytest.raises(ConfigKeyError, match=r"^rollout.sampler_max_rows no longer exists: .*max_slots"):
+        config_from_dict(ExperimentConfig, saved)
 
 
 # ----------------------------------------------------- 3. non-finite values stop the run in time
@@ -261,8 +275,13 @@ def test_resume_may_change_only_the_resumable_keys(tmp_path):
     saved = json.loads(json.dumps(config.to_dict()))
     changed = apply_overrides(config, ["run.iterations=999", "run.checkpoint_every=5", "run.progress=false",
                                        "run.resume=true", f"run.out_dir={tmp_path}",
-                                       "rollout.max_tokens_per_microbatch=1000", "rollout.sampler_max_rows=7"])
+                                       "rollout.max_tokens_per_microbatch=1000"])
     assert run_dir.config_differences(saved, changed) == []
+    old = json.loads(json.dumps(saved))
+    old["rollout"]["sampler_max_rows"] = 256  # a run saved when the static engine existed
+    assert run_dir.config_differences(old, config) == [
+        "rollout.sampler_max_rows: saved 256, no longer exists (the rollout engine decodes at most "
+        "rollout.max_slots rows at once (rollout.scheduler=static: batches of rollout.max_slots rows))"]
     assert run_dir.config_differences(saved, apply_overrides(config, ["rollout.response_bucket=8"])) == [
         "rollout.response_bucket: saved 64, now 8"]
     assert run_dir.config_differences(saved, apply_overrides(config, ["run.seed=1", "optim.b2=0.99"])) == [

@@ -2,9 +2,10 @@
 batched and one by one), teacher-forced forwards of the same model for log-probs and routing, and a
 float64 NumPy implementation of temperature / top-k / top-p for truncated log-probs.
 
-Most tests run the static engine (`EngineConfig(scheduler="static")`: its chunking, compile-ahead and
-routing capture); the continuous engine (the default) is checked here against transformers, the
-float64 reference and the static engine's samples, and in detail in test_paged_decode.py."""
+Most tests run the engine's static schedule (`EngineConfig(scheduler="static")`: every row its own
+slot, one batch decoded to its end), some the continuous one (fewer slots than rows, pages smaller than
+prompts); both against transformers, teacher-forced forwards, the float64 reference and a step-by-step
+reference sampler (`decode_reference`); the continuous schedule in detail in test_engine.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 import transformers
 
 import jitted_model as jm
+from decode_reference import reference_generate
 from respo_jax.models import qwen3
 from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.training.compilation import compilation_totals
@@ -193,8 +195,8 @@ def test_same_seed_same_samples_other_seed_other_samples_chunking_changes_nothin
     high = generate(model, PROMPTS, dataclasses.replace(MOE_PARAMS, seed=11 + 2**32), return_routing=True,
                     engine=STATIC)
     chunked = generate(model, PROMPTS, MOE_PARAMS, return_routing=True,
-                       engine=EngineConfig(scheduler="static", prompt_bucket=8, prefill_chunk_size=5,
-                                           decode_chunk_size=4, cache_bucket=4))
+                       engine=EngineConfig(prompt_bucket=8, prefill_chunk_size=5, max_slots=3, page_size=4,
+                                           steps_per_schedule=4))
     for field in ("tokens", "lengths", "logprobs", "routing"):
         np.testing.assert_array_equal(np.asarray(getattr(first, field)), np.asarray(getattr(again, field)))
     for field in ("tokens", "lengths", "routing"):
@@ -205,27 +207,27 @@ def test_same_seed_same_samples_other_seed_other_samples_chunking_changes_nothin
 
 
 @pytest.mark.slow
-def test_a_batch_generated_in_row_chunks_equals_one_batch(moe, moe_sampled):
-    # 4 prompts x 2 samples = 8 rows in chunks of at most 3 (3 + 3 + 2 and a filler row): a row's keys
-    # depend on its index in the whole batch, so tokens, log-probs and routing are those of one batch.
+def test_a_batch_generated_in_static_batches_equals_one_batch(moe, moe_sampled):
+    # 4 prompts x 2 samples = 8 rows in static batches of 3 slots (3 + 3 + 2): a row's keys depend on its
+    # index in the whole batch, so tokens, log-probs and routing are those of one batch.
     model = moe[1]
     params = dataclasses.replace(MOE_PARAMS, num_samples=2)
-    whole = generate(model, PROMPTS, params, return_routing=True,
-                     engine=dataclasses.replace(STATIC, max_batch_rows=None))
+    whole = generate(model, PROMPTS, params, return_routing=True, engine=STATIC)
     chunked = generate(model, PROMPTS, params, return_routing=True,
-                       engine=dataclasses.replace(STATIC, max_batch_rows=3))
-    for field in ("tokens", "lengths", "routing", "prompt_routing", "prompt_mask"):
+                       engine=dataclasses.replace(STATIC, max_slots=3))
+    for field in ("tokens", "lengths", "routing", "prompt_mask"):
         np.testing.assert_array_equal(np.asarray(getattr(chunked, field)), np.asarray(getattr(whole, field)))
+    real = np.broadcast_to(np.asarray(whole.prompt_mask)[None, :, :, None] > 0, whole.prompt_routing.shape)
+    np.testing.assert_array_equal(np.asarray(chunked.prompt_routing)[real],  # pads: any expert
+                                  np.asarray(whole.prompt_routing)[real])
     # (log-probs to round-off: the batch size changes the matmuls' summation order)
     np.testing.assert_allclose(np.asarray(chunked.logprobs), np.asarray(whole.logprobs), atol=1e-5)
     assert chunked.tokens.shape == (8, MOE_PARAMS.max_new_tokens)
-    with pytest.raises(ValueError, match="max_batch_rows"):
-        EngineConfig(max_batch_rows=0)
 
 
 def test_row_ids_make_a_rows_samples_independent_of_its_position(dense):
     # 4 prompts x 2 samples seeded by ids of their own; the same 8 rows shuffled, as single samples, in
-    # chunks of at most 3 rows (3 + 3 + 2 and a filler row) with their ids: each row gets its sample back.
+    # static batches of 3 rows (3 + 3 + 2) with their ids: each row gets its sample back.
     model = dense[1]
     params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_p=0.9, seed=5, eos_token_ids=(2,),
                             num_samples=2)
@@ -234,7 +236,7 @@ def test_row_ids_make_a_rows_samples_independent_of_its_position(dense):
     order = np.array([5, 0, 7, 2, 6, 1, 3, 4])
     rows = [PROMPTS[i // 2] for i in order]
     moved = generate(model, rows, dataclasses.replace(params, num_samples=1), row_ids=ids[order],
-                     engine=dataclasses.replace(STATIC, max_batch_rows=3))
+                     engine=dataclasses.replace(STATIC, max_slots=3))
     np.testing.assert_array_equal(np.asarray(moved.tokens), np.asarray(whole.tokens)[order])
     np.testing.assert_array_equal(np.asarray(moved.lengths), np.asarray(whole.lengths)[order])
     np.testing.assert_allclose(np.asarray(moved.logprobs), np.asarray(whole.logprobs)[order], atol=1e-5)
@@ -252,10 +254,11 @@ def test_row_ids_make_a_rows_samples_independent_of_its_position(dense):
 
 
 def test_compile_generate_compiles_every_program_of_a_bucket_ahead(moe):
-    # Decode in two segments with a cache that grows between them, and routing capture: every program
-    # generate runs for a prompt bucket is compiled ahead, so generating at that bucket compiles nothing.
+    # The static schedule with routing capture: every program generate runs for a prompt bucket is
+    # compiled ahead, so generating at that bucket compiles nothing (the continuous schedule's widths and
+    # prefill sizes: test_engine.py).
     model, params = moe[1], dataclasses.replace(MOE_PARAMS, max_new_tokens=6)
-    engine = EngineConfig(scheduler="static", prompt_bucket=8, decode_chunk_size=4, cache_bucket=4)
+    engine = EngineConfig(scheduler="static", prompt_bucket=8, page_size=4)
     compile_generate(model, 32, 2, params, return_routing=True, engine=engine)
     before = compilation_totals()
     generate(model, [p + [3] * 10 for p in PROMPTS[:2]], params, return_routing=True, engine=engine)  # 21: 32
@@ -265,33 +268,33 @@ def test_compile_generate_compiles_every_program_of_a_bucket_ahead(moe):
 
 
 def test_decoding_stops_when_every_row_is_done(dense, monkeypatch):
-    # Count the static engine's decode steps on the device (each feeds one token per row through the
+    # Count the static batch's decode steps on the device (each feeds one token per slot through the
     # model's forward): with every row done after its first EOS or at its own budget, the loop runs
-    # until the longest response ends, not for max_new_tokens.
+    # until the longest response ends, not for max_new_tokens. (New params: the segment is traced anew.)
+    from respo_jax.sampling import model_step
+
     steps = []
-    forward = qwen3.Qwen3ForCausalLM.forward
+    decode_step = model_step._decode_step
 
-    def counting_forward(self, input_ids, *args, **kwargs):
-        if input_ids.shape[1] == 1:  # one token per row: the prompt's last token, then each decode step
-            jax.debug.callback(lambda: steps.append(1))
-        return forward(self, input_ids, *args, **kwargs)
+    def counting_step(*args, **kwargs):
+        jax.debug.callback(lambda: steps.append(1))
+        return decode_step(*args, **kwargs)
 
-    monkeypatch.setattr(qwen3.Qwen3ForCausalLM, "forward", counting_forward)
+    monkeypatch.setattr(model_step, "_decode_step", counting_step)
     hf, model = dense
     eos = _hf_greedy(hf, [PROMPTS[0]], eos=None)[0][2]
     params = SamplingParams(max_new_tokens=200, temperature=0.0, eos_token_ids=(eos,))
     out = generate(model, [PROMPTS[0], PROMPTS[0]], params, engine=STATIC)
     jax.effects_barrier()
-    # one single-token forward per generated token: the prompt's last token gives the first, each
-    # decode step the next; none after the last row's EOS
-    assert int(np.asarray(out.lengths).max()) == 3 and len(steps) == 3
+    # the prompt's logits give the first token, each decode step the next; none after the last row's EOS
+    assert int(np.asarray(out.lengths).max()) == 3 and len(steps) == 2
     steps.clear()
     capped = generate(model, [PROMPTS[0], PROMPTS[0]], params, engine=STATIC, row_max_new_tokens=[1, 2])
     jax.effects_barrier()
     np.testing.assert_array_equal(np.asarray(capped.lengths), [1, 2])
     first = np.asarray(out.tokens)[0, :2]  # both rows have the same prompt: the same greedy tokens
     np.testing.assert_array_equal(np.asarray(capped.tokens)[:, :2], [[first[0], eos], first])
-    assert len(steps) == 2
+    assert len(steps) == 1
 
 
 def test_routing_equals_teacher_forced_routing(moe, moe_sampled):
@@ -328,13 +331,13 @@ def test_row_budgets_keep_the_tokens_and_routing_of_the_tokens_kept(moe, moe_sam
 
 
 def test_routing_when_every_row_stops_in_an_early_decode_segment(moe):
-    # The EOS token's routing needs one forward after the loop; here it happens after the first of
-    # several decode segments (the host sees every row done), and must equal teacher forcing.
+    # The EOS token's routing needs one forward after the row is done; here the row ends in the first of
+    # several decode segments (the capture runs at that segment's end), and must equal teacher forcing.
     hf, model = moe
     eos = _hf_greedy(hf, [PROMPTS[0]], eos=None)[0][2]
     params = SamplingParams(max_new_tokens=NEW, temperature=0.0, eos_token_ids=(eos,))
     out = generate(model, [PROMPTS[0]], params, return_routing=True,
-                   engine=dataclasses.replace(STATIC, decode_chunk_size=4))
+                   engine=dataclasses.replace(CONTINUOUS, steps_per_schedule=4))
     n = int(out.lengths[0])
     assert n <= 3
     routing = _teacher_forced_routing(model, [PROMPTS[0] + np.asarray(out.tokens[0, :n]).tolist()])
@@ -367,14 +370,14 @@ def test_bad_generate_inputs_raise(dense, prompts, params, kwargs, match, schedu
                  **kwargs)
 
 
-def test_row_budgets_cut_rows_and_both_engines_draw_the_same_samples(dense):
-    # Reference: the static engine's samples without EOS and budgets (a row's draws depend on neither).
-    # With an EOS id that some rows sample and budgets that cut others first, each row is that sample
-    # up to its first EOS or its budget, whichever comes first, in the static and the continuous engine.
+def test_row_budgets_cut_rows_and_both_schedules_draw_the_reference_samples(dense):
+    # Reference: the step-by-step sampler's samples without EOS and budgets (a row's draws depend on
+    # neither). With an EOS id that some rows sample and budgets that cut others first, each row is that
+    # sample up to its first EOS or its budget, whichever comes first, in either schedule.
     model = dense[1]
     params = SamplingParams(max_new_tokens=NEW, temperature=1.0, top_p=0.9, seed=21, num_samples=2)
-    full = generate(model, PROMPTS, params, engine=STATIC)
-    full_tokens, full_logprobs = np.asarray(full.tokens), np.asarray(full.logprobs)
+    full = reference_generate(model, PROMPTS, params)
+    full_tokens, full_logprobs = full.tokens, full.logprobs
     eos = int(full_tokens[3, 5])
     params = dataclasses.replace(params, eos_token_ids=(eos,))
     ends = np.array([np.flatnonzero(row == eos)[0] + 1 if (row == eos).any() else NEW for row in full_tokens])
@@ -419,5 +422,3 @@ def test_bad_engine_config_raises():
         EngineConfig(scheduler="paged")
     with pytest.raises(ValueError, match="prefill_chunk_size"):
         EngineConfig(prefill_chunk_size=0)
-    with pytest.raises(ValueError, match="decode_chunk_size"):
-        EngineConfig(decode_chunk_size=-1)

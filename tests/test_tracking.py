@@ -1,4 +1,4 @@
-"""Live tracking (issue 27): a tiny run with run.loggers=jsonl,tensorboard,wandb (W&B offline) trains a user
+"""Live tracking: a tiny run with run.loggers=jsonl,tensorboard,wandb (W&B offline) trains a user
 reward registered in its --config file; TensorBoard's event files, read back with TensorBoard's own
 EventAccumulator, and the offline W&B run, read back with W&B's own `wandb leet inspect`, hold every
 numeric metric of metrics.jsonl with its step; after a resume (the log rewound to the checkpoint)

@@ -98,7 +98,7 @@ def test_rollout_engine_fields_map_into_the_samplers_engine_config():
     r = config.rollout
     # The default run's rollout batch (N x M prompts x G) fits the default slots at once: one admission.
     assert r.engine_config() == EngineConfig(
-        scheduler="continuous", prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows,
+        scheduler="continuous", prompt_bucket=r.prompt_bucket,
         max_slots=256, steps_per_schedule=64, page_size=16, num_pages=None, kv_cache_bytes=None)
     assert r.max_slots >= r.reuse * r.prompts_per_minibatch * r.group_size == 256
     knobs = ["rollout.scheduler=static", "rollout.max_slots=8", "rollout.steps_per_schedule=3",
@@ -106,7 +106,7 @@ def test_rollout_engine_fields_map_into_the_samplers_engine_config():
              "rollout.min_decode_slots=2"]
     changed = apply_overrides(config, knobs)
     assert changed.rollout.engine_config() == EngineConfig(
-        scheduler="static", prompt_bucket=r.prompt_bucket, max_batch_rows=r.sampler_max_rows, max_slots=8,
+        scheduler="static", prompt_bucket=r.prompt_bucket, max_slots=8,
         steps_per_schedule=3, page_size=4, kv_cache_bytes=65536, paged_attention_impl="pallas_tpu",
         min_decode_slots=2)
     pages = apply_overrides(config, ["rollout.num_pages=40"]).rollout.engine_config()
@@ -132,10 +132,9 @@ def test_paper_configs_sample_with_the_continuous_engine_in_a_byte_budget():
         assert (engine.scheduler, engine.max_slots, engine.page_size) == ("continuous", slots, 64)
         tokens = engine.kv_cache_bytes // kv_bytes_per_token  # the pool's tokens: ~300k and ~350k
         assert 2_000 < tokens / slots < 5_000  # a few thousand tokens per slot (Tab. 4's median: ~850)
-    # The static engine's dense cache for the 1.7B run: 256 rows x (prompt + 15,360), more than 10x.
+    # A static batch's K/V for the 1.7B run: 256 rows x (prompt + 15,360), more than 10x.
     r = load_config(str(configs / "qwen3_1p7b_dapo.py")).rollout
-    static = kv_cache_bytes(qwen3.Qwen3Config.preset("qwen3-1.7b"), r.sampler_max_rows, 1024 + r.max_new_tokens,
-                            "bfloat16")
+    static = kv_cache_bytes(qwen3.Qwen3Config.preset("qwen3-1.7b"), 256, 1024 + r.max_new_tokens, "bfloat16")
     assert r.engine_config().kv_cache_bytes < static / 10
 
 

@@ -183,7 +183,7 @@ def run_cpu(plan: Plan, out_dir: str, command: str, parts: tuple[str, ...] = ())
     report["peak_rss_mib"] = common.peak_rss_mib()
     report["environment"] = common.environment()
     report["wall_s"] = time.perf_counter() - started
-    # quick.json carries the headline keys at top level (the contract), the details below them.
+    # quick.json carries the headline keys at top level, the details below them.
     payload = {**headline, **report}
     common.write_json(os.path.join(out_dir, f"{stem}.json"), payload)
     summary = common.markdown_table(

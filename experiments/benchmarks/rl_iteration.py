@@ -60,7 +60,7 @@ SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
 DATA_DIR = os.path.normpath(os.path.join(SHARED, "data"))
 TOKENIZER_DIR = os.path.normpath(os.path.join(SHARED, "tokenizers", "qwen3"))
 
-# The model: a random Qwen3 at the real vocabulary (the LM head is most of its FLOPs).
+# The benchmark's model: a random Qwen3 at the real vocabulary (the LM head is most of its FLOPs).
 MODEL = dict(vocab_size=151_936, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
              num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
 MICRO_MODEL = dict(vocab_size=151_936, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

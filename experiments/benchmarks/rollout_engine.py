@@ -1,5 +1,5 @@
-"""The rollout engine on the paper's length distribution: static batch vs continuous batching vs
-`transformers`' own continuous batching (issue 24).
+"""The rollout engine on the paper's length distribution: its static-batch schedule vs its continuous
+batching vs `transformers`' own continuous batching.
 
     python -m experiments.benchmarks.rollout_engine                  # rollout_engine.json / .md in results/
     python -m experiments.benchmarks.rollout_engine --max-slots 32 --steps-per-schedule 8 --out DIR
@@ -21,8 +21,9 @@ benchmark replays a length distribution.
 Sides, each in its own process (its own allocator, thread pools and peak RSS), loading one checkpoint
 written by `transformers`, alternated round by round after `--warmup` untimed rounds (the JAX sides
 compile there; the compilation is reported separately, and the timed rounds must compile nothing):
-- static: `generate` with `EngineConfig(scheduler="static")` and its default chunking (every chunk of
-  rows decodes until its longest row ends, into a dense cache of rows × (prompt + max_new_tokens)).
+- static: the same engine with `EngineConfig(scheduler="static", max_slots=rows, page_size)`: one
+  static batch, every row in its own slot with its pages held to its cap, decoded until its longest row
+  ends (the same code as the continuous side; only the schedule differs).
 - continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule,
   min_decode_slots)`.
 - transformers: `generate_batch`'s engine (`ContinuousBatchingManager`, `attn_implementation="sdpa"`,
@@ -31,19 +32,17 @@ compile there; the compilation is reported separately, and the timed rounds must
   slow on CPU, so it runs the first `--hf-rows` rows (whole prompts with their budgets): compare tokens/s.
 
 Reported per side: `useful_tokens_per_s` (tokens inside each row's budget / median seconds), `seconds`,
-`peak_rss_mb` (MiB), `peak_kv_bytes` (static: the dense cache of one chunk, rows × cache length ×
-layers × 2 × kv_heads × head_dim × itemsize; continuous: the pages in use at the scheduler's peak ×
-bytes per page, replayed with the engine's own `Scheduler`, next to the allocated pool
-`pool_kv_bytes`; transformers: its paged cache's allocated bytes); top level `speedup_vs_static`,
+`peak_rss_mb` (MiB), `peak_kv_bytes` (the JAX sides: the pages in use at the scheduler's peak × bytes
+per page, replayed with the engine's own `Scheduler` for that side's schedule, next to the allocated
+pool `pool_kv_bytes`; transformers: its paged cache's allocated bytes); top level `speedup_vs_static`,
 `kv_bytes_vs_static`, `speedup_vs_transformers` (quotients of the continuous side's values over the
-other side's) and `samples_identical` (the static and continuous engines sample the same tokens for
+other side's) and `samples_identical` (the static and continuous schedules sample the same tokens for
 the seed).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 import tempfile
@@ -107,10 +106,6 @@ def workload_prompts(config, count: int) -> list[list[int]]:
 # ---------------------------------------------------------------------------------- memory and work models
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def _padded_prompt(prompt_lengths, engine) -> int:
     """The engine's padded prompt length for these prompts (its `prompt_bucket` and `prompt_buckets`)."""
     from respo_jax.sampling.params import padded_prompt_length
@@ -123,45 +118,26 @@ def kv_bytes_per_token(model: dict, itemsize: int) -> int:
     return model["num_hidden_layers"] * 2 * model["num_key_value_heads"] * model["head_dim"] * itemsize
 
 
-def static_cache(prompt_lengths, budgets, max_new_tokens: int, engine) -> dict:
-    """The static engine's dense cache and decode work (`EngineConfig` fields `prompt_bucket`,
-    `cache_bucket`, `max_batch_rows`, `decode_chunk_size`): rows run in equal chunks of at most
-    `max_batch_rows`, each into a cache of (the batch's longest prompt, bucketed) + the steps it decodes
-    (rounded up to `decode_chunk_size` segments, at most `max_new_tokens`), and each decodes until its
-    longest row ends. `prompt_lengths`: [prompts] tokens; `budgets`: [rows] each row's budget.
-    Returns {chunk_rows, cache_len (the largest), decoded_tokens (rows × steps summed over chunks)}."""
-    budgets = np.asarray(budgets)
-    rows = len(budgets)
-    chunks = 1 if engine.max_batch_rows is None else math.ceil(rows / engine.max_batch_rows)
-    chunk_rows = math.ceil(rows / chunks)
-    prompt_len = _padded_prompt(prompt_lengths, engine)
-    step = engine.decode_chunk_size or max_new_tokens
-    cache_len, decoded = 0, 0
-    for first in range(0, rows, chunk_rows):
-        longest = int(budgets[first:first + chunk_rows].max())
-        stop = min(_round_up(longest, step), max_new_tokens)
-        cache_len = max(cache_len, _round_up(prompt_len + stop, engine.cache_bucket))
-        decoded += chunk_rows * longest
-    return {"chunk_rows": chunk_rows, "cache_len": cache_len, "decoded_tokens": decoded}
-
-
-def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_tokens: int, engine,
-                        num_pages: int) -> dict:
-    """Replays the continuous engine's host scheduler (`respo_jax.sampling.scheduler.Scheduler`) for rows
-    that each generate exactly their budget (`ignore_eos`): a row admitted into a slot samples its first
-    token there, every segment decodes its slots (the occupied ones padded to a decode width) for
-    `steps_per_schedule` steps or until no row is live.
+def replay_schedule(prompt_lengths, num_samples: int, budgets, max_new_tokens: int, engine,
+                    num_pages: int) -> dict:
+    """Replays the engine's host scheduler (`respo_jax.sampling.scheduler.Scheduler`, in `engine`'s
+    schedule) for rows that each generate exactly their budget (`ignore_eos`): a row admitted into a slot
+    samples its first token there, every segment decodes its slots (the occupied ones padded to a decode
+    width; a static batch: every slot) for `steps_per_schedule` steps (a static batch: to its end) or until
+    no row is live.
     Returns {peak_pages (pages in use at the peak, prompt pages included), segments, decoded_tokens (slots
     × steps of every segment, plus the first token of every row)}."""
     from respo_jax.sampling.scheduler import Scheduler, engine_slots, segment_widths
 
     budgets = np.asarray(budgets, np.int64)
     slots = engine_slots(engine.max_slots, len(budgets))
+    static = engine.scheduler == "static"
     sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max_new_tokens, max_slots=slots,
                       steps_per_schedule=engine.steps_per_schedule, page_size=engine.page_size,
                       num_pages=num_pages, prefill_chunk=engine.prefill_chunk_size,
-                      max_prompt_len=_padded_prompt(prompt_lengths, engine))
-    widths = segment_widths(engine, slots=slots, rows=len(budgets), max_new_tokens=max_new_tokens)
+                      max_prompt_len=_padded_prompt(prompt_lengths, engine), static=static)
+    widths = (slots,) if static else segment_widths(engine, slots=slots, rows=len(budgets),
+                                                    max_new_tokens=max_new_tokens)
     generated = np.zeros(slots, np.int64)
     peak = segments = 0
     decoded = len(budgets)
@@ -172,7 +148,7 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
             generated[admission.slot] = 1
         busy = sched.slot_row >= 0
         budget = np.where(busy, budgets[np.maximum(sched.slot_row, 0)], 0)
-        steps = min(engine.steps_per_schedule, int(np.max(budget - generated, initial=0)))
+        steps = min(sched.steps_per_schedule, int(np.max(budget - generated, initial=0)))
         generated = np.where(busy, np.minimum(generated + steps, budget), 0)
         decoded += len(sched.decode_slots(widths)) * steps
         segments += 1
@@ -182,7 +158,7 @@ def continuous_schedule(prompt_lengths, num_samples: int, budgets, max_new_token
 
 def engine_pool_pages(prompt_lengths, num_samples: int, max_new_tokens: int, engine, model: dict,
                       itemsize: int) -> int:
-    """Pages of the continuous engine's pool, sized by the engine's own rule (`scheduler.pool_pages` for
+    """Pages of the engine's pool, sized by the engine's own rule (`scheduler.pool_pages` for
     its slots, `scheduler.engine_slots`, and its prompt bucket) on one device."""
     from respo_jax.sampling.scheduler import engine_slots, pool_pages
 
@@ -335,14 +311,12 @@ def summarize_side(records: list[dict], warmup: int, rows: int, load: dict) -> d
 
 def kv_model(kind: str, prompt_lengths, num_samples: int, budgets, max_new_tokens: int, engine, model: dict,
              itemsize: int) -> dict:
-    """A JAX side's `peak_kv_bytes` and decode work: the static engine's dense cache of one chunk, or the
-    continuous engine's pages in use at its scheduler's peak (and its allocated pool)."""
+    """A JAX side's `peak_kv_bytes` and decode work: the pages in use at its scheduler's peak (and its
+    allocated pool), for its schedule (`engine.scheduler`; `kind` names the side)."""
+    del kind
     token_bytes = kv_bytes_per_token(model, itemsize)
-    if kind == "static":
-        dense = static_cache(prompt_lengths, budgets, max_new_tokens, engine)
-        return {**dense, "peak_kv_bytes": dense["chunk_rows"] * dense["cache_len"] * token_bytes}
     pool = engine_pool_pages(prompt_lengths, num_samples, max_new_tokens, engine, model, itemsize)
-    schedule = continuous_schedule(prompt_lengths, num_samples, budgets, max_new_tokens, engine, pool)
+    schedule = replay_schedule(prompt_lengths, num_samples, budgets, max_new_tokens, engine, pool)
     page_bytes = engine.page_size * token_bytes
     return {**schedule, "pool_pages": pool, "peak_kv_bytes": schedule["peak_pages"] * page_bytes,
             "pool_kv_bytes": pool * page_bytes}
@@ -372,7 +346,9 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
     prompts_n, group, cap = settings["prompts"], settings["group_size"], settings["max_new_tokens"]
     case = rl_iteration.RaceCase(prompts_n, group_size=group, max_new_tokens=cap, micro=settings["micro"])
     budgets = draw_budgets(prompts_n * group, cap, settings["seed"])
-    engines = {"static": {}, "continuous": {k: settings[k] for k in CONTINUOUS_FIELDS}}
+    # The static side: one batch of every row, each in its own slot, pages of the continuous side's size.
+    engines = {"static": {"max_slots": prompts_n * group, "page_size": settings["page_size"]},
+               "continuous": {k: settings[k] for k in CONTINUOUS_FIELDS}}
     engine = {kind: EngineConfig(scheduler=kind, **fields) for kind, fields in engines.items()}
     with tempfile.TemporaryDirectory() as checkpoint:
         rl_iteration.write_checkpoint(checkpoint, case, tokenizer_dir)
@@ -501,7 +477,7 @@ def main(argv=None) -> int:
                         help="untimed rounds per side first (JAX compiles there)")
     # The engine's own defaults for its slots. Fewer slots than rows is what lets finished rows' slots be
     # refilled; decoding only the occupied slots' width (min_decode_slots) is what keeps many slots cheap
-    # at the tail. On the default workload (seed 0: 12,572 budget tokens, 19% of the static engine's
+    # at the tail. On the default workload (seed 0: 12,572 budget tokens, 19% of a static batch's
     # 65,536 decoded ones) the scheduler's replay decodes 17,776 slot-steps with 64 slots and widths
     # 64/32/16 (35,904 at width 64 alone, 18,544 with 16 slots); a decode step's cost is mostly the
     # [width, vocab] LM head, whose per-row cost falls with the width (1.7 ms a row at 16, ~1 at 64 here).

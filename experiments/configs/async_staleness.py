@@ -4,15 +4,11 @@ policy updates) so that the whole grid fits in about 25 minutes of one shared CP
 overrides objective.name, rollout.async_steps and run.seed (the grid is
 `experiments.async_staleness.GRID`)."""
 
-import dataclasses
-
 from experiments.configs.respo_synthetic import get_config as default_config
+from respo_jax.training.config import derive
 
 
 def get_config():
-    config = default_config()
-    return dataclasses.replace(
-        config,
-        run=dataclasses.replace(config.run, iterations=48, eval_problems=0, progress=False,
-                                out_dir="runs/async_staleness", compilation_cache_dir="runs/jit_cache"),
-    )
+    return derive(default_config(), run={"iterations": 48, "eval_problems": 0, "progress": False,
+                                         "out_dir": "runs/async_staleness",
+                                         "compilation_cache_dir": "runs/jit_cache"})

@@ -10,8 +10,8 @@ whose page pool holds every slot's longest row (the K/V memory of a 32-row stati
 `eval.scheduler=static` the static batch.
 """
 
-from respo_jax.eval.config import EvalConfig, EvalSettings
+from respo_jax.eval.config import EvalConfig
 
 
 def get_config() -> EvalConfig:
-    return EvalConfig(eval=EvalSettings())
+    return EvalConfig()  # the defaults are the paper's protocol

@@ -11,32 +11,26 @@ README, "Gradient starvation at CPU scale".
 one seed, a short run.
 """
 
-import dataclasses
-
-from respo_jax.training.config import ModelConfig, OptimConfig, RolloutConfig, RunConfig, TaskConfig, WarmupConfig
-from respo_jax.training.sweep import StarvationConfig, SweepConfig
+from respo_jax.training.config import derive
+from respo_jax.training.sweep import StarvationConfig
 
 
 def get_config() -> StarvationConfig:
-    return StarvationConfig(
-        model=ModelConfig(preset="tiny", scan_layers=False),
-        task=TaskConfig(name="synthetic", difficulty="scratchpad", seed=0),
-        rollout=RolloutConfig(prompts_per_minibatch=4, group_size=8, max_new_tokens=64),
-        optim=OptimConfig(learning_rate=1e-4, max_grad_norm=1.0),
-        warmup=WarmupConfig(steps=300, batch_size=64, learning_rate=3e-3),
-        run=RunConfig(eval_problems=256, progress=False),
-        sweep=SweepConfig(objectives="grpo,gspo,vespo,respo", reuse="1,8,32", seeds="0,1,2",
-                          policy_updates=256, runs_dir="runs/gradient_starvation",
-                          out_dir="experiments/results/gradient_starvation"),
+    """`StarvationConfig()` (whose sweep section is this study's grid) with the study's model, task and
+    step sizes."""
+    return derive(
+        StarvationConfig(),
+        model={"scan_layers": False},
+        task={"difficulty": "scratchpad"},
+        rollout={"prompts_per_minibatch": 4, "max_new_tokens": 64},
+        optim={"learning_rate": 1e-4},
+        warmup={"steps": 300},
+        run={"eval_problems": 256, "progress": False},
     )
 
 
 def get_quick_config() -> StarvationConfig:
-    config = get_config()
-    return dataclasses.replace(
-        config,
-        warmup=dataclasses.replace(config.warmup, steps=150),
-        sweep=dataclasses.replace(config.sweep, reuse="1,8", seeds="0", policy_updates=32,
-                                  runs_dir="runs/gradient_starvation_quick",
-                                  out_dir="runs/gradient_starvation_quick/results"),
-    )
+    return derive(get_config(), warmup={"steps": 150},
+                  sweep={"reuse": "1,8", "seeds": "0", "policy_updates": 32,
+                         "runs_dir": "runs/gradient_starvation_quick",
+                         "out_dir": "runs/gradient_starvation_quick/results"})

@@ -1,4 +1,4 @@
-"""Gradient starvation at CPU scale, second study (issue 28): each method at its own step size, controls
+"""Gradient starvation at CPU scale, second study: each method at its own step size, controls
 that attribute the effect, sampled held-out accuracy, and a long-response regime.
 
 The first study's setting (`gradient_starvation.py`: the tiny model, the scratchpad task, M = 4 x G = 8,
@@ -18,15 +18,13 @@ the same 300-step base model) with:
 `get_quick_config()` is `--quick` (about ten minutes): every part of the study on a small scale.
 """
 
-import dataclasses
-
 import jax.numpy as jnp
 
 from respo_jax.objectives import kernel_objective, register_objective
 from respo_jax.objectives.kernels import respo_kernel, vespo_kernel
-from respo_jax.training.config import (ModelConfig, OptimConfig, RolloutConfig, RunConfig, TaskConfig,
-                                       WarmupConfig)
-from respo_jax.training.sweep import StarvationConfig, SweepConfig
+from experiments.configs.gradient_starvation import get_config as first_study_config
+from respo_jax.training.config import derive
+from respo_jax.training.sweep import StarvationConfig
 
 
 def reinforce_phi(log_w, advantages):
@@ -58,32 +56,25 @@ def register_controls() -> None:
 
 def get_config() -> StarvationConfig:
     register_controls()
-    return StarvationConfig(
-        model=ModelConfig(preset="tiny", scan_layers=False),
-        task=TaskConfig(name="synthetic", difficulty="scratchpad", seed=0),
-        rollout=RolloutConfig(prompts_per_minibatch=4, group_size=8, max_new_tokens=64),
-        optim=OptimConfig(learning_rate=1e-4, max_grad_norm=1.0),  # the common lr (the first study's)
-        warmup=WarmupConfig(steps=300, batch_size=64, learning_rate=3e-3),
-        run=RunConfig(eval_problems=512, progress=False, eval_samples=8, eval_temperature=1.0,
-                      eval_top_p=0.7),
-        sweep=SweepConfig(objectives="grpo,gspo,vespo,respo", reuse="1,32", seeds="0,1,2",
-                          policy_updates=256, runs_dir="runs/gradient_starvation_v2",
-                          out_dir="experiments/results/gradient_starvation_v2",
-                          learning_rates="2.5e-5,5e-5,1e-4", on_policy_objectives="grpo,gspo",
-                          selection_seed=3, controls=",".join(CONTROLS), long_difficulty="scratchpad_long",
-                          long_max_new_tokens=200, long_reuse="8,32", long_seeds="0"),
+    return derive(
+        first_study_config(),  # its model, task, M x G, base model and common lr (1e-4)
+        # prompt_bucket: the padding the committed cells ran with (the package default is now 256)
+        rollout={"prompt_bucket": 128},
+        run={"eval_problems": 512, "eval_samples": 8},  # sampled pass@1 at the defaults T = 1, top-p 0.7
+        sweep={"reuse": "1,32", "runs_dir": "experiments/results/gradient_starvation_v2/runs",
+               "out_dir": "experiments/results/gradient_starvation_v2", "learning_rates": "2.5e-5,5e-5,1e-4",
+               "on_policy_objectives": "grpo,gspo", "selection_seed": 3, "controls": ",".join(CONTROLS),
+               "long_difficulty": "scratchpad_long", "long_max_new_tokens": 200, "long_seeds": "0"},
     )
 
 
 def get_quick_config() -> StarvationConfig:
-    config = get_config()
-    return dataclasses.replace(
-        config,
-        warmup=dataclasses.replace(config.warmup, steps=150),
-        run=dataclasses.replace(config.run, eval_problems=64, eval_samples=4),
-        sweep=dataclasses.replace(config.sweep, objectives="grpo,respo", reuse="1,4", seeds="0",
-                                  policy_updates=8, learning_rates="5e-5,1e-4", on_policy_objectives="grpo",
-                                  selection_seed=1, controls="reinforce", long_reuse="4",
-                                  runs_dir="runs/gradient_starvation_v2_quick",
-                                  out_dir="runs/gradient_starvation_v2_quick/results"),
+    return derive(
+        get_config(),
+        warmup={"steps": 150},
+        run={"eval_problems": 64, "eval_samples": 4},
+        sweep={"objectives": "grpo,respo", "reuse": "1,4", "seeds": "0", "policy_updates": 8,
+               "learning_rates": "5e-5,1e-4", "on_policy_objectives": "grpo", "selection_seed": 1,
+               "controls": "reinforce", "long_reuse": "4", "runs_dir": "runs/gradient_starvation_v2_quick",
+               "out_dir": "runs/gradient_starvation_v2_quick/results"},
     )

@@ -14,7 +14,5 @@ from respo_jax.training.config import ExperimentConfig
 # x 2 B = 96 KiB per token, so 32 GiB hold ~350k tokens: 128 slots at ~2.7k tokens each (a slot holds
 # ~2.9k on average at the 8,192 cap, fewer with the overlong penalty shortening responses).
 def get_config() -> ExperimentConfig:
-    return paper_dapo_config(
-        max_new_tokens=8_192, out_dir="runs/qwen3_30b_a3b_dapo", max_slots=128, kv_cache_bytes=32 * 2**30,
-        overlong_buffer_length=4_096, overlong_penalty_factor=1.0,
-    )
+    return paper_dapo_config(max_new_tokens=8_192, out_dir="runs/qwen3_30b_a3b_dapo", max_slots=128,
+                             kv_cache_bytes=32 * 2**30, task={"overlong_buffer_length": 4_096})

@@ -10,30 +10,19 @@ evenly over up to 8 data-parallel devices (data × fsdp × expert); experts over
 heads over 2 `tensor`.
 """
 
-from respo_jax.training.config import (
-    ExperimentConfig,
-    MeshSection,
-    ModelConfig,
-    ObjectiveConfig,
-    OptimConfig,
-    RolloutConfig,
-    RunConfig,
-    TaskConfig,
-    WarmupConfig,
-)
+from respo_jax.training.config import ExperimentConfig, derive
 
 
 def get_config() -> ExperimentConfig:
-    return ExperimentConfig(
-        model=ModelConfig(preset="tiny-moe", scan_layers=False),
-        task=TaskConfig(name="synthetic", difficulty="easy", seed=0),
+    return derive(
+        ExperimentConfig(),
+        model={"preset": "tiny-moe", "scan_layers": False},
         # Prompts padded to 32 tokens; 16 responses of 32 + 6 tokens per mini-batch split into two
         # micro-batches of 8 (320 tokens at most each), so accumulation runs on every mesh.
-        rollout=RolloutConfig(prompts_per_minibatch=2, group_size=8, reuse=2, max_new_tokens=6,
-                              routing_replay=True, prompt_bucket=32, max_tokens_per_microbatch=320),
-        objective=ObjectiveConfig(name="respo", load_balancing_weight=0.001),
-        optim=OptimConfig(learning_rate=2e-4, max_grad_norm=1.0),
-        warmup=WarmupConfig(steps=40, batch_size=32, learning_rate=3e-3),
-        run=RunConfig(iterations=20, seed=0, out_dir="runs/toy_moe", eval_problems=16),
-        mesh=MeshSection(),
+        rollout={"prompts_per_minibatch": 2, "reuse": 2, "max_new_tokens": 6, "routing_replay": True,
+                 "prompt_bucket": 32, "max_tokens_per_microbatch": 320},
+        objective={"load_balancing_weight": 0.001},
+        optim={"learning_rate": 2e-4},
+        warmup={"steps": 40, "batch_size": 32},
+        run={"iterations": 20, "out_dir": "runs/toy_moe", "eval_problems": 16},
     )

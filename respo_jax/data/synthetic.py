@@ -284,7 +284,16 @@ DIFFICULTIES: dict[str, ArithmeticTask] = {
     # long-response regime, where a sequence's log W sums over many more tokens.
     "scratchpad_long": ArithmeticTask(num_digits=1, num_operands=16, min_operands=12, operations="+-",
                                       boxed_prefix=False, scratchpad=True, test_fraction=0.1, align=True),
+    # 2-16 operands in one stream: short problems the base model mostly solves beside long ones (12-16
+    # operands, responses of up to ~160 tokens) whose rare, long positives carry large |A|.
+    "scratchpad_mixed": ArithmeticTask(num_digits=1, num_operands=16, min_operands=2, operations="+-",
+                                       boxed_prefix=False, scratchpad=True, test_fraction=0.1, align=True),
 }
+
+
+def operand_count(problem: str) -> int:
+    """The number of operands of a problem text: "12+34-5=" -> 3 (an aligned problem's padding ignored)."""
+    return len(_TERM.findall(problem.strip(" ").rstrip("=")))
 
 
 def get_task(difficulty: str, **overrides: Any) -> ArithmeticTask:

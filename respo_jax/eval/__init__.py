@@ -26,6 +26,7 @@ from respo_jax.eval.statistics import (
     late_mean,
     length_bin_accuracy,
     length_bin_edges,
+    paired_cluster_bootstrap,
     shared_length_bins,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "length_bin_edges",
     "length_by_bin",
     "load_rollout_files",
+    "paired_cluster_bootstrap",
     "pooled_diagnostics",
     "read_rollout_file",
     "shared_length_bins",

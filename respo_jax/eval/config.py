@@ -3,17 +3,18 @@
 §4.1 / App. D.2: the six benchmarks, 16 samples per problem on AIME 2025, AIME 2024 and AMC 2023 and 4
 on OlympiadBench, Minerva Math and MATH-500, temperature 1.0, top-p 0.7, no top-k, up to 16,384 new
 tokens, the chat template when the tokenizer has one, Math-Verify scoring. Every field is overridable
-as `eval.field=value` through `respo_jax.training.config.apply_overrides` (the trainer's machinery).
+as `eval.field=value` through `respo_jax.config.apply_overrides` (the machinery every config shares).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from respo_jax.training.config import (MeshSection, _Section, check_engine_fields, engine_config,
-                                       validate_sections)
+from respo_jax.config.engine import EVAL_ENGINE_DEFAULTS, EngineSection
+from respo_jax.config.mesh import MeshSection
+from respo_jax.config.typed import validate_sections
 
-# Benchmark names of the evaluation (the issue's / paper's names) -> `respo_jax.data.load_benchmark` names.
+# Benchmark names of the evaluation (the paper's) -> `respo_jax.data.load_benchmark` names.
 PAPER_BENCHMARKS = ("aime25", "aime24", "amc23", "olympiadbench", "minerva_math", "math500")
 LOADER_NAMES = {"aime25": "aime25", "aime24": "aime24", "amc23": "amc23", "olympiadbench": "olympiadbench",
                 "minerva_math": "minerva", "math500": "math500"}
@@ -28,7 +29,7 @@ DISPLAY_NAMES = {"aime25": "AIME25", "aime24": "AIME24", "amc23": "AMC23", "olym
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSettings(_Section):
+class EvalSettings(EngineSection, engine_defaults=EVAL_ENGINE_DEFAULTS):
     """What to evaluate, with which protocol, and where the outputs go (section `eval`).
 
     checkpoint: a Hugging Face directory (config.json, safetensors, tokenizer.json) or a training run
@@ -44,26 +45,19 @@ class EvalSettings(_Section):
     batch_size: sequences (problems x samples) per sampler call (completions are written call by call,
       so a rerun resumes from the last call); a few times max_slots, so the continuous engine refills
       a finished row's slot from the same call.
-    scheduler: the sampler's engine (`respo_jax.sampling.EngineConfig.scheduler`): "continuous" (the
-      default: max_slots rows decoded together, a finished row's slot refilled, K/V in a paged pool)
-      or "static" (a call decoded in chunks of max_slots rows, each until its longest row ends). For
-      one seed both give the same completions (up to float round-off ties): not part of the protocol.
-    max_slots: rows decoded together, in either engine: it bounds the KV cache in memory.
-    steps_per_schedule / min_decode_slots / page_size / num_pages / kv_cache_bytes /
-      paged_attention_impl: the continuous engine's decode steps between scheduling decisions, the
-      fewest slots a segment decodes (the occupied ones padded to a halving of max_slots), tokens per KV
-      page, and pool (num_pages pages or a kv_cache_bytes budget, at most one; 0 for both: every slot
-      can hold a whole row, so admission never waits), and its attention kernel ("gather" everywhere,
-      "pallas_tpu" / "pallas_gpu" on their platform only).
-    prompt_bucket / prompt_buckets / decode_chunk_size: the sampler's EngineConfig (fewer compilations:
-      "geometric" buckets of prompt_bucket · 2^k or "linear" multiples / the static engine's attention
-      over the slots generated so far); 0 for decode_chunk_size decodes in one loop.
+    scheduler / max_slots / steps_per_schedule / min_decode_slots / page_size / num_pages / kv_cache_bytes /
+      paged_attention_impl / prompt_bucket / prompt_buckets: the sampler's engine, declared once for
+      `eval.*` and `rollout.*` (`respo_jax.config.engine.EngineSection`; why evaluation's defaults differ:
+      `EVAL_ENGINE_DEFAULTS`); max_slots bounds the KV cache in memory. Not part of the protocol: for one
+      seed every engine setting gives the same completions (up to float round-off ties).
     num_workers: Math-Verify worker processes (0: the CPU count, at most 32).
     overwrite: discard the outputs already in out_dir and start again (otherwise a rerun resumes, and a
       different protocol in the same out_dir is refused).
     """
 
     section = "eval"
+    retired = {"decode_chunk_size": "the engine's attention reads only the pages a row holds (pages of "
+                                    "eval.page_size tokens)"}
     checkpoint: str = ""
     benchmarks: str = ",".join(PAPER_BENCHMARKS)
     data_dir: str = "../shared/data"  # the benchmarks' data root
@@ -78,17 +72,6 @@ class EvalSettings(_Section):
     limit: int = 0
     synthetic_problems: int = 500  # held-out problems of a synthetic-task run (benchmarks="synthetic")
     batch_size: int = 256
-    scheduler: str = "continuous"
-    max_slots: int = 32
-    steps_per_schedule: int = 32  # continuous engine: decode steps between two scheduling decisions
-    min_decode_slots: int = 16  # continuous engine: the fewest slots a decode segment runs
-    page_size: int = 64  # continuous engine: tokens per KV page
-    num_pages: int = 0  # 0: unset
-    kv_cache_bytes: int = 0  # 0: unset
-    paged_attention_impl: str = "gather"  # attention over pages: "gather", "pallas_tpu" or "pallas_gpu"
-    prompt_bucket: int = 128
-    prompt_buckets: str = "geometric"
-    decode_chunk_size: int = 1024
     seed: int = 0  # each sample's seed is derived from this and (benchmark, problem, sample)
     num_workers: int = 0
     verify_timeout_s: float = 20.0  # Math-Verify's time limit per completion, in seconds
@@ -121,12 +104,12 @@ class EvalSettings(_Section):
         self._need("benchmarks", len(set(names)) == len(names), "each benchmark at most once")
         self._need("benchmarks", SYNTHETIC not in names or len(names) == 1,
                    "synthetic alone (a synthetic-task run), not mixed with math benchmarks")
-        for name in ("max_new_tokens", "batch_size", "prompt_bucket", "synthetic_problems"):
+        for name in ("max_new_tokens", "batch_size", "synthetic_problems"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
-        check_engine_fields(self)
+        self.validate_engine()
         self._need("bootstrap_resamples", self.bootstrap_resamples >= 2, "an integer >= 2")
         for name, zero in (("samples", "the paper's counts"), ("top_k", "no top-k"),
-                           ("limit", "all problems"), ("decode_chunk_size", "decode in one loop"),
+                           ("limit", "all problems"),
                            ("num_workers", "the CPU count")):
             self._need(name, getattr(self, name) >= 0, f"an integer >= 0 (0: {zero})")
         for name in ("seed", "bootstrap_seed"):
@@ -137,12 +120,6 @@ class EvalSettings(_Section):
         self._need("dtype", self.dtype in ("", "float32", "bfloat16"),
                    "'' (the checkpoint's), float32 or bfloat16")
         self._need("verify_timeout_s", self.verify_timeout_s > 0, "a number > 0 (seconds)")
-
-    def engine_config(self):
-        """The sampler's `EngineConfig`: max_slots bounds the rows decoded at once in both engines (the
-        static engine's row chunks)."""
-        return engine_config(self, prompt_bucket=self.prompt_bucket,
-                             decode_chunk_size=self.decode_chunk_size or None, max_batch_rows=self.max_slots)
 
 
 @dataclasses.dataclass(frozen=True)

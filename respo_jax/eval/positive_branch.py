@@ -24,13 +24,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from respo_jax.objectives.positive_branch import LOW_LOG_W, positive_branch_statistics
+
 # The 14 right-closed bins (a, b] of Tab. 7; log W is clamped to [-20, 20], so the outer bins hold the
 # clamped values (and (20, inf) stays empty).
 LOG_W_BIN_EDGES = (-math.inf, -20.0, -10.0, -5.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, math.inf)
 NUM_BINS = len(LOG_W_BIN_EDGES) - 1
 
 # Tab. 5's regions: (label, lower, upper, lower bound included?, upper bound included?)
-LOW_W = ("log W < -1", -math.inf, -1.0, False, False)
+LOW_W = ("log W < -1", -math.inf, LOW_LOG_W, False, False)
 DEEP_TAIL = ("-5 < log W <= -2", -5.0, -2.0, False, True)
 
 
@@ -83,25 +85,11 @@ def region_shares(rollout: Mapping, region=LOW_W) -> tuple[float, float]:
 
 
 def pooled_diagnostics(log_w, advantage, phi, length) -> dict[str, float]:
-    """The App. E.3 keys of one rollout batch's metrics record, all ``[rows]`` arrays pooled:
-
-    positive_low_w_share            p_B for log W < -1
-    positive_low_w_mass_share       m_B for log W < -1
-    positive_low_w_amplification    m_B / p_B (0 when no positive response has log W < -1)
-    positive_log_w_mean             mean log W of positive responses
-    positive_length_mean            mean length of positive responses
-    (all 0 when the batch has no positive response)
-    """
-    rollout = {"log_w": log_w, "advantage": advantage, "phi": phi, "length": length}
-    share, mass_share = region_shares(rollout, LOW_W)
-    positive_log_w, _, positive_length = _positive(rollout)
-    return {
-        "positive_low_w_share": share,
-        "positive_low_w_mass_share": mass_share,
-        "positive_low_w_amplification": _ratio(mass_share, share),
-        "positive_log_w_mean": float(positive_log_w.mean()) if positive_log_w.size else 0.0,
-        "positive_length_mean": float(positive_length.mean()) if positive_length.size else 0.0,
-    }
+    """The App. E.3 keys of one rollout batch's metrics record, all ``[rows]`` arrays pooled (float64):
+    `respo_jax.objectives.positive_branch.positive_branch_statistics`, the definitions the policy update's
+    per-mini-batch metrics use (positive_low_w_share / _mass_share / _amplification for log W < -1,
+    positive_log_w_mean, positive_length_mean; all 0 when the batch has no positive response)."""
+    return positive_branch_statistics(log_w, advantage, phi, length, xp=np)
 
 
 def _window(rollouts: Sequence[Mapping], first: int | None, last: int | None) -> list[Mapping]:

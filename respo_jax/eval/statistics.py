@@ -1,6 +1,8 @@
 """The paper's reporting statistics as pure functions of scores, lengths and logged curves.
 
   cluster_bootstrap      macro-average pass@1 and its cluster-bootstrap standard error (App. D.3, Tab. 1)
+  paired_cluster_bootstrap  two methods' pass@1 difference on shared problems and seeds, with a paired
+                         bootstrap over problems x seeds (App. D.3's resampling, both methods drawn alike)
   length_bin_edges       10 shared response-length bins: Q1-Q9 equal-frequency, Q10 the capped ones (App. E.2)
   length_bin_accuracy    per-bin counts and accuracy of one method under shared edges (Tab. 4, Fig. 4)
   shared_length_bins     edges pooled over several methods, then each method's bins
@@ -110,6 +112,57 @@ def cluster_bootstrap(
             replicates[start : start + count] += z[draws].mean(axis=1)
     replicates /= len(names)
     return macro, float(replicates.std(ddof=1))
+
+
+class PairedDifference(NamedTuple):
+    """A paired difference of two methods' pass@1 and its bootstrap spread (`paired_cluster_bootstrap`)."""
+
+    difference: float
+    se: float
+    low: float
+    high: float
+
+
+def paired_cluster_bootstrap(
+    a, b, num_resamples: int = 10_000, seed: int = 0, level: float = 0.95
+) -> PairedDifference:
+    """The difference of two methods' pass@1 on the same problems and seeds, with a cluster bootstrap over
+    problems x seeds (App. D.3, paired).
+
+    a, b: [seeds, problems] or [seeds, problems, samples] sample scores (0/1 correct, or any finite
+      reals) of methods A and B; seed s of A and of B share their problems (and evaluation draws).
+    Point estimate: z = mean over samples, d = z_a - z_b [seeds, problems], D = mean(d).
+    Bootstrap: each of `num_resamples` replicates draws the seeds (S, with replacement) and, independently,
+      the problems (I, with replacement), the same draws for both methods (so problem and seed effects
+      shared by A and B cancel), and takes D^(b) = mean(d[S][:, I]). With one seed only the problems vary.
+    Returns D, the standard deviation of the D^(b) (ddof=1) and the equal-tailed `level` percentile
+    interval of the D^(b). Draws come from `np.random.default_rng(seed)`: all seed indices first
+    [num_resamples, seeds], then all problem indices [num_resamples, problems]; float64 throughout.
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape or a.ndim not in (2, 3) or 0 in a.shape:
+        raise ValueError(f"a and b must have one shape, [seeds, problems] or [seeds, problems, samples], "
+                         f"none empty; got {a.shape} and {b.shape}")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("a and b must hold finite scores")
+    if not _is_int(num_resamples) or num_resamples < 2:
+        raise ValueError(f"num_resamples must be an int >= 2; got {num_resamples!r}")
+    if not _is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1); got {level!r}")
+    d = (a.mean(axis=2) - b.mean(axis=2)) if a.ndim == 3 else a - b
+    seeds, problems = d.shape
+    rng = np.random.default_rng(int(seed))
+    seed_draws = rng.integers(0, seeds, size=(num_resamples, seeds))
+    problem_draws = rng.integers(0, problems, size=(num_resamples, problems))
+    replicates = np.empty(num_resamples, np.float64)
+    for r in range(num_resamples):  # counts per seed and per problem: D^(b) = c_S d c_I / (|S| |I|)
+        seed_counts = np.bincount(seed_draws[r], minlength=seeds)
+        problem_counts = np.bincount(problem_draws[r], minlength=problems)
+        replicates[r] = seed_counts @ d @ problem_counts / (seeds * problems)
+    low, high = np.quantile(replicates, [(1 - level) / 2, (1 + level) / 2])
+    return PairedDifference(float(d.mean()), float(replicates.std(ddof=1)), float(low), float(high))
 
 
 # ---------------------------------------------------------------------------------------------------

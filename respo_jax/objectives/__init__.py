@@ -9,6 +9,21 @@ New objectives are registered without editing the package (``registry``: ``regis
 ``kernel_objective`` / ``reshaping_objective``); ``response_gradient_weight`` measures any objective's
 per-response gradient weight (Fig. 1) by differentiating it. ``regularizers`` (KL to a reference
 policy, entropy bonus) and ``off_policy_masks`` (DeepSeek-V3.2, geometric-mean, M2PO) add to any objective.
+
+Modules:
+  kernels             the sequence-weight kernels phi(W; A) of ReSPO, VESPO and the Eq. 12 family
+  policy_losses       the objectives by name (``OBJECTIVES``, ``get_objective``) and their per-token losses
+  aggregation         the loss aggregation modes, exact over micro-batches
+  advantages          GRPO / Dr.GRPO group advantages
+  positive_branch     App. E.3's positive-branch statistics, for the jitted step and the pooled record
+  registry            user objectives (``register_objective``, ``kernel_objective``, ``reshaping_objective``)
+  gradient_weight     any objective's per-response gradient weight (Fig. 1)
+  regularizers        KL to a reference policy, entropy bonus
+  off_policy_masks    masks of stale tokens or sequences (DeepSeek-V3.2, geometric mean, M2PO)
+  rollout_correction  verl's truncated / masked importance weights between sampler and trainer
+  decoupled           AReaL's decoupled objective: ratio and clip on pi / pi_prox, weighted by
+                      pi_prox / pi_behav
+  validation          input checks (shapes, dtypes; values when concrete), so bad input fails loudly
 """
 
 from respo_jax.objectives.advantages import group_advantages

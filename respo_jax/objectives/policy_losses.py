@@ -36,10 +36,10 @@ Micro-batch accumulation: divide each micro-batch by the mini-batch denominator,
 ``objective(..., denominator=objective.denominator(full_mask))``; the summed gradients then equal the
 full-batch gradient exactly (see ``aggregation``).
 
-Metrics (scalars, all stop-gradient; the App. E.3 diagnostics use the same definitions):
+Metrics (scalars, all stop-gradient; the App. E.3 ones are ``positive_branch``'s, as the pooled record's):
   token_count, response_count     response tokens, non-empty responses
   log_w_mean / _min / _max        clamped log W over non-empty responses (0 when there are none)
-  positive_low_w_fraction         share of positive (A > 0) responses with log W < -1
+  positive_low_w_fraction         share of positive (A > 0) responses with log W < -1 (``positive_branch``)
   coef_mean_pos / _neg            mean sequence coefficient (token mean of c) over A > 0 / A < 0 responses
   coef_mass_pos / _neg            sum of coefficient * |A| over A > 0 / A < 0 responses
   positive_low_w_mass_share       share of coef_mass_pos carried by positive responses with log W < -1
@@ -68,7 +68,9 @@ from respo_jax.objectives.aggregation import (
     loss_denominator,
     safe_divide,
 )
+from respo_jax.objectives.positive_branch import positive_branch_statistics
 from respo_jax.objectives.validation import check_policy_inputs
+from respo_jax.registry import Registry
 
 sg = jax.lax.stop_gradient
 
@@ -229,7 +231,7 @@ def sequence_metrics(log_w, advantages, mask, seq_coef) -> dict[str, jax.Array]:
     seq_mass = seq_coef * jnp.abs(advantages)
     positive = non_empty & (advantages > 0)
     negative = non_empty & (advantages < 0)
-    low_w = log_w < -1.0
+    e3 = positive_branch_statistics(log_w, advantages, seq_coef, lengths)
 
     def masked_sum(values, where):
         return jnp.sum(jnp.where(where, values, 0.0))
@@ -245,12 +247,12 @@ def sequence_metrics(log_w, advantages, mask, seq_coef) -> dict[str, jax.Array]:
         "log_w_mean": safe_divide(masked_sum(log_w, non_empty), response_count),
         "log_w_min": jnp.where(has_any, jnp.min(jnp.where(non_empty, log_w, jnp.inf)), 0.0),
         "log_w_max": jnp.where(has_any, jnp.max(jnp.where(non_empty, log_w, -jnp.inf)), 0.0),
-        "positive_low_w_fraction": safe_divide(count(positive & low_w), count(positive)),
+        "positive_low_w_fraction": e3["positive_low_w_share"],
         "coef_mean_pos": safe_divide(masked_sum(seq_coef, positive), count(positive)),
         "coef_mean_neg": safe_divide(masked_sum(seq_coef, negative), count(negative)),
         "coef_mass_pos": mass_pos,
         "coef_mass_neg": masked_sum(seq_mass, negative),
-        "positive_low_w_mass_share": safe_divide(masked_sum(seq_mass, positive & low_w), mass_pos),
+        "positive_low_w_mass_share": e3["positive_low_w_mass_share"],
     }
 
 
@@ -400,7 +402,9 @@ class ObjectiveSpec:
             raise TypeError(f"ObjectiveSpec.scale_advantages must be a bool; got {self.scale_advantages!r}")
 
 
-OBJECTIVES: dict[str, ObjectiveSpec] = {
+# The objectives by name (`respo_jax.registry.Registry`: built-ins frozen, users add with
+# `respo_jax.objectives.register_objective`).
+OBJECTIVES: Registry[ObjectiveSpec] = Registry("objective", {
     "respo": ObjectiveSpec(
         respo_token_loss,
         {"alpha": kernels.RESPO_ALPHA, "beta": kernels.RESPO_BETA, "lam": kernels.RESPO_LAMBDA},
@@ -440,7 +444,7 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
         aggregation="seq-mean-token-sum-norm",
         scale_advantages=False,
     ),
-}
+})
 
 
 class ObjectiveOutput(NamedTuple):

@@ -19,7 +19,6 @@ config file registers (``--config my_config.py`` registering before ``get_config
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable, Mapping
 
 import jax
@@ -38,9 +37,8 @@ from respo_jax.objectives.policy_losses import (
 )
 
 # The names the package ships; they can be neither replaced nor removed.
-BUILTIN_OBJECTIVES = frozenset(OBJECTIVES)
+BUILTIN_OBJECTIVES = OBJECTIVES.freeze_builtins()
 
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
 # log W values the kernel and registration probes cover: both clamp ends, the on-policy point, the tails.
 _PROBE_LOG_W = np.linspace(-kernels.LOG_W_CLAMP, kernels.LOG_W_CLAMP, 81)
 
@@ -196,19 +194,13 @@ def register_objective(name: str, spec: ObjectiveSpec, *, replace: bool = False)
     The objective is probed before this returns (see the module docstring); when the probe fails,
     the registry is left as it was and ValueError names the objective and the problem.
     """
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(
-            f"objective name must start with a letter and hold only letters, digits, '_' or '-'; got {name!r}"
-        )
+    OBJECTIVES.check_name(name)
     if not isinstance(spec, ObjectiveSpec):
         raise TypeError(
             f"register_objective({name!r}, ...) needs an ObjectiveSpec (kernel_objective, "
             f"reshaping_objective or ObjectiveSpec(...)); got {type(spec).__name__}"
         )
-    if name in BUILTIN_OBJECTIVES:
-        raise ValueError(f"objective {name!r} is built in and cannot be replaced; register under a new name")
-    if name in OBJECTIVES and not replace:
-        raise ValueError(f"objective {name!r} is already registered; pass replace=True to replace it")
+    OBJECTIVES.check_free(name, replace)
     previous = OBJECTIVES.get(name)
     OBJECTIVES[name] = spec
     try:
@@ -225,9 +217,4 @@ def register_objective(name: str, spec: ObjectiveSpec, *, replace: bool = False)
 
 def unregister_objective(name: str) -> None:
     """Removes a user-registered objective; built-ins raise ValueError, unknown names KeyError."""
-    if name in BUILTIN_OBJECTIVES:
-        raise ValueError(f"objective {name!r} is built in and cannot be removed")
-    if name not in OBJECTIVES:
-        raise KeyError(f"no registered objective {name!r}; user objectives are "
-                       f"{sorted(set(OBJECTIVES) - BUILTIN_OBJECTIVES)}")
-    del OBJECTIVES[name]
+    OBJECTIVES.remove(name)

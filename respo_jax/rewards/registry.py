@@ -22,14 +22,13 @@ import dataclasses
 import inspect
 import math
 import os
-import re
 import sys
 from typing import Callable
 
+from respo_jax.registry import Registry
 from respo_jax.rewards.strict_box import strict_box_score
 
 RewardFn = Callable[[dict, str], float]
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,16 +67,17 @@ def math_verify_reward(record: dict, response: str) -> float:
     return 2.0 * math_verify_score(response, record["answer"]) - 1.0
 
 
-REWARDS: dict[str, RewardSpec] = {
+# The rewards by name (`respo_jax.registry.Registry`: built-ins frozen, users add with `register_reward`).
+REWARDS: Registry[RewardSpec] = Registry("reward", {
     "strict_box": RewardSpec("strict_box", strict_box_reward),
     "math_verify": RewardSpec("math_verify", math_verify_reward, slow=True),
-}
-BUILTIN_REWARDS = frozenset(REWARDS)
+})
+BUILTIN_REWARDS = REWARDS.freeze_builtins()
 
 
 def reward_names() -> list[str]:
     """Every registered reward name, built-ins first."""
-    return sorted(BUILTIN_REWARDS) + sorted(set(REWARDS) - BUILTIN_REWARDS)
+    return REWARDS.names()
 
 
 def get_reward(name: str) -> RewardSpec:
@@ -115,15 +115,10 @@ def register_reward(name: str, fn: RewardFn, *, slow: bool = False, timeout_s: f
     response (see the module docstring for where the function must live); `failure_score` (finite) is
     what a failed response scores. ValueError / TypeError name what is wrong.
     """
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"reward name must start with a letter and hold only letters, digits, '_' or '-'; "
-                         f"got {name!r}")
+    REWARDS.check_name(name)
     if not callable(fn):
         raise TypeError(f"register_reward({name!r}, ...) needs a function of (record, response); got {fn!r}")
-    if name in BUILTIN_REWARDS:
-        raise ValueError(f"reward {name!r} is built in and cannot be replaced; register under a new name")
-    if name in REWARDS and not replace:
-        raise ValueError(f"reward {name!r} is already registered; pass replace=True to replace it")
+    REWARDS.check_free(name, replace)
     if isinstance(failure_score, bool) or not isinstance(failure_score, (int, float)) \
             or not math.isfinite(failure_score):
         raise ValueError(f"reward {name!r}: failure_score must be a finite number; got {failure_score!r}")
@@ -139,10 +134,4 @@ def register_reward(name: str, fn: RewardFn, *, slow: bool = False, timeout_s: f
 
 def unregister_reward(name: str) -> None:
     """Removes a user reward; built-ins raise ValueError, unknown names KeyError."""
-    if name in BUILTIN_REWARDS:
-        raise ValueError(f"reward {name!r} is built in and cannot be removed")
-    if name not in REWARDS:
-        raise KeyError(f"no registered reward {name!r}; user rewards are "
-                       f"{sorted(set(REWARDS) - BUILTIN_REWARDS)}")
-    del REWARDS[name]
-
+    REWARDS.remove(name)

@@ -1,14 +1,15 @@
-"""The continuous-batching engine's device state: page pools, the decode slots' rows, and the outputs.
+"""The rollout engine's device state (page pools, the decode slots' rows, the outputs) and its result,
+`GenerateOutput`.
 
-Why one module: every engine program (`paged_prefill`, `paged_decode`) takes the state and returns it
+Why one module: every engine program (`model_step`) takes the state and returns it
 donated, and they must all agree on its shapes and shardings, or a program compiled ahead
-(`compile_continuous`) is not the one a call looks up. So the state is created once by `init_state`
+(`Engine.compile`) is not the one a call looks up. So the state is created once by `init_state`
 under the model's mesh and every program ends with `constrain_state`: the same NamedSharding per
 field whatever program produced it.
 
 Shardings (`respo_jax.sharding.ShardingRules` logical names). The page pools split their kv heads like
 the attention weights (`PAGE_AXES`; pages and their tokens whole); the slots, and the rows of the
-outputs, split over the `batch` axes like the static sampler's rows (both padded to a multiple); the
+outputs, split over the `batch` axes (both padded to a multiple); the
 prompts' last logits and routing are replicated (they are read by whichever slot admits a row).
 """
 
@@ -21,9 +22,35 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-# Logical axes of the page pools: kv heads split like the attention weights (and like the dense cache's
-# `qwen3.cache.CACHE_AXES`); pages and their tokens whole.
-PAGE_AXES = ("layers", "kv_heads", None, None, "head_dim")
+from respo_jax.models.qwen3.paged_attention import PAGE_AXES
+
+
+@struct.dataclass
+class GenerateOutput:
+    """Result of `generate` (prompt-major: row i * num_samples + j is sample j of prompt i).
+
+    Attributes:
+      tokens: `[batch, max_new_tokens]` int32 generated tokens; pad id after EOS.
+      lengths: `[batch]` int32 number of generated tokens, EOS included (at most the row's budget).
+      logprobs: `[batch, max_new_tokens]` float32 log-prob of each token under the sampling
+        distribution (0 after EOS, and 0 everywhere for greedy decoding).
+      routing: `[num_moe_layers, batch, max_new_tokens, top_k]` int32 routed experts of each generated
+        token when it was fed to the model (0 after EOS), or None.
+      prompt_routing: `[num_moe_layers, batch, prompt_len, top_k]` int32 routed experts of the
+        left-padded prompt (pads hold whatever the router chose for the pad token; mask them with
+        `prompt_mask`), or None.
+      prompt_mask: `[batch, prompt_len]` int32, 1 on real prompt tokens of the left-padded layout.
+      entropy: `[batch, max_new_tokens]` float32 entropy (nats) of the sampling distribution each token
+        was drawn from (0 after EOS), with `SamplingParams.return_entropy`; else None.
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    logprobs: jax.Array
+    routing: jax.Array | None = None
+    prompt_routing: jax.Array | None = None
+    prompt_mask: jax.Array | None = None
+    entropy: jax.Array | None = None
 
 
 @struct.dataclass
@@ -116,7 +143,7 @@ def place_state(state: EngineState, cfg) -> EngineState:
     input whose sharding is equivalent, and on a mesh of size-1 axes every sharding is equivalent to
     replicated: the prompt logits of a tied-embedding model came out of the prefill and the decode
     segment as P('tensor', ('fsdp', 'expert')) (the embedding's), out of the admission as P(). A decode
-    segment then ran with either, and the one `compile_continuous` had not lowered was compiled anew in
+    segment then ran with either, and the one `Engine.compile` had not lowered was compiled anew in
     a process reading the other from the persistent cache. Equivalent layouts: no data moves. It runs
     after every engine program, so the shardings are built once per mesh and the renamed fields go
     through one `jax.device_put` (17 separate ones cost ~1 ms a program, ~8 ms of the default run's

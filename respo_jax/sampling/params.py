@@ -1,9 +1,9 @@
 """What to sample and how much: the frozen, validated parameters of one `generate` call.
 
 `SamplingParams` describes the sampling *distribution* (temperature, top-k, top-p) and the rollout
-shape (max new tokens, EOS ids, samples per prompt, seed).  `EngineConfig` describes which engine
-runs the rollout (continuous batching over a paged KV cache, or a static batch) and how it lays out
-memory; it changes speed and memory, never the result.  Both are hashable, so they serve as static
+shape (max new tokens, EOS ids, samples per prompt, seed).  `EngineConfig` describes how the engine
+schedules the rows (continuously, or in static batches) and lays out memory; it changes speed and
+memory, never the result.  Both are hashable, so they serve as static
 arguments of the jitted sampler: one compilation per distinct value.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
+from respo_jax.models.qwen3.paged_attention import PAGED_ATTENTION_IMPLS
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -98,11 +100,8 @@ class SamplingParams:
         return self.eos_token_ids[0] if self.eos_token_ids else 0
 
 
-# Kernels of attention over the paged KV cache (`respo_jax.sampling.paged_attention`): the platform
-# each one runs on (None: every platform).
-PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
 
-# The engines `generate` dispatches to (`EngineConfig.scheduler`).
+# How the engine schedules rows (`EngineConfig.scheduler`).
 SCHEDULERS = ("continuous", "static")
 # How a prompt length is padded (`EngineConfig.prompt_buckets`, `padded_prompt_length`).
 PROMPT_BUCKET_SCHEMES = ("geometric", "linear")
@@ -132,38 +131,26 @@ def padded_prompt_length(length: int, bucket: int, scheme: str = "geometric") ->
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Which engine samples, and its memory layout (buckets limit recompilation; none of this changes
-    the samples: for one seed both engines draw the same tokens, up to float round-off ties).
+    """How the engine schedules rows and lays out memory (buckets limit recompilation; none of this
+    changes the samples: for one seed every setting draws the same tokens, up to float round-off ties).
 
     Attributes:
       scheduler: "continuous" (the default): rows are admitted into `max_slots` decode slots as others
-        finish, K/V in a paged pool (`respo_jax.sampling.paged_decode`); work and memory follow the
-        tokens rows actually generate, which matters when lengths are long-tailed (RL rollouts).
-        "static": the batch (in `max_batch_rows` chunks) decodes until its longest row ends, over a
-        dense cache sized for `max_new_tokens` (`respo_jax.sampling.generate`). Each engine reads its
-        own fields below; `prompt_bucket` and `prefill_chunk_size` both.
+        finish; work and memory follow the tokens rows actually generate, which matters when lengths
+        are long-tailed (RL rollouts). "static": the same engine in batches of up to `max_slots` rows,
+        each decoded until its last row ends (every row its own slot, its pages held to its cap): the
+        static-batch baseline. See `respo_jax.sampling.engine`.
       prompt_bucket: the padded prompt length is the longest prompt rounded up to a bucket of this many
         tokens (`prompt_buckets`).
       prompt_buckets: "geometric" (the default: `prompt_bucket · 2^k`, few programs for long-tailed
         prompt lengths) or "linear" (multiples of `prompt_bucket`); see `padded_prompt_length`.
-      cache_bucket: the KV-cache length (padded prompt + max_new_tokens) is rounded up to a multiple of
-        this. Keep it small: every decode step attends over every slot (with max_new_tokens fixed, the
-        distinct cache lengths follow the prompt buckets anyway).
       prefill_chunk_size: prefill the padded prompt in pieces of at most this many tokens (bounds the
-        activation memory of long prompts); None prefills in one pass. Either way the vocabulary
-        projection runs for the last prompt token only. The continuous engine runs one piece per
-        schedule, so the running rows decode between the pieces of a long prompt.
-      decode_chunk_size: decode in segments of this many steps, growing the cache by as much between
-        segments (one host sync and one compilation per segment length), so attention reads only the
-        slots a segment can reach; None decodes in one loop over a cache sized for max_new_tokens.
-      max_batch_rows: generate at most this many rows (prompts × samples) at once; a larger batch
-        runs as equal chunks one after the other (same samples), which bounds the KV cache, the
-        prefill activations and the [rows, vocab] logits of a decode step. None: one chunk.
-
-    Static engine only: `cache_bucket`, `decode_chunk_size`, `max_batch_rows`.
-    Continuous-batching engine (`respo_jax.sampling.scheduler`, `paged_cache`, `paged_attention`):
-      max_slots: decode slots: rows decoded together; a finished row's slot is refilled.
-      steps_per_schedule: decode steps of one jitted segment between two scheduling decisions.
+        activation memory of long prompts), one piece per schedule, so running rows decode between the
+        pieces of a long prompt; None prefills in one pass. Either way the vocabulary projection runs
+        for the last prompt token only.
+      max_slots: decode slots: rows decoded together; a finished row's slot is refilled (continuous).
+      steps_per_schedule: decode steps of one jitted segment between two scheduling decisions
+        (continuous; a static batch runs to its end in one segment).
       min_decode_slots: a segment decodes only the occupied slots, padded to the smallest of the slot
         count's halvings (down to this many slots; `scheduler.decode_widths`) that holds them, one
         program per width: the tail of a long-tailed batch, where most slots are free, does not pay
@@ -180,10 +167,7 @@ class EngineConfig:
     scheduler: str = "continuous"
     prompt_bucket: int = 16
     prompt_buckets: str = "geometric"
-    cache_bucket: int = 16
     prefill_chunk_size: int | None = None
-    decode_chunk_size: int | None = None
-    max_batch_rows: int | None = 256
     max_slots: int = 64
     steps_per_schedule: int = 32
     min_decode_slots: int = 16
@@ -199,13 +183,8 @@ class EngineConfig:
         if self.prompt_buckets not in PROMPT_BUCKET_SCHEMES:
             raise ValueError(f"prompt_buckets must be one of {', '.join(PROMPT_BUCKET_SCHEMES)}; got "
                              f"{self.prompt_buckets!r}")
-        _check_int("cache_bucket", self.cache_bucket, 1)
         if self.prefill_chunk_size is not None:
             _check_int("prefill_chunk_size", self.prefill_chunk_size, 1)
-        if self.decode_chunk_size is not None:
-            _check_int("decode_chunk_size", self.decode_chunk_size, 1)
-        if self.max_batch_rows is not None:
-            _check_int("max_batch_rows", self.max_batch_rows, 1)
         _check_int("max_slots", self.max_slots, 1)
         _check_int("steps_per_schedule", self.steps_per_schedule, 1)
         _check_int("min_decode_slots", self.min_decode_slots, 1)

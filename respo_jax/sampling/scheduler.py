@@ -100,12 +100,16 @@ class Scheduler:
         `prefill_steps(max_prompt_len, prefill_chunk)` from its first real one, one step per schedule
         (None: one step); its rows are admitted in the schedule of its last step, and no later row
         overtakes them meanwhile, while running rows go on decoding.
+      static: a static batch: rows are admitted only into an engine whose every slot is free (a batch
+        of up to `max_slots` rows at once), each row's pages grown to its whole budget at admission; the
+        engine decodes such a batch until its last row ends.
     A row's cache holds its prompt and its response: `prompt + budget` tokens at most.
     """
 
     def __init__(self, prompt_lengths: Sequence[int], num_samples: int, budgets: Sequence[int], *,
                  max_new_tokens: int, max_slots: int, steps_per_schedule: int, page_size: int,
-                 num_pages: int, max_prompt_len: int | None = None, prefill_chunk: int | None = None):
+                 num_pages: int, max_prompt_len: int | None = None, prefill_chunk: int | None = None,
+                 static: bool = False):
         self.prompt_lengths = [int(n) for n in prompt_lengths]
         self.num_samples = int(num_samples)
         budgets = np.asarray(budgets)
@@ -117,7 +121,8 @@ class Scheduler:
             raise ValueError(f"row_max_new_tokens must lie in [1, max_new_tokens={max_new_tokens}]; got "
                              f"[{budgets.min()}, {budgets.max()}]")
         self.budgets = budgets.astype(np.int64)
-        self.steps_per_schedule = steps_per_schedule
+        self.steps_per_schedule = max_new_tokens if static else steps_per_schedule
+        self.static = static
         longest = max(self.prompt_lengths + [max_prompt_len or 0])
         self.bucket, self.prefill_chunk = longest, prefill_chunk
         self._last_step = len(prefill_steps(longest, prefill_chunk)) - 1
@@ -159,6 +164,8 @@ class Scheduler:
         for prompt, step in list(self._prefilling.items()):  # prefills started in earlier schedules
             prefills.append(self._prefill(prompt, step))
         free_slots = [int(s) for s in np.flatnonzero(self.slot_row < 0)]
+        if self.static and len(free_slots) < len(self.slot_row):
+            free_slots = []  # a static batch is admitted whole, once the last one is done
         while self._waiting and free_slots:
             row = self._waiting[0]
             prompt = row // self.num_samples

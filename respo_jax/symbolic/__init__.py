@@ -4,8 +4,9 @@
     verify_all()            # {claim_name: True/False}, paper claims then the JAX bridge
     python -m respo_jax.symbolic -v
 
-`claims` proves the statements about the closed forms of `kernels_sym`; `bridge` checks that
-`respo_jax.objectives.kernels` computes those same closed forms in float32.
+Modules: `kernels_sym` (the closed forms in SymPy), `claims` (proves the statements about them), `bridge`
+(checks that `respo_jax.objectives.kernels` computes those same closed forms in float32), `verify`
+(`verify_all`, the command `python -m respo_jax.symbolic`, `__main__`).
 """
 
 from respo_jax.symbolic.bridge import BRIDGE_CLAIMS

@@ -38,6 +38,9 @@ import warnings
 
 from jax import monitoring
 
+from respo_jax.compilation_cache import cache_read_only, cache_write_failed  # noqa: F401 - re-exported
+from respo_jax.compilation_cache import state as _cache_state
+
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # Tracing to a jaxpr and lowering to StableHLO: part of what a new shape costs besides XLA itself.
 FRONTEND_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -145,7 +148,7 @@ def configure_compilation_cache(setting: str, key: str = "run.compilation_cache_
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
-    from respo_jax.training.config import ConfigError
+    from respo_jax.config import ConfigError
 
     path = resolve_cache_dir(setting)
     read_only = False
@@ -182,8 +185,6 @@ def configure_compilation_cache(setting: str, key: str = "run.compilation_cache_
 
 
 _configured: dict[str, str | None] = {}
-# read_only: the configured cache is only read; write_failed: a write into it failed (its first message)
-_cache_state: dict = {"read_only": False, "write_failed": None}
 _JAX_WRITE_WARNING = "Error writing persistent compilation cache entry"
 
 
@@ -197,21 +198,6 @@ def _can_write(folder: str) -> bool:
     os.close(fd)
     os.remove(probe)
     return True
-
-
-def cache_read_only() -> bool:
-    """Whether the configured compilation cache is only read (an existing folder that cannot be written)."""
-    return _cache_state["read_only"]
-
-
-def cache_write_failed(path: str, err: BaseException | str) -> None:
-    """Notes that a write into the compilation cache failed (a full or failing disk): one line on stderr
-    the first time in this process; the run goes on, and `record_compile_ahead` records nothing."""
-    if _cache_state["write_failed"] is None:
-        reason = (err.strerror or str(err)) if isinstance(err, OSError) else " ".join(str(err).split())
-        _cache_state["write_failed"] = reason
-        print(f"warning: cannot write the compilation cache ({path}: {reason}); the run goes on, and what "
-              "was not written is compiled again by a later launch", file=sys.stderr)
 
 
 def _install_atomic_put() -> None:

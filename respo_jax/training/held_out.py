@@ -44,22 +44,29 @@ def evaluate_held_out(model, prompts: Sequence[list[int]], records: list[dict],
                       temperature: float = 1.0, top_p: float = 0.7) -> dict:
     """The held-out record of `model` on `prompts` (one per record): {"greedy_accuracy"} and, with
     `samples` > 0, {"sampled_pass_at_1", "sampled_pass_at_1_se", "sampled_samples", "sampled_temperature",
-    "sampled_top_p"}. `score(tokens [rows, width], lengths [rows], records) -> scores [rows]` scores
+    "sampled_top_p"}; per problem, in the records' order, "greedy_correct" (0/1) and, with samples,
+    "sampled_correct" (the number of correct samples), and "problem_ids" when every record has an "id",
+    so that two runs evaluated on the same records can be compared problem by problem. `score(tokens [rows, width], lengths [rows], records) -> scores [rows]` scores
     responses (correct: score > 0); the sampled rows are prompt-major, `samples` per prompt. `engine`:
     the sampler's engine (the trainer passes its rollouts' one, from the `rollout.*` engine fields)."""
     greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, eos_token_ids=eos_token_ids)
     out = jax.tree.map(to_host, generate(model, list(prompts), greedy, engine=engine))
-    result = {"greedy_accuracy": float(np.mean(score(np.asarray(out.tokens), np.asarray(out.lengths),
-                                                        records) > 0))}
+    greedy_correct = score(np.asarray(out.tokens), np.asarray(out.lengths), records) > 0
+    result = {"greedy_accuracy": float(np.mean(greedy_correct)),
+              "greedy_correct": greedy_correct.astype(int).tolist()}
+    if all("id" in record for record in records):
+        result["problem_ids"] = [str(record["id"]) for record in records]
     if samples:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 seed=EVAL_SEED, eos_token_ids=eos_token_ids, num_samples=samples)
         out = jax.tree.map(to_host, generate(model, list(prompts), params, engine=engine))
         expanded = [record for record in records for _ in range(samples)]
         scores = score(np.asarray(out.tokens), np.asarray(out.lengths), expanded)
-        estimate, se = pass_at_1(scores.reshape(len(records), samples) > 0)
+        correct = scores.reshape(len(records), samples) > 0
+        estimate, se = pass_at_1(correct)
         result.update(sampled_pass_at_1=estimate, sampled_pass_at_1_se=se, sampled_samples=samples,
-                      sampled_temperature=temperature, sampled_top_p=top_p)
+                      sampled_temperature=temperature, sampled_top_p=top_p,
+                      sampled_correct=correct.sum(axis=1).astype(int).tolist())
     return result
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from respo_jax.eval.positive_branch import pooled_diagnostics
 from respo_jax.objectives import rollout_correction_weights
+from respo_jax.objectives.positive_branch import positive_branch_statistics
 from respo_jax.training.step import NonFiniteError
 
 
@@ -124,7 +124,8 @@ def iteration_record(counters: dict, sampled: dict, timings: dict, logprob: dict
     record.update({k: v for k, v in logprob.items() if k not in ("sampler_trainer_logp_gap", "entropy")})
     lengths = trained["length"]
     if lengths.size:  # pooled over the whole rollout batch (not means of the N mini-batches' ratios)
-        diagnostics = pooled_diagnostics(trained["log_w"], trained["advantage"], trained["phi"], lengths)
+        diagnostics = positive_branch_statistics(trained["log_w"], trained["advantage"], trained["phi"],
+                                                 lengths, xp=np)
         record.update(diagnostics)
         record["positive_low_w_fraction"] = diagnostics["positive_low_w_share"]
     non_empty = lengths > 0

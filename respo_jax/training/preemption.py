@@ -52,7 +52,7 @@ class Preempted(Exception):
         self.signum, self.status = int(signum), exit_status(signum)
 
 
-_state: dict = {"signal": None, "active": 0, "previous": {}}
+_state: dict = {"signal": None, "active": 0, "previous": {}, "held": False}
 
 
 def _handler(signum, frame) -> None:
@@ -73,14 +73,17 @@ def handling() -> Iterator[None]:
         yield
         return
     if _state["active"] == 0:
-        _state["signal"] = None
-        _state["previous"] = {signum: signal.signal(signum, _handler) for signum in SIGNALS}
+        # Installed again even when held from the start: JAX's distributed runtime sets its own SIGTERM
+        # handler when it starts, between the two.
+        previous = {signum: signal.signal(signum, _handler) for signum in SIGNALS}
+        if not _state["held"]:
+            _state["signal"], _state["previous"] = None, previous
     _state["active"] += 1
     try:
         yield
     finally:
         _state["active"] -= 1
-        if _state["active"] == 0:
+        if _state["active"] == 0 and not _state["held"]:
             for signum, previous in _state["previous"].items():
                 signal.signal(signum, previous)
 
@@ -90,10 +93,11 @@ def handle_from_start() -> None:
     before its heavy imports): the `handling()` blocks inside keep a signal that came before them."""
     import threading
 
-    if threading.current_thread() is threading.main_thread() and _state["active"] == 0:
+    if threading.current_thread() is threading.main_thread() and not _state["held"] and not _state["active"]:
         _state["signal"] = None
-        _state["previous"] = {signum: signal.signal(signum, _handler) for signum in SIGNALS}
-        _state["active"] = 1  # never left: the handlers stay until the process exits
+        for signum in SIGNALS:
+            signal.signal(signum, _handler)
+        _state["held"] = True  # the handlers stay until the process exits
 
 
 def stop_at_start() -> None:

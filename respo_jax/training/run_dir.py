@@ -52,7 +52,7 @@ RESUME_HINT = "the checkpoints written so far are kept; make room and rerun with
 # Config keys that may differ between a run and its resumption: how long it runs, how often it
 # checkpoints, what it shows (progress, and the trackers besides metrics.jsonl: a tracker added on
 # resume receives the whole log), where the directory lives, host-side allocator settings, and how much
-# memory a step may use (rows per micro-batch of the update and of log π_old, rows per sampler chunk:
+# memory a step may use (rows per micro-batch of the update and of log π_old:
 # the same computation split differently, so a resumed run that changes them equals the uninterrupted
 # one to float round-off instead of bit for bit), the rollout engine and its memory (rollout.scheduler,
 # slots, schedule length, pages, attention kernel: for one seed the same samples up to float round-off
@@ -66,7 +66,7 @@ RESUMABLE_KEYS = frozenset({
     "run.iterations", "run.policy_updates", "run.checkpoint_every", "run.checkpoint_every_minutes",
     "run.progress", "run.resume",
     "run.overwrite", "run.out_dir", "run.host_allocator", "rollout.max_tokens_per_microbatch",
-    "rollout.sampler_max_rows", "rollout.compile_ahead", "rollout.max_prompt_buckets",
+    "rollout.compile_ahead", "rollout.max_prompt_buckets",
     "run.compilation_cache_dir", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "run.loggers",
     "rollout.scheduler", "rollout.max_slots", "rollout.steps_per_schedule", "rollout.min_decode_slots",
     "rollout.page_size", "rollout.num_pages", "rollout.kv_cache_bytes", "rollout.paged_attention_impl",
@@ -106,12 +106,16 @@ def config_differences(saved: Any, current: ExperimentConfig) -> list[str]:
     now = flatten_config(json.loads(json.dumps(current.to_dict())))  # the JSON view: tuples are lists
     default = flatten_config(json.loads(json.dumps(ExperimentConfig().to_dict())))
     before = flatten_config(saved)
+    retired = {f"{field.name}.{name}": why for field in dataclasses.fields(current)
+               for name, why in getattr(getattr(current, field.name), "retired", {}).items()}
     diffs = []
     for key in sorted(set(now) | set(before)):
         if key in RESUMABLE_KEYS:
             continue
         old = before.get(key, default.get(key))
-        if key not in now:
+        if key in retired:
+            diffs.append(f"{key}: saved {old!r}, no longer exists ({retired[key]})")
+        elif key not in now:
             diffs.append(f"{key}: saved {old!r}, unknown now")
         elif old != now[key]:
             diffs.append(f"{key}: saved {old!r}, now {now[key]!r}")

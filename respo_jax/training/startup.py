@@ -12,7 +12,7 @@ import math
 from jax.sharding import Mesh
 
 from respo_jax.models import qwen3
-from respo_jax.sampling.paged_attention import check_paged_attention_impl
+from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl
 from respo_jax.sharding import ShardingRules
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.limits import check_limits, device_memory_bytes

@@ -32,10 +32,9 @@ import os
 import secrets
 import sys
 
-from respo_jax.training.config import ConfigError
+from respo_jax.training.config import TRACKERS, ConfigError, parse_loggers  # noqa: F401 - re-exported
 from respo_jax.training.run_dir import TENSORBOARD_DIR, WANDB_FILE, atomic_write_json, read_json
 
-TRACKERS = ("jsonl", "tensorboard", "wandb")
 _LIBRARIES = {"tensorboard": "tensorboardX", "wandb": "wandb"}
 CURVES_TAG = "training_curves"
 _WANDB_FLUSH_S = 0.2  # how often W&B writes the run's .wandb file (its default: 15 s)
@@ -43,15 +42,6 @@ _WANDB_FLUSH_S = 0.2  # how often W&B writes the run's .wandb file (its default:
 
 class TrackerError(RuntimeError):
     """A tracker could not start (e.g. W&B without credentials outside offline mode)."""
-
-
-def parse_loggers(value: str) -> tuple[str, ...] | None:
-    """The trackers named in `value` ("jsonl,tensorboard"), jsonl first and always; None if a name is
-    unknown."""
-    names = [name.strip() for name in value.split(",") if name.strip()]
-    if any(name not in TRACKERS for name in names):
-        return None
-    return tuple(dict.fromkeys(["jsonl", *names]))
 
 
 def check_available(loggers: str) -> None:

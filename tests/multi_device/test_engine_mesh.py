@@ -1,6 +1,6 @@
-"""On 8 simulated CPU devices: the continuous-batching engine under the model's mesh and rules (slots and
-output rows split over the batch axes, page pools over the kv heads) gives the samples and the routing of
-the static sampler on one device. Run by tests/test_multi_device.py."""
+"""On 8 simulated CPU devices: the engine under the model's mesh and rules (slots and output rows split
+over the batch axes, page pools over the kv heads) gives the samples and the routing it gives on one
+device in a static batch. Run by tests/test_multi_device.py."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ from meshes import mesh_of
 
 from respo_jax.models import qwen3
 from respo_jax.sampling import EngineConfig, SamplingParams, generate
-from respo_jax.sampling.paged_decode import generate_continuous
 
 
-def test_continuous_engine_on_a_mesh_equals_the_static_sampler_on_one_device():
+def test_the_continuous_schedule_on_a_mesh_equals_a_static_batch_on_one_device():
     """(2,2,2,1): 4 batch shards, kv heads split over tensor; 8 slots refilled by 16 rows, whose budgets
     leave a tail that decodes at width 4 (the slots gathered across the batch shards). Tokens, log-probs,
-    lengths and the routing of prompt and generated tokens equal the single-device static sampler's; the
+    lengths and the routing of prompt and generated tokens equal a single-device static batch's; the
     rows come out split like the batch."""
     # initializer_range 0.3: well-separated logits, so top-k sets are not decided by float rounding
     cfg = qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3, scan_layers=True)
@@ -30,7 +29,7 @@ def test_continuous_engine_on_a_mesh_equals_the_static_sampler_on_one_device():
     want = generate(plain, prompts, params, return_routing=True, engine=EngineConfig(scheduler="static"),
                     row_max_new_tokens=budgets)
     engine = EngineConfig(max_slots=8, page_size=4, steps_per_schedule=2, min_decode_slots=1)
-    got = generate_continuous(sharded, prompts, params, engine=engine, return_routing=True,
+    got = generate(sharded, prompts, params, engine=engine, return_routing=True,
                               row_max_new_tokens=budgets)
     batch_split = jax.sharding.NamedSharding(mesh, P(("data", "fsdp", "expert")))
     assert got.tokens.sharding.is_equivalent_to(batch_split, 2), got.tokens.sharding

@@ -33,7 +33,7 @@ def test_param_shardings_init_and_memory_on_8_devices():
     """Every parameter of a dense and an MoE model, created by init_model on 8-device meshes, sits in the
     default table's sharding with the shard shapes that implies (param_shardings agrees), holds the
     single-device init's values, and one device holds at most 35% of the parameter bytes on (2,2,2,1),
-    60% on (2,1,1,4) (the issue's bounds; here ~25%)."""
+    60% on (2,1,1,4) (the bounds required; here ~25%)."""
     for moe, shape, bound in ((False, (2, 2, 2, 1), 0.35), (True, (2, 2, 2, 1), 0.35),
                               (True, (2, 1, 1, 4), 0.60)):
         specs = MOE_SPECS if moe else DENSE_SPECS

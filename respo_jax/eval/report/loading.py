@@ -27,7 +27,7 @@ from respo_jax.runs import (
     ROLLOUT_DIR,
     RunFileError,
 )
-from respo_jax.training.config import ConfigError, ExperimentConfig, config_from_dict
+from respo_jax.config import ConfigError, ExperimentConfig, config_from_dict
 
 # The paper's reporting protocol (§4.1, App. E.4): every run has 1,024 policy updates; the early peak is
 # the maximum through update 256 and the late mean covers the last 128 updates.

@@ -16,6 +16,7 @@ Public API::
     out = model.forward(input_ids, positions, attention_mask, cache=None, routing=None,
                         return_routing=False)                          # -> Qwen3Output
     cache = qwen3.init_cache(cfg, batch, max_len, dtype=jnp.float32)   # -> KVCache
+    cache = qwen3.PagedKVCache(k_pages, v_pages, page_table, impl="gather")  # a paged pool's view
     logp = model.token_logprobs(input_ids, targets, positions, attention_mask, routing,
                                 chunk_size=512)                        # [b, s] f32, chunked vocab
     logp, aux = model.token_logprobs(..., return_aux=True)             # + load-balancing loss (MoE)
@@ -34,6 +35,9 @@ Conventions:
 - ``forward(..., cache=c)`` writes the s new tokens at slots [c.index, c.index+s), marks them valid
   from ``attention_mask``, attends causally over valid slots, returns the cache with index += s.
   Jit the step with the cache as an argument: one compilation serves every decode position.
+- ``forward(..., cache=PagedKVCache(...))`` (positions required) writes each real token's K/V at the
+  page and offset its position names in its row's page table and attends over the row's tokens at
+  positions <= its own: the rollout engine's prefill, chunked prefill and decode run this forward.
 - ``Qwen3Output``: logits [b, s, vocab] f32; cache; routing [num_moe_layers, b, s, top_k] int32 (when
   ``return_routing``); aux_loss = transformers' load-balancing loss over real tokens (MoE only,
   unscaled: multiply by ``cfg.router_aux_loss_coef``).
@@ -67,10 +71,12 @@ from respo_jax.models.qwen3.model import (
     token_logprobs,
 )
 from respo_jax.models.qwen3.moe import load_balancing_loss
+from respo_jax.models.qwen3.paged_attention import PagedKVCache
 
 __all__ = [
     "FORWARD_STATIC", "TOKEN_LOGPROBS_STATIC", "forward", "token_logprobs",
-    "PRESETS", "KVCache", "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "default_kernels", "from_pretrained",
+    "PRESETS", "KVCache", "PagedKVCache",
+    "Qwen3Config", "Qwen3ForCausalLM", "Qwen3Output", "default_kernels", "from_pretrained",
     "hf_state_dict", "init_cache", "init_model", "load_balancing_loss", "load_config", "param_shardings",
     "save_pretrained", "resolve_config", "default_mesh",
 ]

@@ -121,10 +121,10 @@ class Attention(nnx.Module):
         self.dtype = cfg.dtype
         self.scale = float(d) ** -0.5
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, cached: bool) -> jax.Array:
-        """The score/value part with the configured kernel. Over a KV cache (``cached``: keys are cache
-        slots, not the queries) always `dot_product_attention`; else ``config.attention_impl``."""
-        if cached or self.config.attention_impl == "dense":
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """The score/value part of a sequence over itself (no cache) with ``config.attention_impl``; over
+        a cache the cache attends (`cache.KVCache.attend`, `paged_attention.PagedKVCache.attend`)."""
+        if self.config.attention_impl == "dense":
             return dot_product_attention(q, k, v, mask, self.scale)
         return causal_block_attention(q, k, v, mask, self.scale)
 

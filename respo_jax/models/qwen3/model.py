@@ -24,13 +24,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from respo_jax.models.qwen3.attention import Attention, attention_mask_from_slots
-from respo_jax.models.qwen3.cache import CACHE_AXES, KVCache, init_cache
+from respo_jax.models.qwen3.cache import KVCache, init_cache
 from respo_jax.models.qwen3.config import Qwen3Config
 from respo_jax.models.qwen3.kernels import resolve_config
 from respo_jax.models.qwen3.layers import BATCH, HIDDEN, SEQ, RMSNorm, constrain, make_param, rope_cos_sin, rows
 from respo_jax.models.qwen3.lm_head import LSE_LANES, chunked_token_logprobs
 from respo_jax.models.qwen3.mlp import MLP
 from respo_jax.models.qwen3.moe import MoE, load_balancing_loss_from_terms
+from respo_jax.models.qwen3.paged_attention import PagedKVCache
 from respo_jax.sharding import axis_size, sharded_init, state_shardings
 
 
@@ -51,12 +52,12 @@ def forward_chunk_tokens(lm_head_impl: str) -> int:
 
 @flax.struct.dataclass
 class Qwen3Output:
-    """logits: [batch, seq, vocab] float32; cache: the updated KVCache (None without a cache);
+    """logits: [batch, seq, vocab] float32; cache: the updated KVCache or PagedKVCache (None without);
     routing: [num_moe_layers, batch, seq, top_k] int32 (when requested, MoE only); aux_loss: scalar
     load-balancing loss over real tokens (MoE only; not yet scaled by ``router_aux_loss_coef``)."""
 
     logits: jax.Array
-    cache: KVCache | None = None
+    cache: KVCache | PagedKVCache | None = None
     routing: jax.Array | None = None
     aux_loss: jax.Array | None = None
 
@@ -110,63 +111,57 @@ class _Context:
 
     cos: jax.Array          # [batch, seq, head_dim]
     sin: jax.Array          # [batch, seq, head_dim]
-    mask: jax.Array         # [batch, seq, keys] bool
+    mask: jax.Array | None  # [batch, seq, seq] bool without a cache (causal + padding)
     token_mask: jax.Array   # [batch, seq] bool
-    index: Any              # int32 scalar: first cache slot written (0 without cache)
+    view: Any               # the cache's per-forward view (`KVCache.view` / `PagedKVCache.view`), or None
 
 
-def _layer_forward(layer: DecoderLayer, x: jax.Array, ctx: _Context, kv, layer_idx, routing):
-    """One decoder layer. x: [batch, seq, embed]; kv: None or the full (k, v) cache arrays
-    [num_layers, batch, max_len, kv_heads, head_dim]; routing: None or [batch, seq, top_k]."""
-    cfg = layer.attn.config
+def _layer_forward(layer: DecoderLayer, x: jax.Array, ctx: _Context, cache, layer_idx, routing):
+    """One decoder layer. x: [batch, seq, embed]; cache: None, a `KVCache` or a `PagedKVCache` (its
+    layer `layer_idx` written with the new tokens' K/V, then attended over); routing: None or
+    [batch, seq, top_k]."""
     q, k, v = layer.attn.project(layer.input_layernorm(x), ctx.cos, ctx.sin)
-    if kv is None:
-        keys, values = k, v
+    if cache is None:
+        attn = layer.attn.attend(q, k, v, ctx.mask)
     else:
-        cache_k, cache_v = kv
-        start = (layer_idx, 0, ctx.index, 0, 0)
-        cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
-        cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
-        cache_k, cache_v = constrain(cache_k, CACHE_AXES, cfg), constrain(cache_v, CACHE_AXES, cfg)
-        keys = jax.lax.dynamic_index_in_dim(cache_k, layer_idx, 0, keepdims=False).astype(q.dtype)
-        values = jax.lax.dynamic_index_in_dim(cache_v, layer_idx, 0, keepdims=False).astype(q.dtype)
-        kv = (cache_k, cache_v)
-    x = x + layer.attn.output(layer.attn.attend(q, keys, values, ctx.mask, cached=kv is not None))
+        cache = cache.update(layer_idx, k, v, ctx.view, layer.attn.config)
+        attn = cache.attend(layer_idx, q, ctx.view, layer.attn.scale)
+    x = x + layer.attn.output(attn)
     h = layer.post_attention_layernorm(x)
     if layer.is_moe:
         y, indices, terms = layer.mlp(h, ctx.token_mask, routing)
     else:
         y, indices, terms = layer.mlp(h), None, None
-    return constrain(x + y, HIDDEN, cfg), kv, indices, terms
+    return constrain(x + y, HIDDEN, layer.attn.config), cache, indices, terms
 
 
-def _run_stack(stack: LayerStack, cfg: Qwen3Config, x, ctx: _Context, kv, routing):
+def _run_stack(stack: LayerStack, cfg: Qwen3Config, x, ctx: _Context, cache, routing):
     """Run a LayerStack (scanned or unrolled, as its weights are stored; optionally rematerialised).
-    Returns (x, kv, indices [count, batch, seq, top_k] | None, terms ([count, E], [count, E]) | None)."""
+    Returns (x, cache, indices [count, batch, seq, top_k] | None, terms ([count, E], [count, E]) | None)."""
 
     def layer_step(graphdef):
         def step(carry, xs):
-            x, kv = carry
+            x, cache = carry
             layer_state, layer_idx, layer_routing = xs
             layer = nnx.merge(graphdef, layer_state)
-            x, kv, indices, terms = _layer_forward(layer, x, ctx, kv, layer_idx, layer_routing)
-            return (x, kv), (indices, terms)
+            x, cache, indices, terms = _layer_forward(layer, x, ctx, cache, layer_idx, layer_routing)
+            return (x, cache), (indices, terms)
 
         return jax.checkpoint(step, prevent_cse=not cfg.scan_layers) if cfg.remat else step
 
     layer_ids = stack.first + jnp.arange(stack.count, dtype=jnp.int32)
     if cfg.scan_layers:
         graphdef, state = nnx.split(stack.layers)
-        (x, kv), (indices, terms) = jax.lax.scan(layer_step(graphdef), (x, kv), (state, layer_ids, routing))
-        return x, kv, indices, terms
+        (x, cache), (indices, terms) = jax.lax.scan(layer_step(graphdef), (x, cache), (state, layer_ids, routing))
+        return x, cache, indices, terms
     outs = []
     for i, layer in enumerate(stack.layers):
         graphdef, state = nnx.split(layer)
         layer_routing = None if routing is None else routing[i]
-        (x, kv), y = layer_step(graphdef)((x, kv), (state, layer_ids[i], layer_routing))
+        (x, cache), y = layer_step(graphdef)((x, cache), (state, layer_ids[i], layer_routing))
         outs.append(y)
     indices, terms = jax.tree.map(lambda *a: jnp.stack(a), *outs)
-    return x, kv, indices, terms
+    return x, cache, indices, terms
 
 
 class Qwen3ForCausalLM(nnx.Module):
@@ -199,13 +194,14 @@ class Qwen3ForCausalLM(nnx.Module):
         return self.forward(input_ids, positions, attention_mask).logits
 
     def forward(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                attention_mask: jax.Array | None = None, cache: KVCache | PagedKVCache | None = None,
                 routing: jax.Array | None = None, return_routing: bool = False) -> Qwen3Output:
         """Full forward.
 
         input_ids: [batch, seq] int; positions: [batch, seq] int (default ``cache.index + arange(seq)``,
         pass them explicitly for left-padded rows); attention_mask: [batch, seq] (1 real, 0 pad);
-        cache: KVCache to extend; routing: [num_moe_layers, batch, seq, top_k] expert indices to replay;
+        cache: a KVCache to extend, or a PagedKVCache (the rollout engine's pages; positions required);
+        routing: [num_moe_layers, batch, seq, top_k] expert indices to replay;
         return_routing: also return the expert indices used.
         """
         args = _check_inputs(self.config, input_ids, positions, attention_mask, cache, routing)
@@ -331,22 +327,19 @@ class Qwen3ForCausalLM(nnx.Module):
         embed], cache, indices [num_moe_layers, batch, seq, top_k] | None, aux_loss | None)."""
         cfg = self.config
         b, s = input_ids.shape
-        index = jnp.zeros((), jnp.int32) if cache is None else cache.index
         if positions is None:
+            index = cache.index if isinstance(cache, KVCache) else jnp.zeros((), jnp.int32)
             positions = jnp.broadcast_to(index + jnp.arange(s, dtype=jnp.int32), (b, s))
+        positions = positions.astype(jnp.int32)
         token_mask = (jnp.ones((b, s), jnp.bool_) if attention_mask is None
                       else attention_mask.astype(jnp.bool_))
-        query_slots = index + jnp.arange(s, dtype=jnp.int32)
-        kv = None
+        mask = view = None
         if cache is None:
-            key_valid = token_mask
+            mask = attention_mask_from_slots(jnp.arange(s, dtype=jnp.int32), token_mask)
         else:
-            key_valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (0, index))
-            key_valid = constrain(key_valid, (BATCH, "cache_sequence"), cfg)
-            kv = (cache.k, cache.v)
-        cos, sin = rope_cos_sin(positions.astype(jnp.int32), cfg.head_dim, cfg.rope_theta)
-        ctx = _Context(cos=cos, sin=sin, mask=attention_mask_from_slots(query_slots, key_valid),
-                       token_mask=token_mask, index=index)
+            view = cache.view(positions, token_mask, cfg)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        ctx = _Context(cos=cos, sin=sin, mask=mask, token_mask=token_mask, view=view)
 
         # The lookup reads whole rows: gather the table's FSDP-split embed dimension first (vocab may stay
         # split; the partitioner then gathers locally and sums over those axes).
@@ -359,7 +352,7 @@ class Qwen3ForCausalLM(nnx.Module):
             stack_routing = None
             if stack.is_moe and routing is not None:
                 stack_routing = routing[moe_offset:moe_offset + stack.count]
-            x, kv, indices, terms = _run_stack(stack, cfg, x, ctx, kv, stack_routing)
+            x, cache, indices, terms = _run_stack(stack, cfg, x, ctx, cache, stack_routing)
             if stack.is_moe:
                 moe_offset += stack.count
                 all_indices.append(indices)
@@ -367,9 +360,7 @@ class Qwen3ForCausalLM(nnx.Module):
                 prob_sums = prob_sums + jnp.sum(terms[1], axis=0)
         hidden = self.norm(x)
 
-        new_cache = None
-        if cache is not None:
-            new_cache = KVCache(k=kv[0], v=kv[1], valid=key_valid, index=cache.index + s)
+        new_cache = None if cache is None else cache.advance(view)
         indices = aux = None
         if cfg.is_moe:
             indices = jnp.concatenate(all_indices, axis=0)
@@ -451,7 +442,9 @@ def _check_inputs(cfg: Qwen3Config, input_ids, positions, attention_mask, cache,
             if value.shape != (b, s):
                 raise ValueError(f"{name} has shape {value.shape}; input_ids has {(b, s)}")
         out.append(value)
-    if cache is not None:
+    if isinstance(cache, PagedKVCache):
+        _check_paged_cache(cache, cfg, b, out[1])
+    elif cache is not None:
         _check_cache(cache, cfg, b, s)
     out.append(cache)
     if routing is not None:
@@ -462,6 +455,19 @@ def _check_inputs(cfg: Qwen3Config, input_ids, positions, attention_mask, cache,
                              "([num_moe_layers, batch, seq, top_k])")
     out.append(routing)
     return tuple(out)
+
+
+def _check_paged_cache(cache: PagedKVCache, cfg: Qwen3Config, batch: int, positions) -> None:
+    pool = cache.k_pages.shape
+    if (len(pool) != 5 or pool[:2] != (cfg.num_hidden_layers, cfg.num_key_value_heads)
+            or pool[4] != cfg.head_dim or cache.v_pages.shape != pool):
+        raise ValueError(f"k_pages/v_pages have shape {pool}/{cache.v_pages.shape}; expected "
+                         f"({cfg.num_hidden_layers}, {cfg.num_key_value_heads}, pages, page_size, {cfg.head_dim}) "
+                         "([num_layers, kv_heads, num_pages + 1, page_size, head_dim])")
+    if cache.page_table.ndim != 2 or cache.page_table.shape[0] != batch:
+        raise ValueError(f"page_table has shape {cache.page_table.shape}; expected ({batch}, max_pages)")
+    if positions is None:
+        raise ValueError("a forward over a PagedKVCache needs explicit positions (each token's place in its row)")
 
 
 def _check_cache(cache: KVCache, cfg: Qwen3Config, batch: int, seq: int) -> None:

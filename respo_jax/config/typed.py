@@ -2,8 +2,9 @@
 
 The machinery every config of the project shares (`respo_jax.training.config.ExperimentConfig`, the
 evaluation's `EvalConfig`, the sweep's `StarvationConfig`): the one-line `ConfigError`, the section base
-with its type checks, the `section.field=value` command-line parser (values parsed with the field's
-declared type) and the loader of a config's `to_dict()` form (a run's `config.json`).
+with its type checks, the check of a config made of sections (`validate_sections`), the
+`section.field=value` command-line parser (values parsed with the field's declared type) and the loader
+of a config's `to_dict()` form (a run's `config.json`).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 
 class _Section:
-    """What every config section shares: its key prefix and the checks of its fields."""
+    """What every config section shares: its key prefix, the checks of its fields, and its retired keys
+    (`retired`: {field: what replaces it}), refused by name wherever a config is read."""
 
     section: typing.ClassVar[str] = ""
+    retired: typing.ClassVar[dict[str, str]] = {}
 
     def _need(self, name: str, ok: bool, allowed: str) -> None:
         """Raises `ConfigError("section.name=value: expected <allowed>")` unless `ok`."""
@@ -112,6 +115,7 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
             raise ConfigKeyError(f"unknown config key {key!r}; sections are {sorted(sections)}")
         section_name, field_name, rest = parts[0], parts[1], parts[2:]
         section = getattr(config, section_name)
+        _refuse_retired(sections[section_name], [field_name])
         field_types = hints[section_name]
         if field_name not in field_types:
             raise ConfigKeyError(f"unknown config key {key!r}; {section_name} has {sorted(field_types)}")
@@ -128,6 +132,15 @@ def apply_overrides(config: ConfigT, overrides: list[str]) -> ConfigT:
             value = _parse_value(raw, field_types[field_name], key)
         config = dataclasses.replace(config, **{section_name: dataclasses.replace(section, **{field_name: value})})
     return config.validate()
+
+
+def _refuse_retired(section_type: type, names) -> None:
+    """ConfigKeyError (one line) for the first retired key among `names`, naming its replacement."""
+    retired = getattr(section_type, "retired", {})
+    for name in names:
+        if name in retired:
+            key = f"{section_type.section}.{name}"
+            raise ConfigKeyError(f"{key} no longer exists: {retired[name]}; remove {key} from the config")
 
 
 def _field_types(section_type: type) -> dict[str, Any]:
@@ -157,6 +170,7 @@ def config_from_dict(config_type: type[ConfigT], data: dict, validate: bool = Tr
         values = data.get(name, {})
         if not isinstance(values, dict):
             raise ConfigError(f"config section {name!r} must be an object; got {values!r}")
+        _refuse_retired(section_type, values)
         known = {field.name for field in dataclasses.fields(section_type)}
         extra = sorted(set(values) - known)
         if extra:
@@ -170,3 +184,32 @@ def _one_line(err: BaseException) -> str:
     """An exception's message on one line (KeyError's quotes removed)."""
     text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
     return " ".join(str(text).split())
+
+
+def validate_sections(config) -> None:
+    """Every section of a config made of sections (`ExperimentConfig`, `EvalConfig`, the sweep's
+    `StarvationConfig`) has its declared type (a config file can pass anything) and passes its own checks."""
+    section_types = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        section, cls = getattr(config, field.name), section_types[field.name]
+        _require(isinstance(section, cls), field.name, section, f"a {cls.__name__}")
+        section.validate()
+
+
+def derive(config: ConfigT, **sections: dict) -> ConfigT:
+    """`config` with, in each named section, the fields of its dict replaced: a config file states what
+    differs from its base, `derive(ExperimentConfig(), rollout={"reuse": 8}, run={"iterations": 20})`.
+    An unknown section or field raises ConfigKeyError naming it; nothing is validated here (the entry
+    point validates the config it runs)."""
+    known = {field.name for field in dataclasses.fields(config)}
+    replaced = {}
+    for name, fields in sections.items():
+        if name not in known:
+            raise ConfigKeyError(f"unknown config section {name!r}; {type(config).__name__} has "
+                                 f"{sorted(known)}")
+        section = getattr(config, name)
+        unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(section)})
+        if unknown:
+            raise ConfigKeyError(f"unknown config fields {name}.{unknown}")
+        replaced[name] = dataclasses.replace(section, **fields)
+    return dataclasses.replace(config, **replaced)

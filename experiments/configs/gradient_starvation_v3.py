@@ -1,0 +1,99 @@
+"""Gradient starvation at CPU scale, third study: the pilot that must pass before the grid runs.
+
+The question: where responses are long and per-token drift small, does ReSPO's positive kernel phi+ help
+through the low-W positive tail, as the paper's mechanism says? The task mixes lengths
+(`scratchpad_mixed`: 2-16 one-digit operands, correct responses up to ~160 tokens; `max_new_tokens` 193,
+the task's bound on a correct response with EOS, which the trainer requires), so the
+long problems (12-16 operands) give positives that are rare, long and carry large |A|.
+
+Arms (the grid, after the pilot): VESPO, ReSPO, GRPO, `respo_vespo` (ReSPO's phi+ with VESPO's phi-) and
+`respo_vespo_tailcut` (the same with phi+ replaced by VESPO's phi+ only where A > 0 and log W < -1:
+the causal ablation of the tail), registered here with `kernel_objective`; an N = 1 control. Primary
+contrasts: respo_vespo vs VESPO, and respo_vespo vs its tail-cut twin, with paired cluster-bootstrap
+intervals over problems x seeds (`respo_jax.eval.statistics.paired_cluster_bootstrap`).
+
+PRE-REGISTERED ACCEPTANCE RULE (decided on the pilot, before any report seed runs). A pilot setting
+(step size, N) is accepted when, on the pilot seed, both hold for GRPO:
+  1. its mean clip fraction over the run is < 1% (PILOT_CLIP_LIMIT: its token clip rarely binds), and
+  2. >= 15% (PILOT_TAIL_SHARE) of its positive responses (A > 0) to long problems (LONG_OPERANDS: 12-16
+     operands) have log W < -1 inside App. E.3's window (the first half of the run's rollout batches).
+`pilot_accepted` is the rule as code; condition 2's share is
+`experiments.starvation_problems.long_positive_tail_share(run)` of GRPO's cell. If no setting passes after the levers (longer warm-up, operand
+range, N, step size) are tried, the study reports what was tried and stops there.
+
+`get_config()` is the pilot: GRPO at N in {32, 128}, lr 2.5e-5, the pilot seed 5 (the report seeds will
+be 0-4). `get_quick_config()` is a smoke run of a few iterations.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from experiments.configs import gradient_starvation_v2 as v2
+from respo_jax.objectives import kernel_objective, register_objective
+from respo_jax.objectives.kernels import vespo_kernel
+from respo_jax.training.config import derive
+from respo_jax.training.sweep import StarvationConfig, SweepConfig
+
+PILOT_CLIP_LIMIT, PILOT_TAIL_SHARE, TAIL_LOG_W = 0.01, 0.15, -1.0
+LONG_OPERANDS = (12, 16)  # the long problems: this many operands, bounds included
+
+
+respo_vespo_phi = v2.respo_pos_vespo_neg_phi  # ReSPO's phi+ for A >= 0, VESPO's phi- for A < 0
+
+
+def respo_vespo_tailcut_phi(log_w, advantages):
+    """`respo_vespo_phi` with VESPO's phi+ = W^2 e^(3 (1 - W)) where A > 0 and log W < -1: ReSPO's
+    positive kernel everywhere except on the low-W positive tail, which it is meant to rescue."""
+    one = jnp.ones_like(log_w)
+    tail = (advantages > 0) & (log_w < TAIL_LOG_W)
+    return jnp.where(tail, vespo_kernel(log_w, one), respo_vespo_phi(log_w, advantages))
+
+
+ARMS = {"respo_vespo": respo_vespo_phi, "respo_vespo_tailcut": respo_vespo_tailcut_phi}
+
+
+def register_arms() -> None:
+    """Registers the arms (token-mean, as ReSPO; again on a reload of this file: replace=True)."""
+    for name, kernel in ARMS.items():
+        register_objective(name, kernel_objective(kernel), replace=True)
+
+
+def pilot_accepted(clip_fraction: float | None, long_positive_tail_share: float | None) -> bool:
+    """The pre-registered rule on GRPO's pilot cell: clip fraction < 1% and >= 15% of long-problem
+    positives with log W < -1 in the E.3 window (None: not measured, so not accepted)."""
+    return (clip_fraction is not None and long_positive_tail_share is not None
+            and clip_fraction < PILOT_CLIP_LIMIT and long_positive_tail_share >= PILOT_TAIL_SHARE)
+
+
+def get_config() -> StarvationConfig:
+    """The second study's model, optimizer and held-out evaluation, with this study's task, warm-up and
+    pilot sweep."""
+    register_arms()
+    return dataclasses.replace(
+        derive(
+            v2.get_config(),
+            task={"difficulty": "scratchpad_mixed"},
+            rollout={"max_new_tokens": 193, "prompt_bucket": 256},  # the package default: no cells to match
+            optim={"learning_rate": 2.5e-5},
+            # longer than the first two studies' 300 steps, so that the loss on the long problems plateaus
+            warmup={"steps": 2000},
+        ),
+        # a sweep of its own (the pilot), not the second study's grid
+        sweep=SweepConfig(objectives="grpo", reuse="32,128", seeds="5", policy_updates=1024,
+                          runs_dir="experiments/results/gradient_starvation_v3/pilot/runs",
+                          out_dir="experiments/results/gradient_starvation_v3/pilot"),
+    )
+
+
+def get_quick_config() -> StarvationConfig:
+    """A smoke run: the pilot's task with GRPO and the tail-cut arm at N = 2, a few updates."""
+    return derive(
+        get_config(),
+        rollout={"prompts_per_minibatch": 2, "group_size": 4},
+        warmup={"steps": 4, "batch_size": 8},
+        run={"eval_problems": 8, "eval_samples": 2},
+        sweep={"objectives": "grpo,respo_vespo_tailcut", "reuse": "2", "seeds": "0", "policy_updates": 2,
+               "runs_dir": "runs/gradient_starvation_v3_quick",
+               "out_dir": "runs/gradient_starvation_v3_quick/results"},
+    )

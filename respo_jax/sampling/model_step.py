@@ -1,0 +1,226 @@
+"""The engine's model step: the jitted programs between two host scheduling decisions, each the
+model's own forward (`Qwen3ForCausalLM.forward` over a `qwen3.PagedKVCache` of the pool) plus sampling.
+
+- `prefill_prompts`: the prompts a schedule starts (and at most one long prompt's next piece,
+  `EngineConfig.prefill_chunk_size`) as one `[P, bucket]` batch, P padded to one of a few sizes
+  (`prefill_counts`; filler prompts write only the scratch page), K/V written into their pages.
+- `admit_rows`: every admission of the schedule as arrays padded to the slot count (filler entries point
+  out of bounds and are dropped): a row's first token from its prompt's logits, its own copy of the
+  prompt's partial page.
+- `decode_segment`: a `lax.while_loop` of at most `EngineConfig.steps_per_schedule` steps over the
+  occupied slots padded to one of a few widths, with no host sync per token.
+
+Why batched: the host loop runs once per schedule and a trainer's rollout (32 prompts x G = 8 rows)
+takes a fraction of a second, so a dispatch per prompt or per row would cost more than the decoding.
+Shapes depend only on the call's `Layout`, the bucket, P, the prefill step and the decode width, so
+each program compiles once per such shape.
+
+One prefill per prompt: the G rows of a prompt share its pages (`PagedCache`) and its last token's
+logits (`EngineState.prompt_logits`, one row per prompt with rows still to admit); each row draws its
+first token from them with its own key.
+
+Same samples. Row r's token t uses `fold_in(fold_in(seed_key, id_r), t)` in whichever slot and segment
+it runs: for one seed the samples do not depend on max_slots, page size, steps_per_schedule, the pool
+size or the other rows (up to float round-off of attention sums over a different number of masked
+keys, which can flip a draw only at a near-tie).
+
+Routing (MoE, `return_routing`): the experts of each generated token when it is fed to the model. A
+row's last token is fed after the row is done (in the next step of the segment, or by a capture step at
+the segment's end), so a row is retired only once its routing is complete.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from respo_jax.models import qwen3
+from respo_jax.sampling.engine_state import EngineState, constrain_state, is_eos, row_keys
+from respo_jax.sampling.logits_processing import sample
+from respo_jax.sampling.params import SamplingParams
+from respo_jax.sampling.scheduler import prefill_steps
+
+
+def prefill_counts(max_prompts: int, shards: int) -> tuple[int, ...]:
+    """The batch sizes a prefill is padded to: `shards`·2^i up to `max_prompts` rounded up to a multiple
+    of `shards` (the batch must split over the batch axes), so a run compiles at most log2 + 1 of them."""
+    cap = -(-max_prompts // shards) * shards
+    sizes, size = [], shards
+    while size < cap:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes + [cap])
+
+
+def padded_count(count: int, sizes: tuple[int, ...]) -> int:
+    """The smallest of `sizes` that holds `count` prompts."""
+    for size in sizes:
+        if size >= count:
+            return size
+    raise ValueError(f"{count} prompts exceed the largest prefill batch {sizes[-1]}")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk", "step"), donate_argnames=("state",))
+def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positions, attention_mask, pages,
+                    logit_rows, prompt_index, *, chunk: int | None, step: int = 0) -> EngineState:
+    """Step `step` of the prefill of P prompts: the model's forward over the step's pieces with the
+    prompts' pages as its cache (`qwen3.PagedKVCache`), so each piece writes its K/V into the pages and
+    attends over the pages its earlier pieces (earlier steps included) wrote.
+
+    input_ids, positions, attention_mask: [P, bucket] int32, left-padded (`engine.left_pad`; filler
+    rows hold one token); pages: [P, pages_for(bucket)] int32 pool pages of each prompt's tokens in
+    order (the scratch page past the prompt's own, and everywhere for filler); logit_rows: [P] int32
+    rows of `state.prompt_logits` to write the last token's logits to (at the last step); prompt_index:
+    [P] int32 the prompts' indices (routing). Filler entries of both are out of bounds: dropped. All but
+    the last token run in pieces of at most `chunk` tokens (`EngineConfig.prefill_chunk_size`; None: one
+    piece) and the last token alone, so logits are computed for it only; the step runs the pieces
+    `scheduler.prefill_steps` gives it. Pads write to the scratch page (masked), so a piece of pads
+    alone writes nothing a real token reads.
+    """
+    model = nnx.merge(graphdef, model_state)
+    cfg = model.config
+    pieces = prefill_steps(input_ids.shape[1], chunk)[step]
+    begin, end = pieces[0][0], pieces[-1][1]
+    cache = qwen3.PagedKVCache(state.k_pages, state.v_pages, pages)
+    routing = state.prompt_routing is not None
+    routed = []
+    for start, stop in pieces:  # static unroll: few pieces
+        out = model.forward(input_ids[:, start:stop], positions[:, start:stop], attention_mask[:, start:stop],
+                            cache, return_routing=routing)
+        cache = out.cache
+        if routing:
+            routed.append(out.routing.astype(jnp.int32))
+    state = state.replace(k_pages=cache.k_pages, v_pages=cache.v_pages)
+    if end == input_ids.shape[1]:
+        logits = state.prompt_logits.at[logit_rows].set(out.logits[:, -1], mode="drop")
+        state = state.replace(prompt_logits=logits)
+    if routing:
+        state = state.replace(prompt_routing=state.prompt_routing.at[:, prompt_index, begin:end].set(
+            jnp.concatenate(routed, axis=2), mode="drop"))
+    return constrain_state(state, cfg)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("state",))
+def admit_rows(graphdef, model_state, state: EngineState, slot, row, row_id, prompt_len, budget, copy_from,
+               copy_to, logit_row, *, params: SamplingParams) -> EngineState:
+    """Start each row `row[i]` in `slot[i]` (all arrays [slots]; filler entries have `slot` and `row`
+    out of bounds and copy the scratch page onto itself): copy page `copy_from` to `copy_to` (its own
+    copy of the prompt's partial page, all layers), draw its first token from its prompt's logits
+    (`state.prompt_logits[logit_row]`) with the key of step 0 of row id `row_id`."""
+    cfg = nnx.merge(graphdef, model_state).config
+    k_pages = state.k_pages.at[:, :, copy_to].set(state.k_pages[:, :, copy_from])
+    v_pages = state.v_pages.at[:, :, copy_to].set(state.v_pages[:, :, copy_from])
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys(state, row_id), 0)
+    token, logprob, *entropy = sample(keys, state.prompt_logits[logit_row], params.temperature, params.top_k,
+                                      params.top_p, params.return_entropy)
+    done = is_eos(token, params) | (budget <= 1)
+    if entropy:  # params.return_entropy
+        state = state.replace(entropy=state.entropy.at[row, 0].set(*entropy, mode="drop"))
+
+    def put(field, value):
+        return getattr(state, field).at[slot].set(value, mode="drop")
+
+    state = state.replace(
+        k_pages=k_pages, v_pages=v_pages,
+        row=put("row", row), row_id=put("row_id", row_id), prompt_len=put("prompt_len", prompt_len),
+        budget=put("budget", budget), generated=put("generated", jnp.ones_like(slot)),
+        last_token=put("last_token", token), done=put("done", done),
+        captured=put("captured", jnp.zeros_like(done)),
+        tokens=state.tokens.at[row, 0].set(token, mode="drop"),
+        logprobs=state.logprobs.at[row, 0].set(logprob, mode="drop"),
+        lengths=state.lengths.at[row].set(jnp.ones_like(row), mode="drop"),
+    )
+    return constrain_state(state, cfg)
+
+
+def _feed(model, state: EngineState, feed: jax.Array, impl: str):
+    """The model's forward on each slot's last token (token `generated - 1`, at its position), its K/V
+    written into the slot's page where `feed` [slots] is set (elsewhere: the scratch page). Returns
+    (logits [slots, vocab] float32, the state with the pools written, routing [num_moe_layers, slots,
+    top_k] int32 or None)."""
+    position = jnp.maximum(state.prompt_len + state.generated - 1, 0)[:, None]
+    cache = qwen3.PagedKVCache(state.k_pages, state.v_pages, state.page_table, impl=impl)
+    out = model.forward(state.last_token[:, None], position, feed[:, None], cache,
+                        return_routing=state.routing is not None)
+    state = state.replace(k_pages=out.cache.k_pages, v_pages=out.cache.v_pages)
+    return out.logits[:, 0], state, None if out.routing is None else out.routing[:, :, 0]
+
+
+def _record_routing(state: EngineState, routed, feed) -> EngineState:
+    """Store the routing [num_moe_layers, slots, top_k] of the tokens just fed (token `generated - 1` of
+    each feeding slot's row)."""
+    rows = state.tokens.shape[0]
+    row = jnp.where(feed, state.row, rows)  # out of bounds: dropped
+    step = jnp.maximum(state.generated - 1, 0)
+    return state.replace(routing=state.routing.at[:, row, step].set(routed, mode="drop"))
+
+
+def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -> EngineState:
+    """Feed every live slot's last token (and, with routing, a done row's last one), sample the next."""
+    live = ~state.done
+    routing = state.routing is not None
+    feed = ~state.captured if routing else live
+    logits, state, routed = _feed(model, state, feed, impl)
+    keys = jax.vmap(jax.random.fold_in)(row_keys(state, state.row_id), state.generated)
+    tokens, token_logprobs, *entropy = sample(keys, logits, params.temperature, params.top_k, params.top_p,
+                                              params.return_entropy)
+    if routing:
+        state = _record_routing(state, routed, feed).replace(captured=state.captured | (feed & state.done))
+    write_row = jnp.where(live, state.row, state.tokens.shape[0])  # out of bounds: dropped
+    if entropy:  # params.return_entropy
+        state = state.replace(entropy=state.entropy.at[write_row, state.generated].set(*entropy, mode="drop"))
+    generated = state.generated + live.astype(jnp.int32)
+    done = state.done | (live & (is_eos(tokens, params) | (generated >= state.budget)))
+    return state.replace(
+        generated=generated, done=done,
+        last_token=jnp.where(live, tokens, state.last_token),
+        tokens=state.tokens.at[write_row, state.generated].set(tokens, mode="drop"),
+        logprobs=state.logprobs.at[write_row, state.generated].set(token_logprobs, mode="drop"),
+        lengths=state.lengths.at[write_row].set(generated, mode="drop"),
+    )
+
+
+def _capture(model, state: EngineState, impl: str) -> EngineState:
+    """Feed the last token of every done row whose routing lacks it (nothing is sampled)."""
+    feed = state.done & ~state.captured
+    _, state, routed = _feed(model, state, feed, impl)
+    state = _record_routing(state, routed, feed)
+    return state.replace(captured=state.captured | feed)
+
+
+# The EngineState fields with one entry per slot (a decode segment runs a subset of the slots).
+SLOT_FIELDS = ("page_table", "row", "row_id", "prompt_len", "budget", "generated", "last_token", "done",
+               "captured")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "params", "impl"), donate_argnames=("state",))
+def decode_segment(graphdef, model_state, state: EngineState, page_table, run_slots, steps, *,
+                   params: SamplingParams, impl: str):
+    """At most `steps` (traced) decode steps of the slots `run_slots` ([width] int32, distinct: every
+    occupied slot among them, `Scheduler.decode_slots`) with `page_table` [slots, max_pages], stopping
+    early once none is live; with routing, then the capture of the done rows' last tokens. The other
+    slots (free) are untouched. Returns (state, flags [2, slots] int32: each slot's generated tokens
+    and done flag)."""
+    model = nnx.merge(graphdef, model_state)
+    full = state.replace(page_table=page_table)
+    state = full.replace(**{name: getattr(full, name)[run_slots] for name in SLOT_FIELDS})
+
+    def cond(carry):
+        step, state = carry
+        return (step < steps) & ~jnp.all(state.done)
+
+    def body(carry):
+        step, state = carry
+        return step + 1, _decode_step(model, state, params, impl)
+
+    state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))[1]
+    if state.routing is not None:
+        state = jax.lax.cond(jnp.any(state.done & ~state.captured), lambda s: _capture(model, s, impl),
+                             lambda s: s, state)
+    state = state.replace(**{name: getattr(full, name).at[run_slots].set(getattr(state, name))
+                             for name in SLOT_FIELDS})
+    state = constrain_state(state, model.config)
+    return state, jnp.stack([state.generated, state.done.astype(jnp.int32)])

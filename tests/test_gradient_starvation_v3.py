@@ -1,0 +1,201 @@
+"""The third gradient-starvation study's machinery: the mixed-length scratchpad task, the paired cluster
+bootstrap over problems x seeds, the tail-cut arm against its float64 formula, and the pilot config with
+its pre-registered acceptance rule.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from experiments import gradient_starvation as gs
+from respo_jax.data.synthetic import get_task, operand_count, scratchpad_steps
+from respo_jax.eval.statistics import paired_cluster_bootstrap
+
+CONFIG_V3 = os.path.join(os.path.dirname(gs.DEFAULT_CONFIG), "gradient_starvation_v3.py")
+
+
+def test_mixed_scratchpad_draws_every_count_from_2_to_16_and_its_responses_fit_193_tokens():
+    task = get_task("scratchpad_mixed")
+    records = task.make_records(800, seed=0, split="train")
+    counts = [operand_count(r["problem"]) for r in records]
+    assert set(counts) == set(range(2, 17))
+    for record, count in zip(records[:50], counts):
+        assert len(scratchpad_steps(record["problem"])) == count - 1
+    # one character per token: the longest drawn correct responses (~160) and the task's bound, which
+    # the trainer checks max_new_tokens against, fit the pilot's max_new_tokens with EOS
+    longest = max(len(task.reference_solution(r)) for r in records)
+    assert 130 <= longest < 170 and longest <= task.max_response_tokens() == 193 - 1
+    assert operand_count("   3+4-5=") == 3 and operand_count("7+0=") == 2
+
+
+def _reference(a, b, num_resamples, seed, level):
+    """A float64 transcription with the documented draws: the seeds' indices, then the problems'."""
+    d = a.mean(axis=2) - b.mean(axis=2)
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(0, d.shape[0], size=(num_resamples, d.shape[0]))
+    problems = rng.integers(0, d.shape[1], size=(num_resamples, d.shape[1]))
+    reps = np.array([d[seeds[r]][:, problems[r]].mean() for r in range(num_resamples)])
+    return d.mean(), reps.std(ddof=1), *np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
+
+
+def test_paired_cluster_bootstrap_matches_its_float64_transcription():
+    rng = np.random.default_rng(0)
+    a = (rng.random((3, 40, 4)) < 0.4).astype(float)
+    b = (rng.random((3, 40, 4)) < 0.3).astype(float)
+    out = paired_cluster_bootstrap(a, b, num_resamples=400, seed=7, level=0.9)
+    np.testing.assert_allclose(tuple(out), _reference(a, b, 400, 7, 0.9), rtol=1e-12, atol=1e-15)
+    assert out.low < out.difference < out.high
+    # [seeds, problems] is the samples-averaged form
+    assert paired_cluster_bootstrap(a.mean(axis=2), b.mean(axis=2), 400, 7, 0.9) == out
+
+
+def test_paired_bootstrap_cancels_shared_effects_and_has_the_closed_form_spread():
+    """d = u_s + v_i gives D^(b) = mean(u[S]) + mean(v[I]): variance var(u)/seeds + var(v)/problems
+    (population variances). A problem or seed effect common to both methods leaves everything unchanged."""
+    rng = np.random.default_rng(1)
+    u, v = rng.normal(size=5), rng.normal(size=200)
+    d = u[:, None] + v[None, :]
+    base = rng.normal(size=(5, 200))
+    out = paired_cluster_bootstrap(base + d, base, num_resamples=20_000, seed=3)
+    assert out.difference == pytest.approx(u.mean() + v.mean(), abs=1e-12)
+    assert out.se == pytest.approx(np.sqrt(u.var() / 5 + v.var() / 200), rel=0.03)
+    shared = rng.normal(size=(1, 200)) * 10 + rng.normal(size=(5, 1)) * 10
+    moved = paired_cluster_bootstrap(base + d + shared, base + shared, num_resamples=20_000, seed=3)
+    np.testing.assert_allclose(tuple(moved), tuple(out), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="one shape"):
+        paired_cluster_bootstrap(base, base[:, :10])
+
+
+def _config_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gradient_starvation_v3_config", CONFIG_V3)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_arms_are_the_stated_kernels():
+    """respo_vespo and its tail-cut twin (registered by the config file) against float64 formulas: the
+    twin uses VESPO's phi+ only on A > 0 with log W < -1."""
+    gs.load_sweep_config(CONFIG_V3)
+    from respo_jax.objectives import OBJECTIVES, get_objective
+
+    module = _config_module()
+    log_w = np.linspace(-4.0, 2.0, 25)
+    w = np.exp(log_w)
+    respo_pos = (1 + w) / 2 * np.exp(1 - w)
+    vespo_pos, vespo_neg = w**2 * np.exp(3 * (1 - w)), w**3 * np.exp(2 * (1 - w))
+    expected = {"respo_vespo": (respo_pos, vespo_neg),
+                "respo_vespo_tailcut": (np.where(log_w < -1, vespo_pos, respo_pos), vespo_neg)}
+    adv = np.repeat(np.float32([1.0, -1.0]), w.size)
+    for name, (pos, neg) in expected.items():
+        assert OBJECTIVES[name].aggregation == "token-mean"
+        phi = np.asarray(module.ARMS[name](np.tile(log_w, 2).astype(np.float32), adv), np.float64)
+        np.testing.assert_allclose(phi, np.concatenate([pos, neg]), rtol=2e-4, atol=1e-6)
+    # the registered objective evaluates that kernel (one evaluation: the twin, both branches)
+    mask = np.ones((2 * w.size, 3), np.float32)
+    old = np.full(mask.shape, -2.0, np.float32)
+    logp = old + np.tile(log_w / 3, 2)[:, None].astype(np.float32)
+    phi = get_objective("respo_vespo_tailcut").evaluate(logp, old, adv, mask).responses["phi"]
+    np.testing.assert_allclose(np.asarray(phi, np.float64), np.concatenate(expected["respo_vespo_tailcut"]),
+                               rtol=2e-4, atol=1e-6)
+
+
+def test_pilot_config_validates_and_states_its_acceptance_rule():
+    config = gs.load_sweep_config(CONFIG_V3)
+    assert config.task.difficulty == "scratchpad_mixed" and config.rollout.max_new_tokens == 193
+    assert config.sweep.objectives == "grpo" and 128 in config.sweep.reuse_list
+    assert not os.path.isabs(config.sweep.runs_dir)
+    gs.load_sweep_config(CONFIG_V3, quick=True)
+    module = _config_module()
+    assert module.pilot_accepted(0.009, 0.15) and not module.pilot_accepted(0.01, 0.5)
+    assert not module.pilot_accepted(0.0, 0.149) and not module.pilot_accepted(None, 0.5)
+    assert "PRE-REGISTERED ACCEPTANCE RULE" in module.__doc__
+
+
+def test_long_positive_tail_share_counts_positives_to_long_problems_below_the_cut():
+    """Two rollout batches of a hand-built run on the mixed task: only positives whose problem (rebuilt
+    from the config) has 12-16 operands count, and the E.3 window (first half) keeps batch 1 only."""
+    from respo_jax.eval.report.loading import Run
+    from respo_jax.training.config import ExperimentConfig, RolloutConfig, RunConfig, TaskConfig
+
+    from experiments.starvation_problems import long_positive_tail_share, rollout_problems
+
+    task = TaskConfig(name="synthetic", difficulty="scratchpad_mixed", num_records=400)
+    config = ExperimentConfig(task=task,
+                              rollout=RolloutConfig(prompts_per_minibatch=8, group_size=2, reuse=1,
+                                                    max_new_tokens=193),
+                              run=RunConfig(eval_problems=0))
+    problems = rollout_problems(config, 2)
+    assert [len(batch) for batch in problems] == [8, 8] and problems[0] != problems[1]
+    counts = np.array([operand_count(rec["problem"]) for rec in problems[0]])
+    rng = np.random.default_rng(0)
+    rollouts = []
+    for iteration in (1, 2):
+        group = np.repeat(np.arange(8), 2)
+        rollouts.append({"iteration": np.int64(iteration), "group": group,
+                         "advantage": np.tile([1.0, -1.0], 8),
+                         "log_w": rng.uniform(-2.0, 0.5, size=16)})
+    first = rollouts[0]
+    long_pos = (first["advantage"] > 0) & (counts[first["group"]] >= 12)
+    expected = long_pos & (first["log_w"] < -1)
+    records = [{"phase": "rl", "iteration": 2, "policy_updates": 2}]
+    run = Run("x", "x", config.to_dict(), records, rollouts, None)
+    share, total = long_positive_tail_share(run)
+    assert total == long_pos.sum() > 0 and 0 < expected.sum() < total
+    assert share == (expected.sum() / total if total else None)
+    both = long_positive_tail_share(run, batches=2)[1]
+    second = rollouts[1]
+    counts2 = np.array([operand_count(rec["problem"]) for rec in problems[1]])
+    assert both == total + ((second["advantage"] > 0) & (counts2[second["group"]] >= 12)).sum()
+
+
+@pytest.mark.slow
+def test_pilot_smoke_run_trains_the_tailcut_arm_and_stores_per_problem_outcomes(tmp_path, monkeypatch):
+    """The quick config's tail-cut cell end to end (a few updates from a 4-step warm-up, not a result):
+    the cell's config stores its paths relative to the working directory, its eval records carry the
+    per-problem outcomes, and the rollout file's phi is the tail-cut kernel of its (log W, A)."""
+    import json
+
+    from respo_jax.eval import load_rollout_files
+
+    from respo_jax.training.config import ExperimentConfig, config_from_dict
+    from respo_jax.training.loop import RLTrainer
+
+    from experiments.starvation_problems import rollout_problems
+
+    used = []  # the records of each rollout batch, as the trainer sampled them
+    rollout = RLTrainer.rollout
+
+    def logged(self, records, *args, **kwargs):
+        used.append([dict(record) for record in records])
+        return rollout(self, records, *args, **kwargs)
+
+    monkeypatch.setattr(RLTrainer, "rollout", logged)
+    monkeypatch.chdir(tmp_path)
+    gs.main(["--config", CONFIG_V3, "--quick", "sweep.objectives=respo_vespo_tailcut",
+             "sweep.runs_dir=runs/v3", "sweep.out_dir=runs/v3/results"])
+    cell = tmp_path / "runs/v3/cells/respo_vespo_tailcut_n2_seed0"
+    saved = json.loads((cell / "config.json").read_text())
+    assert saved["model"]["checkpoint_dir"] == os.path.join("runs", "v3", "base")
+    # the problems rebuilt from the cell's config are those the trainer sampled
+    assert used and rollout_problems(config_from_dict(ExperimentConfig, saved, validate=False), 1) == used
+    evals = [r for r in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())
+             if r.get("phase") == "eval"]
+    assert len(evals) == 2
+    for record in evals:
+        lists = ("greedy_correct", "sampled_correct", "problem_ids")
+        assert [len(record[key]) for key in lists] == [8, 8, 8]
+        assert np.mean(record["greedy_correct"]) == record["greedy_accuracy"]
+        assert np.sum(record["sampled_correct"]) / 16 == pytest.approx(record["sampled_pass_at_1"])
+    rollout = load_rollout_files(cell)[0]
+    log_w, adv = rollout["log_w"].astype(np.float64), rollout["advantage"].astype(np.float64)
+    w = np.exp(log_w)
+    respo_pos, vespo_pos = (1 + w) / 2 * np.exp(1 - w), w**2 * np.exp(3 * (1 - w))
+    expected = np.where(adv < 0, w**3 * np.exp(2 * (1 - w)),
+                        np.where((adv > 0) & (log_w < -1), vespo_pos, respo_pos))
+    np.testing.assert_allclose(rollout["phi"], expected, rtol=2e-4, atol=1e-6)
