@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import struct
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -276,8 +277,11 @@ class ExportedProgram:
         if exported is None:
             try:
                 exported, out_tree = self._export(args, kwargs, positions, dynamic, leaves, treedef, path)
-            except Exception:  # noqa: BLE001 - e.g. a custom call jax.export cannot serialize
+            except Exception as err:  # noqa: BLE001 - e.g. a custom call jax.export cannot serialize
                 # Plain jit: the program runs as it would without the cache (an error in it raises there).
+                print(f"warning: program {self.name!r} was not exported ({type(err).__name__}: "
+                      f"{' '.join(str(err).split())[:200]}); it runs as a plain jit and a later launch "
+                      "traces it again", file=sys.stderr)
                 return jax.jit(self.fun, static_argnums=self.static_argnums,
                                static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
                                compiler_options=self.compiler_options), None

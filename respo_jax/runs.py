@@ -5,7 +5,7 @@ written and read by one rule wherever it appears. Layout of a run directory (`ru
 
     config.json          the validated config of the run (rewritten on resume with the new run.* values)
     metrics.jsonl        one JSON record per warm-up step, RL iteration or evaluation, append-only
-    summary.json         `experiments.train.summarize` of metrics.jsonl, written at the end
+    summary.json         `respo_jax.training.run.summarize` of metrics.jsonl, written at the end
     training_curves.png  the curves of metrics.jsonl, written at the end
     run_info.json        devices, mesh axis sizes and where the parameters live
     checkpoints/<step>/  Orbax checkpoints with a SHA-256 manifest (`respo_jax.training.checkpoint`)

@@ -295,8 +295,8 @@ class _FedSynchronously(RLTrainer):
         self.history[self.state.iteration] = jax.tree.map(jnp.copy, self.state.params)
         version = behaviour_version(self.state.iteration + 1, self.config.rollout.async_steps)
         sampled = self.sample_groups(self.state.iteration, self.history[version])
-        for key, value in sampled.pop("reward_counts").items():
-            self.reward_counts[key] += value
+        for key, value in sampled.reward_counts.items():
+            self.scorer.counts[key] += value
         return sampled, (version, self.history[version])
 
 

@@ -15,7 +15,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import types
 
 import pytest
 
@@ -23,6 +22,7 @@ from experiments.train import DEFAULT_CONFIG, cli, load_config
 from respo_jax.training import compilation
 from respo_jax.training.batch import bucket_length
 from respo_jax.training.compilation import configure_compilation_cache, resolve_cache_dir
+from respo_jax.training.compile_ahead import compile_ahead_key
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.shapes import ShapeTracker
@@ -111,7 +111,7 @@ def test_the_compile_ahead_key_ignores_the_run_length_unless_it_moves_the_learni
     def key(*overrides: str) -> str:
         config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + list(overrides))
         shapes = ShapeTracker([3, 20], config.rollout.padded_prompt_length, compile_ahead=True)
-        return RLTrainer.compile_ahead_key(types.SimpleNamespace(config=config, shapes=shapes))
+        return compile_ahead_key(config, shapes)
 
     base = key()
     assert key("run.iterations=7") == key("run.seed=3") == key("run.policy_updates=8") == base

@@ -53,22 +53,20 @@ class _Stub:
         prompts = [[len(self.seeds), i] for i in range(rows)]  # (generation batch, row)
         return prompts, out, scores
 
-    raw_accuracy = RLTrainer.raw_accuracy
     rollout_seed = RLTrainer.rollout_seed
     sample = RLTrainer.sample_groups
-    _sample_groups = RLTrainer._sample_groups
 
 
 def test_uniform_groups_are_dropped_and_more_batches_drawn_until_the_rollout_batch_is_full():
     stub = _Stub([["111", "010", "000", "001"], ["000", "100", "111", "110"]])
     got = stub.sample()
-    assert (got["groups_generated"], got["groups_kept"], got["generation_batches"]) == (8, 4, 2)
+    assert (got.groups_generated, got.groups_kept, got.generation_batches) == (8, 4, 2)
     # batch 1 keeps groups 1 and 3, batch 2 groups 1 and 3 (in order); the rows of each group together
-    assert [p[:1] + [p[1] // G] for p in got["prompts"][::G]] == [[1, 1], [1, 3], [2, 1], [2, 3]]
-    np.testing.assert_array_equal(got["tokens"][:G, 0], np.arange(G, 2 * G) * 8)
-    np.testing.assert_array_equal(got["sampler_entropy"], got["tokens"] + 0.5)  # the kept rows' entropies
-    assert got["scores"].reshape(4, G).std(axis=1).min() > 0
-    assert got["all_scores"].shape == (8 * G,)
+    assert [p[:1] + [p[1] // G] for p in got.prompts[::G]] == [[1, 1], [1, 3], [2, 1], [2, 3]]
+    np.testing.assert_array_equal(got.tokens[:G, 0], np.arange(G, 2 * G) * 8)
+    np.testing.assert_array_equal(got.sampler_entropy, got.tokens + 0.5)  # the kept rows' entropies
+    assert got.scores.reshape(4, G).std(axis=1).min() > 0
+    assert got.all_scores.shape == (8 * G,)
     # the next prompt batches of the stream, each with its own seed; the first keeps the run's old seed
     assert stub.batches.step == 2
     assert stub.problems == [[r["problem"] for r in stub.batches.batch_at(i)] for i in range(2)]
@@ -79,12 +77,12 @@ def test_uniform_groups_are_dropped_and_more_batches_drawn_until_the_rollout_bat
 def test_extra_groups_are_dropped_and_the_limit_stops_with_what_was_kept():
     stub = _Stub([["010", "000", "000", "000"], ["011", "101", "110", "010"]])
     got = stub.sample()  # needs 3 more after batch 1; batch 2 has 4: the last one is dropped
-    assert (got["groups_generated"], got["groups_kept"], got["generation_batches"]) == (8, 4, 2)
-    assert [p[:1] + [p[1] // G] for p in got["prompts"][::G]] == [[1, 0], [2, 0], [2, 1], [2, 2]]
+    assert (got.groups_generated, got.groups_kept, got.generation_batches) == (8, 4, 2)
+    assert [p[:1] + [p[1] // G] for p in got.prompts[::G]] == [[1, 0], [2, 0], [2, 1], [2, 2]]
     stub = _Stub([["111", "010", "000", "000"], ["000"] * 4, ["111"] * 4], "rollout.max_generation_batches=3")
     got = stub.sample()
-    assert (got["groups_generated"], got["groups_kept"], got["generation_batches"]) == (12, 1, 3)
-    assert got["scores"].shape == (G,) and got["tokens"].shape == (G, 8) and len(got["prompts"]) == G
+    assert (got.groups_generated, got.groups_kept, got.generation_batches) == (12, 1, 3)
+    assert got.scores.shape == (G,) and got.tokens.shape == (G, 8) and len(got.prompts) == G
 
 
 def test_the_filter_uses_the_accuracy_before_the_overlong_penalty():
@@ -93,10 +91,10 @@ def test_the_filter_uses_the_accuracy_before_the_overlong_penalty():
     stub = _Stub([["100", "000", "000", "000"]], "rollout.max_generation_batches=1",
                  "task.overlong_buffer_length=4", "task.overlong_penalty_factor=2.0")
     got = stub.sample()
-    assert got["groups_kept"] == 1 and np.ptp(got["scores"]) == 2.0  # -1 (correct) vs -3 (wrong)
+    assert got.groups_kept == 1 and np.ptp(got.scores) == 2.0  # -1 (correct) vs -3 (wrong)
     unpenalised = _Stub([["000", "111", "000", "000"]], "rollout.max_generation_batches=1",
                         "task.overlong_buffer_length=4", "task.overlong_penalty_factor=2.0")
-    assert unpenalised.sample()["groups_kept"] == 0
+    assert unpenalised.sample().groups_kept == 0
 
 
 # A real run: the tiny model of tests/tiny_runs.py, warmed up far enough that some groups are mixed; at

@@ -17,6 +17,7 @@ from respo_jax.exported_programs import EXPORTED_DIR, ProgramCache, source_finge
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
+from respo_jax.training.programs import jit_program
 from respo_jax.training.step import make_policy_step
 
 TRACES: list[str] = []  # what the functions below were traced for (tracing runs their Python)
@@ -125,13 +126,16 @@ def test_outputs_it_cannot_spell_out_run_without_being_kept(tmp_path):
     np.testing.assert_array_equal(np.asarray(out.b), [0.0, 2.0, 4.0])
 
 
-def test_a_program_jax_export_refuses_runs_as_plain_jit(tmp_path):
+def test_a_program_jax_export_refuses_runs_as_plain_jit_and_says_so(tmp_path, capsys):
     def with_callback(x):
         return jax.pure_callback(lambda v: np.asarray(v) + 1, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
     program = ProgramCache(str(tmp_path), "k").jit(with_callback, "with_callback")
     np.testing.assert_array_equal(np.asarray(program(jnp.arange(3.0))), [1.0, 2.0, 3.0])
     assert _entries(tmp_path) == []
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("warning: program 'with_callback' was not exported (")
 
 
 def test_the_source_fingerprint_follows_every_file_of_the_package(tmp_path):
@@ -159,8 +163,8 @@ def test_the_policy_step_through_the_cache_is_the_jitted_step(tmp_path):
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
     want = make_policy_step(graphdef, get_objective("respo"), tx)(copy(params), tx.init(params), batch)
     for launch in ("first", "later"):
-        step = make_policy_step(graphdef, get_objective("respo"), tx,
-                                program_cache=ProgramCache(str(tmp_path), "tiny respo"))
+        step = jit_program(make_policy_step(graphdef, get_objective("respo"), tx),
+                           cache=ProgramCache(str(tmp_path), "tiny respo"))
         got = step(copy(params), tx.init(params), batch)
         assert jax.tree.structure(got) == jax.tree.structure(want)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -187,18 +191,16 @@ def test_the_engines_programs_through_the_cache_sample_the_same_tokens(tmp_path)
 
 
 def test_the_trainers_program_cache_is_keyed_by_its_program_shaping_config_and_model(monkeypatch):
-    """`RLTrainer.program_cache`: the same key for another seed or run length, another for a changed
+    """`compile_ahead.program_cache`: the same key for another seed or run length, another for a changed
     program-shaping field or model config; none for an objective registered outside respo_jax."""
-    import types
-
     from experiments.train import DEFAULT_CONFIG, load_config
-    from respo_jax.training import loop
+    from respo_jax.training import compile_ahead
     from respo_jax.training.config import apply_overrides
     from test_compilation import TINY
 
     def key(*overrides: str, model=_TINY):
         config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + list(overrides))
-        cache = loop.RLTrainer.program_cache(types.SimpleNamespace(config=config), model)
+        cache = compile_ahead.program_cache(config, model)
         return None if cache is None else cache.key
 
     base = key()
@@ -206,7 +208,7 @@ def test_the_trainers_program_cache_is_keyed_by_its_program_shaping_config_and_m
     assert key("run.seed=3") == key("run.iterations=7") == base
     assert key("optim.learning_rate=0.5") != base and key("rollout.temperature=0.7") != base
     assert key(model=qwen3.Qwen3Config.preset("tiny", rope_theta=5000.0)) != base
-    monkeypatch.setattr(loop, "BUILTIN_OBJECTIVES", frozenset())
+    monkeypatch.setattr(compile_ahead, "BUILTIN_OBJECTIVES", frozenset())
     assert key() is None
 
 

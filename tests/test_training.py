@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import pathlib
+import types
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ from respo_jax.training.batch import (
 )
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
+from respo_jax.training.compile_ahead import compile_bucket
 from respo_jax.sampling.params import padded_prompt_length
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
 from respo_jax.training.iteration_metrics import collect_rollout, iteration_record, logprob_metrics
@@ -439,15 +441,23 @@ def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
 
 
 def test_resume_continues_the_run_exactly(tmp_path):
-    """Params, optimizer state and the batches' position come back: 2 + 1 iterations == 3 iterations."""
-    straight = main(TINY + ["run.iterations=3", "run.eval_problems=0", f"run.out_dir={tmp_path / 'a'}"])
-    main(TINY + ["run.iterations=2", "run.eval_problems=0", f"run.out_dir={tmp_path / 'b'}"])
-    resumed = main(TINY + ["run.iterations=3", "run.eval_problems=0", "run.resume=true", f"run.out_dir={tmp_path / 'b'}"])
-    assert resumed == straight
-    last = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()][-1]
-    last_resumed = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()][-1]
-    for key in ("score", "loss", "log_w_mean", "grad_norm"):
-        assert last_resumed[key] == pytest.approx(last[key], rel=1e-6, abs=1e-7), key
+    """`respo_jax.training.run.run(config)` from Python, as a notebook calls it, and its resume: params,
+    optimizer state and the batches' position come back, 2 + 1 iterations == 3 iterations, record for
+    record (but the timings) and in the last checkpoint's parameters."""
+    from respo_jax.training.run import run
+    from tiny_runs import raw_state, read_records, without_timings
+
+    def config(out: str, *overrides: str) -> ExperimentConfig:
+        return apply_overrides(load_config(DEFAULT_CONFIG),
+                               TINY + ["run.eval_problems=0", f"run.out_dir={tmp_path / out}", *overrides])
+
+    straight = run(config("a", "run.iterations=3"))
+    run(config("b", "run.iterations=2"))
+    resumed = run(config("b", "run.iterations=3", "run.resume=true"))
+    assert resumed == straight and straight["iterations"] == 3
+    assert without_timings(read_records(tmp_path / "b")) == without_timings(read_records(tmp_path / "a"))
+    got, want = (raw_state(tmp_path / out / "checkpoints", 3)[0] for out in ("b", "a"))
+    assert got.keys() == want.keys() and all(got[key].tobytes() == want[key].tobytes() for key in want)
 
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
@@ -483,9 +493,9 @@ def test_dapo_math_task_with_the_real_tokenizer_and_overlong_penalty(tmp_path):
     for _ in range(buckets.index(other)):
         record = trainer.iteration()
         assert record["compiles"] == record["compile_cache_hits"], record
-    assert trainer.evaluate() == 0.0
+    assert trainer.evaluation()["greedy_accuracy"] == 0.0
     tokens = np.array([trainer.tokenizer.encode("\\boxed{12}")])
-    np.testing.assert_allclose(trainer.score(tokens, np.array([tokens.shape[1]]), [{"answer": "12"}])[0], [1.0 - 1.0])
+    np.testing.assert_allclose(trainer.scorer.score(tokens, np.array([tokens.shape[1]]), [{"answer": "12"}])[0], [1.0 - 1.0])
     with pytest.raises(ValueError, match="warmup.steps=3: expected 0 with task.name='dapo_math'"):
         apply_overrides(config, ["warmup.steps=3"])
 
@@ -572,9 +582,9 @@ def test_iteration_record_keeps_its_key_order_and_pools_over_the_rows_trained_on
     assert trained["minibatch"].tolist() == [0, 1, 0, 1] and trained["group"].tolist() == [0, 0, 1, 1]
     np.testing.assert_array_equal(trained["log_w"], np.float32([-2.0, -0.3, 0.1, -3.0]))
     assert (trained["iteration"], trained["policy_updates"]) == (7, 14)
-    sampled = {"all_scores": np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]),
-               "all_lengths": np.array([3, 0, 4, 2, 6, 6]), "groups_generated": 3, "groups_kept": 2,
-               "generation_batches": 2}
+    sampled = types.SimpleNamespace(all_scores=np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]),
+                                    all_lengths=np.array([3, 0, 4, 2, 6, 6]), groups_generated=3, groups_kept=2,
+                                    generation_batches=2)
     timings = {"rollout_seconds": 0.1, "iteration_seconds": 0.2, "reward_failures": 0}
     logprob = {"sampler_trainer_logp_gap": 0.25, "entropy": 1.5, "rollout_is_mean": 1.1}
     record = iteration_record({"phase": "rl", "iteration": 7}, sampled, timings, logprob, steps, trained,
@@ -625,7 +635,7 @@ def test_log_pi_old_from_the_sampler_is_the_recomputed_one_to_float32_round_off(
                 return program.lower(*args)
 
         trainer.old_logprobs = Recorded()
-        trainer._compile_bucket(trainer.model(), 16)  # what compile_ahead does for a bucket
+        compile_bucket(trainer, trainer.model(), 16)  # what compile_ahead does for a bucket
         rows = trainer.training_rows(trainer.sample_groups())
         rows = dataclasses.replace(rows, advantages=np.random.default_rng(0).normal(
             size=rows.advantages.shape).astype(np.float32))  # a random model's rewards are all alike
@@ -793,7 +803,7 @@ def test_the_trainer_shares_prompts_of_consecutive_groups_only():
     """`rollout.share_prompts`: mini-batches in "consecutive" order are prompt-major groups of G rows
     (PolicyBatch.prompt_group = G, micro-batches of whole groups); rows that are not (a batch whose
     groups differ, verl's balanced order, the option off) run their own prompts."""
-    from respo_jax.training.loop import prompt_groups_hold
+    from respo_jax.training.batch_layout import prompt_groups_hold
 
     assert prompt_groups_hold([[1, 2]] * 4 + [[3]] * 4, 4)
     assert not prompt_groups_hold([[1, 2]] * 3 + [[3]] * 5, 4)
@@ -802,12 +812,12 @@ def test_the_trainer_shares_prompts_of_consecutive_groups_only():
     responses, lengths, advantages = np.full((8, 3), 6), np.full(8, 3), np.zeros(8, np.float32)
     config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + ["rollout.max_tokens_per_microbatch=12"])
     trainer = RLTrainer(config)
-    batch, micro = trainer.policy_batch(prompts, responses, lengths, advantages)
+    batch, micro = trainer.layout.policy_batch(prompts, responses, lengths, advantages)
     assert batch.prompt_group == 4 and micro == 4  # 12 tokens hold one 11-token row; a group is 4
     assert batch.take(np.array([0, 5, 2, 7])).prompt_group == 1  # any rows: no sharing assumed
     mixed = prompts[:3] + prompts[4:] + prompts[3:4]  # A A A B B B B A
-    assert trainer.policy_batch(mixed, responses, lengths, advantages)[0].prompt_group == 1
+    assert trainer.layout.policy_batch(mixed, responses, lengths, advantages)[0].prompt_group == 1
     for override in ("rollout.minibatch_order=balanced", "rollout.share_prompts=false"):
         other = RLTrainer(apply_overrides(config, [override]))
-        assert other.prompt_group == 1
-        assert other.policy_batch(prompts, responses, lengths, advantages)[0].prompt_group == 1
+        assert other.layout.prompt_group == 1
+        assert other.layout.policy_batch(prompts, responses, lengths, advantages)[0].prompt_group == 1

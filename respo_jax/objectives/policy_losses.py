@@ -475,6 +475,14 @@ class PolicyObjective:
             "scale_advantages": self.scale_advantages,
         }
 
+    def for_budget(self, max_new_tokens: int) -> "PolicyObjective":
+        """This objective for responses of at most ``max_new_tokens`` tokens: seq-mean-token-sum-norm's
+        constant L, when not given, is that generation budget (Dr.GRPO's constant), not a batch's
+        padded width; every other objective is returned unchanged."""
+        if self.aggregation == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
+            return dataclasses.replace(self, loss_scale_factor=float(max_new_tokens))
+        return self
+
     def denominator(self, mask) -> jax.Array:
         """Aggregation denominator of ``mask: [batch, seq]``; pass the mini-batch's to each micro-batch."""
         return loss_denominator(mask, self.aggregation, self.loss_scale_factor)

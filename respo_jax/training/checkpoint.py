@@ -38,6 +38,22 @@ MANIFEST = "respo_manifest.json"  # inside each step folder, next to Orbax's own
 _all_finite = jax.jit(tree_all_finite)
 
 
+@dataclasses.dataclass
+class TrainState:
+    """What a checkpoint holds: parameters, optimizer state, counters (and the batches' position)."""
+
+    graphdef: Any  # nnx.GraphDef
+    params: Any  # nnx.State
+    opt_state: object
+    iteration: int = 0
+    policy_updates: int = 0
+    # The frozen reference policy (objective.kl_coef > 0 or log_kl_ref), on the parameters' shardings;
+    # None when the run uses none (it is then neither allocated nor run).
+    reference: Any = None
+    # The reward's KL weight (objective.kl_in_reward; the adaptive controller's current value).
+    kl_reward_coef: float = 0.0
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written, or no intact checkpoint to restore; the message is one line."""
 

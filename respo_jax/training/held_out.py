@@ -68,3 +68,18 @@ def evaluate_held_out(model, prompts: Sequence[list[int]], records: list[dict],
                       sampled_temperature=temperature, sampled_top_p=top_p,
                       sampled_correct=correct.sum(axis=1).astype(int).tolist())
     return result
+
+
+def trainer_held_out_record(trainer) -> dict | None:
+    """`evaluate_held_out` of an `RLTrainer`'s current model on its task's held-out records: its
+    rollouts' engine, responses scored as its rollouts are (split over the processes, failures not
+    counted), `run.eval_samples` / `eval_temperature` / `eval_top_p`; None without held-out records."""
+    if not trainer.held_out:
+        return None
+    run = trainer.config.run
+    return evaluate_held_out(
+        trainer.model(), [trainer.encode(rec) for rec in trainer.held_out], trainer.held_out,
+        lambda tokens, lengths, records: trainer.scorer.score_shared(tokens, lengths, records, count=False),
+        max_new_tokens=trainer.config.rollout.max_new_tokens, eos_token_ids=trainer.tokenizer.eos_ids,
+        engine=trainer.engine, samples=run.eval_samples, temperature=run.eval_temperature,
+        top_p=run.eval_top_p)

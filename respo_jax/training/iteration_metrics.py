@@ -99,23 +99,23 @@ def collect_rollout(minibatches: list[np.ndarray], responses: list[dict], advant
 def iteration_record(counters: dict, sampled: dict, timings: dict, logprob: dict, step_metrics: list[dict],
                      trained: dict, learning_rate: float | None, filter_groups: bool) -> dict:
     """The iteration's metrics record (in the historical key order). counters: phase, iteration and
-    policy_updates; sampled: the sampling counts and every generated response's "all_scores" /
-    "all_lengths"; timings: seconds, compile counts and reward counts; logprob: `logprob_metrics`;
+    policy_updates; sampled: the `SampledGroups` (its counts and every generated response's
+    all_scores / all_lengths); timings: seconds, compile counts and reward counts; logprob: `logprob_metrics`;
     step_metrics: each update's metrics (their means are recorded); trained: [rows] "log_w", "phi",
     "approx_kl", "advantage" and "length" of the responses trained on (no filler rows);
     learning_rate: the mean over the updates (None: no update)."""
-    all_scores = sampled["all_scores"]
+    all_scores = sampled.all_scores
     record = {
         **counters,
         "score": float(all_scores.mean()),
         "train_accuracy": float((all_scores.mean() + 1.0) / 2.0),
-        "response_length": float(sampled["all_lengths"].mean()),
+        "response_length": float(sampled.all_lengths.mean()),
         "sampler_trainer_logp_gap": logprob["sampler_trainer_logp_gap"],
         **timings,
     }
     if filter_groups:
         counts = ("groups_generated", "groups_kept", "generation_batches")
-        record.update({key: sampled[key] for key in counts}, updates=len(step_metrics))
+        record.update({key: getattr(sampled, key) for key in counts}, updates=len(step_metrics))
     for key in (step_metrics[0] if step_metrics else ()):
         values = np.array([float(m[key]) for m in step_metrics])
         record[key] = float(values.mean())
@@ -134,3 +134,29 @@ def iteration_record(counters: dict, sampled: dict, timings: dict, logprob: dict
     if learning_rate is not None:
         record["learning_rate"] = learning_rate
     return record
+
+
+def rl_record(counters: dict, sampled, batch, minibatches: list[np.ndarray], logprob_parts: list,
+              step_metrics: list[dict], timings: dict, learning_rate: float | None, correction,
+              group_size: int, version: int, filter_groups: bool,
+              async_steps: int) -> tuple[dict, dict | None]:
+    """An RL iteration's metrics record and its rows trained on (the rollout file; None when no group was
+    trained on). `counters`: phase, iteration (after the updates) and policy_updates; `sampled`: the
+    `SampledGroups`; `batch`: the `TrainingRows`; `logprob_parts`: [(response_mask, old_logp, entropy)]
+    per mini-batch, on the host; `version`: the policy version that generated the batch. An asynchronous
+    run's record has its staleness (iterations of lag behind the policy before the updates) as
+    staleness_mean / staleness_max over the responses."""
+    logprob = logprob_metrics(logprob_parts, minibatches, batch.sampler_logp, correction)
+    rollout = collect_rollout(minibatches, [m.pop("responses") for m in step_metrics], batch.advantages,
+                              batch.lengths, batch.scores, group_size, counters["iteration"],
+                              counters["policy_updates"])
+    rollout = {key: value[:batch.real_rows] if np.ndim(value) else value for key, value in rollout.items()}
+    rollout["policy_version"] = np.full(batch.real_rows, version, np.int32)
+    record = iteration_record(counters, sampled, timings, logprob, step_metrics, rollout, learning_rate,
+                              filter_groups)
+    if async_steps:
+        staleness = counters["iteration"] - 1 - rollout["policy_version"]
+        record["staleness_mean"] = float(staleness.mean()) if staleness.size else 0.0
+        record["staleness_max"] = int(staleness.max()) if staleness.size else 0
+    rollout.pop("approx_kl")  # in the record, not in the rollout file
+    return record, rollout if batch.real_rows else None

@@ -77,3 +77,20 @@ def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Me
     except ValueError as err:  # e.g. experts that do not split over mesh.expert
         raise ConfigError(f"mesh: {err}") from None
     return qwen3.init_model(model_cfg, seed=config.run.seed)
+
+
+def rollout_placement(config: ExperimentConfig, model_cfg: qwen3.Qwen3Config, mesh: jax.sharding.Mesh,
+                      rules: ShardingRules, graphdef: nnx.GraphDef, param_shardings) -> tuple:
+    """The sampler's (mesh, model structure, parameter shardings): the trainer's (`mesh`, `graphdef`,
+    `param_shardings`), or with `mesh.rollout_devices` a rollout mesh of its own (the last devices,
+    `mesh.rollout_tensor` of them on its tensor axis, the rest on data) under the same `rules`."""
+    devices = config.mesh.rollout_devices
+    if not devices:
+        return mesh, graphdef, param_shardings
+    from respo_jax.sharding import MeshConfig, state_shardings
+
+    tensor = config.mesh.rollout_tensor
+    rollout_mesh = make_mesh(MeshConfig(data=devices // tensor, tensor=tensor), rollout_devices(config))
+    abstract = nnx.eval_shape(lambda: qwen3.init_model(model_cfg.replace(mesh=rollout_mesh), seed=0))
+    rollout_graphdef, params = nnx.split(abstract)
+    return rollout_mesh, rollout_graphdef, state_shardings(params, rollout_mesh, rules)

@@ -27,7 +27,7 @@ from respo_jax.objectives.aggregation import aggregation_terms, safe_divide
 from respo_jax.objectives.off_policy_masks import mask_weights, masked_fraction
 from respo_jax.objectives.regularizers import Regularizers, kl_penalty
 from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches, split_rows
-from respo_jax.exported_programs import ProgramCache
+from respo_jax.training.programs import Program
 
 
 class NonFiniteError(FloatingPointError):
@@ -106,12 +106,12 @@ def make_policy_step(
     load_balancing_weight: float = 0.0,
     rollout_correction: RolloutCorrection | None = None,
     compiler_options: dict | None = None,
-    program_cache: ProgramCache | None = None,
     regularizers: Regularizers | None = None,
     decoupled: bool = False,
-):
+) -> Program:
     """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
-    a `PolicyBatch` (one mini-batch).
+    a `PolicyBatch` (one mini-batch), a `Program` (`respo_jax.training.programs`: jitted by
+    `jit_program`, or at its first call).
 
     `objective` is any registered objective (`respo_jax.objectives.get_objective`), jitted together with
     the model and the Optax update; log-probs are taken at the rollout `temperature`, the vocabulary
@@ -133,15 +133,11 @@ def make_policy_step(
     loss times `load_balancing_weight` (the reported `loss` is the objective's alone). With
     micro-batches it is the token-weighted mean of the micro-batches' losses (each is a product of
     means over its own tokens, so this is not exactly the one-shot value; the objective's gradient is).
-    `shardings`: the one jit gets them as in/out shardings (parameters and optimizer state donated), and
-    every micro-batch is split over the batch devices like the mini-batch.
+    `shardings`: the program's in/out shardings (None: the one-device mesh; parameters and optimizer
+    state donated), and every micro-batch is split over the batch devices like the mini-batch.
 
     `compiler_options`: XLA options of this program (`qwen3.kernels.update_compiler_options` of the
     platform, resolved by the trainer; None: the compiler's defaults).
-
-    `program_cache`: the step's programs are kept there (`respo_jax.exported_programs`: a later
-    launch reads them instead of tracing them; only where `ProgramCache.usable()`, one device, so
-    `shardings` need not be passed to the jit); None: plain `jax.jit`.
 
     `rollout_correction`: each token's loss term is multiplied by the importance weight between
     `batch.old_logp` and `batch.sampler_logp` (`respo_jax.objectives.rollout_correction`; the batch must
@@ -167,7 +163,7 @@ def make_policy_step(
     with_kl = regs is not None and regs.kl_coef > 0
     off_policy_mask = None if regs is None else regs.mask
     if off_policy_mask is not None and off_policy_mask.per_batch:
-        mask_logprobs = make_logprob_fn(graphdef, temperature=temperature)
+        mask_logprobs = make_logprob_fn(graphdef, temperature=temperature).fun  # traced inside the step
 
     def token_weight(part: PolicyBatch, logp=None, keep=None):
         """The rollout correction's weights times the off-policy mask's (`keep`, or from `logp`)."""
@@ -287,29 +283,26 @@ def make_policy_step(
             metrics["off_policy_masked_fraction"] = masked_fraction(keep, mask)
         return metrics
 
-    if program_cache is not None and program_cache.usable():
-        return program_cache.jit(step, "policy_step", static_argnums=(3,), donate_argnums=(0, 1),
-                                 compiler_options=compiler_options)
     if shardings is None:
-        return jax.jit(step, donate_argnums=(0, 1), static_argnums=(3,), compiler_options=compiler_options)
-    # jit takes no keyword arguments together with in_shardings: pass microbatch_rows positionally.
-    return jax.jit(step, donate_argnums=(0, 1), static_argnums=(3,),
+        return Program(step, "policy_step", static_argnums=(3,), donate_argnums=(0, 1),
+                       compiler_options=compiler_options)
+    return Program(step, "policy_step", static_argnums=(3,), donate_argnums=(0, 1),
                    in_shardings=(shardings.params, shardings.opt_state, shardings.batch),
                    out_shardings=(shardings.params, shardings.opt_state, shardings.replicated),
                    compiler_options=compiler_options)
 
 
 def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_entropy: bool = False,
-                    chunk_size: int | None = None, shardings: StepShardings | None = None):
-    """Jitted `logprobs(params, batch, microbatch_rows=None)`: log π(response | prompt) of a `PolicyBatch`
-    under `params`, [batch, response_len] float32 (0 where masked), at the rollout `temperature`;
-    `return_entropy`: also the entropy of the full distribution at each response token, `(logp,
-    entropy)` — verl logs its token mean from this pass (actor/entropy). `microbatch_rows` (static)
-    runs the batch that many rows at a time, so recomputing log π_old needs no more memory than one
-    micro-batch. A batch with `routing` replays it (Routing Replay). `shardings`: in/out shardings of
-    the jit (outputs split like the batch). The head runs the model's `lm_head_forward_impl` kernel (no
-    gradient is taken here), `chunk_size` tokens at a time (None: that kernel's
-    `model.forward_chunk_tokens`)."""
+                    chunk_size: int | None = None, shardings: StepShardings | None = None) -> Program:
+    """`logprobs(params, batch, microbatch_rows=None)` as a `Program`: log π(response | prompt) of a
+    `PolicyBatch` under `params`, [batch, response_len] float32 (0 where masked), at the rollout
+    `temperature`; `return_entropy`: also the entropy of the full distribution at each response token,
+    `(logp, entropy)` — verl logs its token mean from this pass (actor/entropy). `microbatch_rows`
+    (static) runs the batch that many rows at a time, so recomputing log π_old needs no more memory than
+    one micro-batch. A batch with `routing` replays it (Routing Replay). `shardings`: its in/out
+    shardings (outputs split like the batch; None: the one-device mesh). The head runs the model's
+    `lm_head_forward_impl` kernel (no gradient is taken here), `chunk_size` tokens at a time (None: that
+    kernel's `model.forward_chunk_tokens`)."""
 
     def logprobs(params, batch: PolicyBatch, microbatch_rows: int | None = None):
         def of(part: PolicyBatch):
@@ -332,18 +325,17 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
         return jax.tree.map(lambda x: jnp.where(valid, x, 0.0), out)
 
     if shardings is None:
-        return jax.jit(logprobs, static_argnums=(2,))
-    # jit takes no keyword arguments together with in_shardings: pass microbatch_rows positionally.
-    return jax.jit(logprobs, static_argnums=(2,), in_shardings=(shardings.params, shardings.batch),
-                   out_shardings=shardings.batch)
+        return Program(logprobs, "logprobs", static_argnums=(2,))
+    return Program(logprobs, "logprobs", static_argnums=(2,),
+                   in_shardings=(shardings.params, shardings.batch), out_shardings=shardings.batch)
 
 
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, param_shardings=None,
-                  opt_shardings=None, rows_sharding: NamedSharding | None = None):
+                  opt_shardings=None, rows_sharding: NamedSharding | None = None) -> Program:
     """Supervised next-token step on `(input_ids, positions, attention_mask, loss_mask)`, all [batch, seq];
     loss_mask marks the target tokens (the response) to be predicted. Returns
-    `(params, opt_state, loss, params_finite)`. With shardings (parameters, optimizer state, and the
-    [batch, seq] inputs' `rows_sharding`) the jit gets them as in/out shardings."""
+    `(params, opt_state, loss, params_finite)`, a `Program` whose shardings are the parameters', the
+    optimizer state's and the [batch, seq] inputs' `rows_sharding` (None: the one-device mesh)."""
 
     def loss_fn(params, input_ids, positions, attention_mask, loss_mask):
         model = nnx.merge(graphdef, params)
@@ -360,8 +352,8 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, para
         return params, opt_state, loss, tree_all_finite(params)
 
     if rows_sharding is None:
-        return jax.jit(step, donate_argnums=(0, 1))
+        return Program(step, "sft_step", donate_argnums=(0, 1))
     replicated = NamedSharding(rows_sharding.mesh, PartitionSpec())
-    return jax.jit(step, donate_argnums=(0, 1),
+    return Program(step, "sft_step", donate_argnums=(0, 1),
                    in_shardings=(param_shardings, opt_shardings) + (rows_sharding,) * 4,
                    out_shardings=(param_shardings, opt_shardings, replicated, replicated))

@@ -19,7 +19,8 @@ import jax
 
 from respo_jax.training.checkpoint import Restored, restore_latest_intact, save_checkpoint
 from respo_jax.training.config import ConfigError
-from respo_jax.training.loop import RLTrainer, WarmupPosition
+from respo_jax.training.loop import RLTrainer
+from respo_jax.training.warmup import WarmupPosition, warmup_opt_state_like
 
 WARMUP_DIR = "warmup"  # inside the run's checkpoints/ (Orbax ignores a folder whose name is not a step)
 
@@ -46,7 +47,7 @@ def restore(trainer: RLTrainer, checkpoint_dir: str) -> tuple[Restored | None, W
     """The newest intact warm-up checkpoint and the position it resumes the warm-up at ((None, None):
     none); the trainer's parameters are set to it."""
     restored = restore_latest_intact(folder(checkpoint_dir), trainer.state.params,
-                                     trainer.warmup_opt_state_like())
+                                     warmup_opt_state_like(trainer))
     if restored is None:
         return None, None
     step = int(restored.meta["warmup_step"])
