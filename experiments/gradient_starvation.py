@@ -164,6 +164,16 @@ def resolved_paths(saved: dict) -> dict:
     return out
 
 
+def without_retired(saved: dict, expected) -> dict:
+    """A copy of a finished cell's config.json without the keys retired since it ran (each section's
+    `retired`): a finished cell is only read, never continued, and a retired key was one the engine's
+    schedule read, which never changed a sample (a run directory that would be resumed is still refused)."""
+    return {section: {key: value for key, value in values.items()
+                      if key not in getattr(getattr(expected, section, None), "retired", {})}
+            if isinstance(values, dict) else values
+            for section, values in saved.items()}
+
+
 def finished(config: StarvationConfig, cell: Cell, base: dict) -> bool:
     """Whether `cell` is done (its directory exists); ConfigError when it was run with another config
     or from another base model (a stale cell is never mixed into a report)."""
@@ -175,7 +185,7 @@ def finished(config: StarvationConfig, cell: Cell, base: dict) -> bool:
         raise ConfigError(f"{path} is not a finished cell ({CELL_INFO} or config.json missing); remove it")
     info, saved = run_dir.read_json(info_path), resolved_paths(run_dir.read_json(config_path))
     expected = config.experiment(cell)
-    problems = run_dir.config_differences(saved, expected)
+    problems = run_dir.config_differences(without_retired(saved, expected), expected)
     if saved.get("run", {}).get("policy_updates") != expected.run.policy_updates:
         problems.append(f"run.policy_updates: saved {saved.get('run', {}).get('policy_updates')!r}, "
                         f"now {expected.run.policy_updates!r}")

@@ -10,6 +10,7 @@ import collections
 import glob
 import json
 import math
+import numbers
 import os
 import pathlib
 import signal
@@ -40,7 +41,7 @@ def _expected_scalars(records: list[dict]) -> dict[tuple[str, str], list[tuple[i
     for record in records:
         run, step_key = ("warmup", "step") if record["phase"] == "warmup" else ("train", "policy_updates")
         for key, value in record.items():
-            if key not in ("phase", step_key):
+            if key not in ("phase", step_key) and isinstance(value, numbers.Real):  # not lists or strings
                 expected[(run, key)].append((record[step_key], float(value)))
     return expected
 
@@ -63,7 +64,7 @@ def _wandb_rows(wandb_file: str) -> list[dict]:
 
 
 def _as_wandb_row(record: dict) -> dict:
-    return {k: float(v) for k, v in record.items() if k != "phase"}
+    return {k: float(v) for k, v in record.items() if k != "phase" and isinstance(v, numbers.Real)}
 
 
 def _position(record: dict) -> tuple[int, int, int]:

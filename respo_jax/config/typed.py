@@ -38,7 +38,7 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 class _Section:
     """What every config section shares: its key prefix, the checks of its fields, and its retired keys
-    (`retired`: {field: what replaces it}), refused by name wherever a config is read."""
+    (`retired`: {field: what replaces it}), refused by name wherever a config is read to run."""
 
     section: typing.ClassVar[str] = ""
     retired: typing.ClassVar[dict[str, str]] = {}
@@ -150,12 +150,15 @@ def _field_types(section_type: type) -> dict[str, Any]:
     return {field.name: hints[field.name] for field in dataclasses.fields(section_type)}
 
 
-def config_from_dict(config_type: type[ConfigT], data: dict, validate: bool = True) -> ConfigT:
+def config_from_dict(config_type: type[ConfigT], data: dict, validate: bool = True,
+                     drop_retired: bool = False) -> ConfigT:
     """Rebuilds a config from its `to_dict()` form (e.g. a run's `config.json`), then validates it
     (`validate=False`: only its structure, e.g. to compare a saved config with a new one).
 
     A section or field missing from `data` takes its default (a file written before the field existed);
-    an unknown section or field raises ConfigKeyError (a KeyError) naming it.
+    an unknown section or field raises ConfigKeyError (a KeyError) naming it, and so does a retired one
+    (a config that would run again), unless `drop_retired` (a finished run's config only read, e.g. for
+    a report: its retired keys are left out).
     """
     if not isinstance(data, dict):
         raise ConfigError(f"a {config_type.__name__} dict must be a JSON object; got {type(data).__name__}")
@@ -170,7 +173,10 @@ def config_from_dict(config_type: type[ConfigT], data: dict, validate: bool = Tr
         values = data.get(name, {})
         if not isinstance(values, dict):
             raise ConfigError(f"config section {name!r} must be an object; got {values!r}")
-        _refuse_retired(section_type, values)
+        if drop_retired:
+            values = {key: value for key, value in values.items() if key not in section_type.retired}
+        else:
+            _refuse_retired(section_type, values)
         known = {field.name for field in dataclasses.fields(section_type)}
         extra = sorted(set(values) - known)
         if extra:

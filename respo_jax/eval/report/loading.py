@@ -150,10 +150,10 @@ def _read_json(path: str) -> object:
 
 def _check_config(config: object, path: str) -> dict:
     """config.json read by the config's own loader and validator (`config_from_dict`), as a dict (a field
-    the file lacks, written before the field existed, has its default); ReportError naming the file and
-    the key otherwise."""
+    the file lacks, written before the field existed, has its default; a key retired since is left out:
+    a finished run is only read); ReportError naming the file and the key otherwise."""
     try:
-        loaded = config_from_dict(ExperimentConfig, config)
+        loaded = config_from_dict(ExperimentConfig, config, drop_retired=True)
     except ConfigError as err:
         raise ReportError(f"{path}: {err} (is this a config.json written by python -m experiments.train?)"
                           ) from None
