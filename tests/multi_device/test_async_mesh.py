@@ -1,4 +1,5 @@
-"""On 8 simulated CPU devices: an asynchronous run (rollout.async_steps=1) on one mesh of all 8 devices
+"""On 8 simulated CPU devices: an asynchronous run (rollout.async_steps = 1 and 2) on one mesh of all 8
+devices
 (data 8: every device trains and samples) equals the same run split into a trainer mesh (the first 4
 devices, data 4) and a rollout mesh of its own (mesh.rollout_devices=4: the last 4, tensor-parallel 2 ×
 data 2): every sample, reward and advantage exactly, the float metrics and parameters to float32
@@ -28,7 +29,7 @@ TINY = ['model.overrides={"num_hidden_layers": 1, "hidden_size": 16, "intermedia
         "warmup.steps=2", "warmup.batch_size=8", "rollout.prompts_per_minibatch=2", "rollout.group_size=4",
         "rollout.reuse=2", "rollout.max_new_tokens=6", "task.overlong_buffer_length=4", "task.num_records=64",
         "run.eval_problems=0", "run.progress=false", "run.host_allocator=false", "run.iterations=3",
-        "rollout.async_steps=1", "rollout.old_logprobs=recompute"]
+        "rollout.old_logprobs=recompute"]
 
 
 def _run(*overrides):
@@ -53,9 +54,11 @@ def _run(*overrides):
     return trainer, records, rollouts, on_rollout_mesh
 
 
-def test_a_split_mesh_async_run_equals_the_one_mesh_run():
-    one_trainer, one, one_rollouts, _ = _run("mesh.data=8")
-    split_trainer, split, split_rollouts, on_rollout_mesh = _run("mesh.data=4", "mesh.rollout_devices=4",
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_split_mesh_async_run_equals_the_one_mesh_run(steps):
+    lag = f"rollout.async_steps={steps}"
+    one_trainer, one, one_rollouts, _ = _run(lag, "mesh.data=8")
+    split_trainer, split, split_rollouts, on_rollout_mesh = _run(lag, "mesh.data=4", "mesh.rollout_devices=4",
                                                                  "mesh.rollout_tensor=2")
     devices = jax.devices()
     assert one_trainer.rollout_logprobs is None
@@ -79,7 +82,9 @@ def test_a_split_mesh_async_run_equals_the_one_mesh_run():
         for key in ("length", "reward", "advantage", "policy_version"):
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
         np.testing.assert_allclose(a["log_w"], b["log_w"], atol=1e-5)
-    assert [r.get("staleness_max") for r in split if r["phase"] == "rl"] == [0, 1, 1]
+    # batch t comes from the policy after iteration max(0, t - 1 - steps): t - 1 - that versions stale
+    staleness = [r.get("staleness_max") for r in split if r["phase"] == "rl"]
+    assert staleness == [min(t - 1, steps) for t in (1, 2, 3)]
     for a, b in zip(one, split):
         assert a.keys() == b.keys()
         for key, value in a.items():
