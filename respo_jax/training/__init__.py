@@ -16,7 +16,7 @@ The loop and its steps
     held_out        held-out greedy accuracy and sampled pass@1
 
 Set-up
-    config, typed_config  the typed, validated experiment configuration
+    config          the typed, validated experiment configuration (re-exported from respo_jax.config)
     tasks           the task's tokenizer, prompt format and records
     model_setup     the mesh and the model, the rollout mesh's placement
     startup         the checks made before a model is built

@@ -222,7 +222,7 @@ class RLTrainer:
 
     def rollout_seed(self, generation_batch: int, iteration: int | None = None) -> int:
         """The sampler seed of a generation batch of this iteration: the first one's is the run's
-        historical seed + iteration, later ones (dynamic sampling) one derived from (seed, iteration,
+        seed + iteration, later ones (dynamic sampling) one derived from (seed, iteration,
         index): a pure function of the counters a checkpoint holds, so a resumed run draws the same.
         `iteration`: the iterations done before the batch's (default: the trainer's count)."""
         seed = self.config.run.seed
