@@ -94,6 +94,7 @@ class Checkpoint:
     synthetic_task: ArithmeticTask | None
     synthetic_seed: int
     max_positions: int  # the model's max_position_embeddings: prompt + response must fit
+    head_dim: int  # the model's attention head size (what the paged-attention kernel must lower)
     build_model: Callable[[], object]
 
     @property
@@ -169,7 +170,7 @@ def _resolve_huggingface(path: str, settings: EvalSettings, mesh) -> Checkpoint:
         kind="huggingface", path=path, step=None, fingerprint=_hf_fingerprint(path), tokenizer=tokenizer,
         prompt_format=PromptFormat(chat=_chat(settings.chat_template, tokenizer.has_chat_template)),
         dtype=dtype, synthetic_task=None, synthetic_seed=0,
-        max_positions=model_config.max_position_embeddings,
+        max_positions=model_config.max_position_embeddings, head_dim=model_config.head_dim,
         build_model=lambda: qwen3.from_pretrained(path, dtype=_jnp_dtype(dtype), mesh=mesh),
     )
 
@@ -216,7 +217,8 @@ def _resolve_run(path: str, settings: EvalSettings, mesh) -> Checkpoint:
         kind="run", path=path, step=step, fingerprint=f"step-{step}", tokenizer=tokenizer,
         prompt_format=prompt_format, dtype=dtype, synthetic_task=task,
         synthetic_seed=task_cfg.seed + SYNTHETIC_HELD_OUT_OFFSET,
-        max_positions=abstract.config.max_position_embeddings, build_model=build_model,
+        max_positions=abstract.config.max_position_embeddings, head_dim=abstract.config.head_dim,
+        build_model=build_model,
     )
 
 
@@ -522,17 +524,13 @@ def _evaluate(config: EvalConfig) -> dict:
     from respo_jax.training.loop import build_mesh
 
     from respo_jax.models.qwen3.kernels import platform
-    from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl
 
     settings = config.eval
     configure_compilation_cache(settings.compilation_cache_dir, key="eval.compilation_cache_dir")
     mesh = build_mesh(config)  # the trainer's: `mesh.*` over the devices, a ConfigError if they do not fit
-    if settings.scheduler == "continuous":  # the engine's attention kernel runs on these devices
-        try:
-            check_paged_attention_impl(settings.paged_attention_impl, platform(mesh))
-        except ValueError as err:
-            raise ConfigError(f"eval.paged_attention_impl={settings.paged_attention_impl!r}: {err}") from None
+    settings.check_kernel(platform=platform(mesh))  # the engine's kernel on these devices: before any read
     checkpoint = resolve_checkpoint(settings, mesh)
+    settings.check_kernel(head_dim=checkpoint.head_dim)  # and the model's head_dim, once its config is read
     problems = load_problems(settings, checkpoint)
     protocol = protocol_of(settings, checkpoint)
     items = work_items(problems, settings)

@@ -131,7 +131,7 @@ def test_engine_input_errors(model, sampled):
     params, _, _ = sampled
     with pytest.raises(ValueError, match=r"page pool \(3 pages of 4 tokens\) is too small for row 0"):
         generate(model, PROMPTS, params, engine=EngineConfig(page_size=4, num_pages=3))
-    with pytest.raises(ValueError, match="paged_attention_impl='pallas_gpu' runs on gpu devices; the engine "
+    with pytest.raises(ValueError, match="paged_attention_impl='pallas_gpu': runs on gpu devices; the engine "
                                          "runs on cpu devices"):
         generate(model, PROMPTS, params, engine=EngineConfig(paged_attention_impl="pallas_gpu"))
     with pytest.raises(ValueError, match=r"row_max_new_tokens must lie in \[1, max_new_tokens=12\]"):

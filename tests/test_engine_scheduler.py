@@ -200,7 +200,7 @@ def test_pool_size_from_a_byte_budget_and_engine_validation():
         pool_pages_for_bytes(1024, num_layers=2, kv_heads=2, head_dim=4, page_size=8, itemsize=4)
     with pytest.raises(ValueError, match="not both"):
         EngineConfig(num_pages=4, kv_cache_bytes=4096)
-    with pytest.raises(ValueError, match="paged_attention_impl must be one of gather, pallas_tpu"):
+    with pytest.raises(ValueError, match="paged_attention_impl='flash': expected one of 'gather', 'pallas_tpu'"):
         EngineConfig(paged_attention_impl="flash")
     with pytest.raises(ValueError, match="ignore_eos must be a bool"):
         SamplingParams(max_new_tokens=4, ignore_eos=1)

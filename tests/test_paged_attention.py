@@ -1,6 +1,7 @@
 """Paged decode attention against dense masked attention in float64 NumPy: each slot's tokens read
 through its page table (pages shared between slots, out of order, a partial last page), grouped-query
-heads; and the accelerator kernels refused on CPU."""
+heads; every kernel's stated precision (`KERNEL_PRECISION`), the Pallas kernels in their interpreter on
+CPU; and what `check_paged_attention` refuses: a kernel off its platform, shapes it cannot lower."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl, paged_attention
+from respo_jax.models.qwen3.paged_attention import paged_attention
+from respo_jax.models.qwen3.paged_kernels import KERNEL_PRECISION, check_paged_attention
 
 
 def _reference(q, k_pages, v_pages, tables, lengths, scale):
@@ -59,16 +61,80 @@ def test_gather_equals_dense_masked_attention_in_float64(heads, kv_heads, page_s
     np.testing.assert_allclose(np.asarray(again), np.asarray(got[:1]), rtol=1e-6, atol=1e-7)
 
 
-def test_accelerator_kernels_are_refused_on_cpu_and_bad_shapes_raise():
-    check_paged_attention_impl("gather", "cpu")
-    check_paged_attention_impl("pallas_gpu", "gpu")
-    with pytest.raises(ValueError, match=r"paged_attention_impl='pallas_tpu' runs on tpu devices; the engine "
-                                         r"runs on cpu devices \(use 'gather'"):
-        check_paged_attention_impl("pallas_tpu", "cpu")
-    with pytest.raises(ValueError, match="runs on gpu devices"):
-        check_paged_attention_impl("pallas_gpu", "tpu")
-    with pytest.raises(ValueError, match="must be one of gather, pallas_tpu, pallas_gpu"):
-        check_paged_attention_impl("flash", "cpu")
+# bfloat16's rounding: a relative spacing of 2^-7 between neighbours in [1, 2).
+BF16_STEP = 2.0 ** -7
+
+
+def _bf16(x):
+    """x rounded to bfloat16, back in float64."""
+    return np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64)
+
+
+@pytest.mark.parametrize("impl,dtype", [(impl, dtype) for impl in KERNEL_PRECISION
+                                        for dtype in ("float32", "bfloat16")])
+def test_each_kernel_has_its_stated_precision(impl, dtype):
+    """Exact for a dtype (`KERNEL_PRECISION`): float32 within float32 round-off of float64 attention,
+    bfloat16 within bfloat16's rounding of float64 attention of the same (bfloat16) inputs. pallas_tpu in
+    float32: float64 attention of its K and V rounded to bfloat16 (what it computes), farther from
+    exact attention than float32 round-off."""
+    rng = np.random.default_rng(7)
+    slots, heads, kv_heads, dim, page_size, num_pages, max_pages = 3, 4, 2, 128, 16, 9, 4
+    q, k_pages, v_pages = (rng.normal(size=shape) for shape in
+                           [(slots, heads, dim)] + [(kv_heads, num_pages, page_size, dim)] * 2)
+    tables = np.stack([rng.permutation(num_pages)[:max_pages] for _ in range(slots)]).astype(np.int32)
+    lengths = np.array([1, page_size + 3, max_pages * page_size], np.int32)
+    scale = dim ** -0.5
+    inputs = [np.asarray(jnp.asarray(x, dtype), np.float64) for x in (q, k_pages, v_pages)]
+    got = jax.jit(paged_attention, static_argnames=("scale", "impl", "interpret"))(
+        *(jnp.asarray(x, dtype) for x in inputs), jnp.asarray(tables), jnp.asarray(lengths), scale=scale,
+        impl=impl, interpret=impl != "gather")
+    assert got.dtype == dtype and got.shape == q.shape
+    error = np.abs(np.asarray(got, np.float64) - _reference(*inputs, tables, lengths, scale)).max()
+    exact = dtype in KERNEL_PRECISION[impl]
+    if dtype == "float32" and exact:
+        assert error < 2e-6, error
+    elif dtype == "bfloat16":  # the output's rounding, and the probabilities' before the values' dot
+        assert exact and error < 2 * BF16_STEP, error
+    else:  # pallas_tpu, float32: attention of bfloat16-rounded K and V
+        assert not exact and impl == "pallas_tpu"
+        rounded = _reference(inputs[0], _bf16(inputs[1]), _bf16(inputs[2]), tables, lengths, scale)
+        assert np.abs(np.asarray(got, np.float64) - rounded).max() < 2e-6
+        assert 100 * 2e-6 < error < 2 * BF16_STEP, error
+
+
+def test_what_check_paged_attention_refuses():
+    check_paged_attention("gather", platform="cpu", head_dim=8, page_size=3)
+    check_paged_attention("pallas_gpu", platform="gpu", head_dim=64, page_size=16)
+    check_paged_attention("pallas_tpu", platform="tpu", head_dim=128, page_size=3)
+    check_paged_attention("pallas_tpu", interpret=True, platform="cpu", head_dim=256)
+    check_paged_attention("pallas_gpu", interpret=True, platform="cpu", head_dim=128)
+    refusals = [
+        (dict(impl="pallas_tpu", platform="cpu"), r"^paged_attention_impl='pallas_tpu': runs on tpu devices; "
+         r"the engine runs on cpu devices \(use 'gather', which runs everywhere, or "
+         r"paged_attention_interpret=true on cpu\)$"),
+        (dict(impl="pallas_gpu", platform="tpu"), r"runs on gpu devices; the engine runs on tpu devices "
+         r"\(use 'gather', which runs everywhere\)$"),
+        (dict(impl="pallas_tpu", interpret=True, platform="gpu"), "runs on tpu devices"),
+        (dict(impl="flash", platform="cpu"), r"^paged_attention_impl='flash': expected one of 'gather', "
+         r"'pallas_tpu', 'pallas_gpu'$"),
+        (dict(impl="gather", interpret=True), r"^paged_attention_interpret=true: expected false with "
+         r"paged_attention_impl='gather' \(the interpreter runs a Pallas kernel\)$"),
+        (dict(impl="pallas_tpu", head_dim=64), "'pallas_tpu': needs head_dim a multiple of 128 .* is 64"),
+        (dict(impl="pallas_gpu", head_dim=96), "'pallas_gpu': needs head_dim a power of two >= 16 .* got 96"),
+        (dict(impl="pallas_gpu", head_dim=8), "needs head_dim a power of two >= 16"),
+        (dict(impl="pallas_gpu", page_size=12), "'pallas_gpu': needs page_size a power of two >= 16 .* 12"),
+        (dict(impl="pallas_gpu", page_size=8), "needs page_size a power of two >= 16"),
+    ]
+    for kwargs, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            check_paged_attention(kwargs.pop("impl"), **kwargs)
+
+
+def test_bad_shapes_and_dtypes_raise():
     with pytest.raises(ValueError, match=r"does not fit k_pages"):
         paged_attention(jnp.zeros((2, 3, 4)), jnp.zeros((2, 5, 4, 4)), jnp.zeros((2, 5, 4, 4)),
                         jnp.zeros((2, 3), jnp.int32), jnp.zeros((2,), jnp.int32), scale=1.0)
+    with pytest.raises(ValueError, match=r"the pools \(bfloat16, bfloat16\) must hold q's dtype float32"):
+        paged_attention(jnp.zeros((2, 2, 4)), jnp.zeros((2, 5, 4, 4), jnp.bfloat16),
+                        jnp.zeros((2, 5, 4, 4), jnp.bfloat16), jnp.zeros((2, 3), jnp.int32),
+                        jnp.zeros((2,), jnp.int32), scale=1.0)

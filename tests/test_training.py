@@ -146,11 +146,19 @@ def test_the_trainer_samples_with_its_configured_engine():
     trainer = RLTrainer(config)
     assert trainer.engine == config.rollout.engine_config()
     assert (trainer.engine.scheduler, trainer.engine.max_slots, trainer.engine.page_size) == ("static", 4, 8)
-    # An accelerator kernel on the CPU mesh is refused at start-up, before the model is built.
-    gpu = apply_overrides(config, ["rollout.scheduler=continuous", "rollout.paged_attention_impl=pallas_gpu"])
-    with pytest.raises(ConfigError, match=r"^rollout.paged_attention_impl='pallas_gpu': .*runs on gpu devices; "
-                                          r"the engine runs on cpu devices"):
-        RLTrainer(gpu)
+    # An accelerator kernel on the CPU mesh is refused at start-up, before the model is built, in either
+    # schedule; so is one the model's head_dim (the tiny preset's 16) cannot lower.
+    for scheduler in ("continuous", "static"):
+        gpu = apply_overrides(config, [f"rollout.scheduler={scheduler}",
+                                       "rollout.paged_attention_impl=pallas_gpu", "rollout.page_size=16"])
+        with pytest.raises(ConfigError, match=r"^rollout.paged_attention_impl='pallas_gpu': runs on gpu "
+                                              r"devices; the engine runs on cpu devices"):
+            RLTrainer(gpu)
+    tpu = apply_overrides(config, ["rollout.paged_attention_impl=pallas_tpu",
+                                   "rollout.paged_attention_interpret=true"])
+    with pytest.raises(ConfigError, match=r"^rollout.paged_attention_impl='pallas_tpu': needs head_dim a "
+                                          r"multiple of 128 \(Pallas TPU blocks\); the model's is 16"):
+        RLTrainer(tpu)
 
 
 @pytest.mark.parametrize("scan_layers, remat", [(False, False), (True, True)])

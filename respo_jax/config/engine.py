@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from respo_jax.config.typed import _Section
+from respo_jax.config.typed import ConfigError, _Section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,8 @@ class EngineSection(_Section):
     `page_size` tokens per KV page; the pool as `num_pages` pages or a `kv_cache_bytes` budget (at most
     one; 0 for both: every slot can hold a row of the longest prompt and the longest response, so
     admission never waits); `paged_attention_impl`: "gather" (every platform) or the accelerator kernel
-    "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform).
+    "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform, or where the model's head_dim or
+    `page_size` do not lower), run on CPU in the Pallas interpreter with `paged_attention_interpret`.
 
     A subclass passes the defaults it changes as a class keyword, `class RolloutConfig(EngineSection,
     engine_defaults=ROLLOUT_ENGINE_DEFAULTS)`: the fields stay declared here, with their comments and
@@ -50,6 +51,9 @@ class EngineSection(_Section):
     kv_cache_bytes: int = 0  # the pool as a byte budget for K and V of all layers; 0: unset
     # attention over pages: "gather" (everywhere), "pallas_tpu" or "pallas_gpu" (on their platform only)
     paged_attention_impl: str = "gather"
+    # run the Pallas kernel in the Pallas interpreter (TPU interpret mode / Triton interpret=True), which
+    # runs on CPU: for tests, slow
+    paged_attention_interpret: bool = False
 
     def __init_subclass__(cls, engine_defaults: typing.Mapping[str, typing.Any] | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -67,7 +71,7 @@ class EngineSection(_Section):
     def validate_engine(self) -> None:
         """The engine fields in range (ConfigError naming `section.field`): the one check of these fields,
         for `rollout.*` and `eval.*` alike."""
-        from respo_jax.sampling.params import PAGED_ATTENTION_IMPLS, PROMPT_BUCKET_SCHEMES, SCHEDULERS
+        from respo_jax.sampling.params import PROMPT_BUCKET_SCHEMES, SCHEDULERS
 
         self._need("scheduler", self.scheduler in SCHEDULERS, " or ".join(map(repr, SCHEDULERS)))
         self._need("prompt_buckets", self.prompt_buckets in PROMPT_BUCKET_SCHEMES,
@@ -78,8 +82,20 @@ class EngineSection(_Section):
             self._need(name, getattr(self, name) >= 0, "an integer >= 0 (0: unset)")
         self._need("kv_cache_bytes", not (self.num_pages and self.kv_cache_bytes),
                    f"0 with {self.section}.num_pages={self.num_pages} (both size the page pool: set one)")
-        self._need("paged_attention_impl", self.paged_attention_impl in PAGED_ATTENTION_IMPLS,
-                   f"one of {', '.join(map(repr, PAGED_ATTENTION_IMPLS))}")
+        self.check_kernel()
+
+    def check_kernel(self, *, platform: str | None = None, head_dim: int | None = None) -> None:
+        """The attention kernel against the engine's `platform` and the model's `head_dim` (None: not
+        known yet), `respo_jax.models.qwen3.paged_kernels.check_paged_attention`: ConfigError naming
+        `section.paged_attention_*`. Called by `validate_engine` and, with both, at a run's or an
+        evaluation's start-up."""
+        from respo_jax.models.qwen3.paged_kernels import check_paged_attention
+
+        try:
+            check_paged_attention(self.paged_attention_impl, interpret=self.paged_attention_interpret,
+                                  platform=platform, head_dim=head_dim, page_size=self.page_size)
+        except ValueError as err:
+            raise ConfigError(f"{self.section}.{err}") from None
 
     def engine_config(self, **fields):
         """The sampler's `EngineConfig` of these fields (0 = unset -> None) and `fields`."""

@@ -206,9 +206,11 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
     (verl's rollout-correction "bypass mode"): the same parameters, distribution and float32 math, so
     the same numbers to round-off, without the pass (N forward passes an iteration, and their programs).
     It needs the sampled distribution to be the model's (no top-k/top-p truncation) and no rollout
-    correction (which measures that very gap). "auto" (the default) picks "sampler" when, besides,
-    the model computes in float32 and a MoE model replays its routing (otherwise the sampler's and the
-    trainer's experts may differ at router ties), and "recompute" otherwise.
+    correction (which measures that very gap), and an attention kernel exact for the model's dtype
+    (`paged_kernels.KERNEL_PRECISION`: not "pallas_tpu" in float32, which attends at bfloat16 precision).
+    "auto" (the default) picks "sampler" when, besides, the model computes in float32 and a MoE model
+    replays its routing (otherwise the sampler's and the trainer's experts may differ at router ties),
+    and "recompute" otherwise.
     """
 
     section = "rollout"
@@ -298,8 +300,16 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
         on or off: "sampler" or "recompute" (the class docstring says when and why)."""
         if self.old_logprobs != "auto":
             return self.old_logprobs
-        exact = self.samples_model_distribution and dtype == "float32" and (self.routing_replay or not moe)
+        exact = (self.samples_model_distribution and dtype == "float32" and self.kernel_exact(dtype)
+                 and (self.routing_replay or not moe))
         return "sampler" if exact and not correction else "recompute"
+
+    def kernel_exact(self, dtype: str) -> bool:
+        """Whether the engine's attention kernel computes at `dtype`'s own precision
+        (`respo_jax.models.qwen3.paged_kernels.KERNEL_PRECISION`)."""
+        from respo_jax.models.qwen3.paged_kernels import kernel_exact
+
+        return kernel_exact(self.paged_attention_impl, dtype)
 
     def padded_prompt_length(self, length: int) -> int:
         """The padded length of a batch whose longest prompt has `length` tokens (`prompt_bucket`,
@@ -578,6 +588,12 @@ class ExperimentConfig:
         rollout._need("old_logprobs", not sampler_corrected,
                       "'auto' or 'recompute' with objective.rollout_correction set: the correction weighs "
                       "log π_old against the sampler's log-probs, which 'sampler' makes the same")
+        inexact = rollout.old_logprobs == "sampler" and not rollout.kernel_exact(self.model.dtype)
+        rollout._need("old_logprobs", not inexact,
+                      f"'auto' or 'recompute' with rollout.paged_attention_impl="
+                      f"{rollout.paged_attention_impl!r} and model.dtype={self.model.dtype!r}: that kernel "
+                      "is not exact for that dtype (paged_kernels.KERNEL_PRECISION), so the sampler's "
+                      "log-probs are not log π_old's")
         self.mesh._need("rollout_devices", not self.mesh.rollout_devices or rollout.async_steps >= 1,
                         "0 with rollout.async_steps=0 (a separate rollout mesh serves asynchronous rollouts)")
         objective = self.objective

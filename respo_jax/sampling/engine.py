@@ -31,7 +31,7 @@ from flax import nnx
 from respo_jax.distributed import to_host
 from respo_jax.exported_programs import ProgramCache
 from respo_jax.models import qwen3
-from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl
+from respo_jax.models.qwen3.paged_kernels import check_paged_attention
 from respo_jax.sampling import model_step
 from respo_jax.sampling.engine_state import GenerateOutput, Layout, init_state, place_state
 from respo_jax.sampling.paged_cache import pages_for
@@ -143,7 +143,7 @@ def engine_programs(programs: ProgramCache | None):
             programs.jit(model_step.admit_rows.__wrapped__, "admit_rows", static_argnums=(0,),
                          static_argnames=("params",), donate_argnums=(2,)),
             programs.jit(model_step.decode_segment.__wrapped__, "decode_segment", static_argnums=(0,),
-                         static_argnames=("params", "impl"), donate_argnums=(2,)))
+                         static_argnames=("params", "impl", "interpret"), donate_argnums=(2,)))
 
 
 def finish(state, prompt_lengths, *, rows: int, num_samples: int) -> GenerateOutput:
@@ -185,7 +185,9 @@ class Engine:
     def __init__(self, model, lengths: Sequence[int], params: SamplingParams, engine: EngineConfig,
                  return_routing: bool = False, programs: ProgramCache | None = None):
         cfg = model.config
-        check_paged_attention_impl(engine.paged_attention_impl, qwen3.kernels.platform(cfg.mesh))
+        check_paged_attention(engine.paged_attention_impl, interpret=engine.paged_attention_interpret,
+                              platform=qwen3.kernels.platform(cfg.mesh), head_dim=cfg.head_dim,
+                              page_size=engine.page_size)
         lengths = [int(n) for n in lengths]
         longest = max(lengths)
         if longest + params.max_new_tokens > cfg.max_position_embeddings:
@@ -240,7 +242,8 @@ class Engine:
 
     def _decode(self, call, state, page_table, run_slots):
         state, flags = call(self.programs[2], self.graphdef, self.model_state, state, page_table, run_slots,
-                            np.int32(self.steps), params=self.params, impl=self.engine.paged_attention_impl)
+                            np.int32(self.steps), params=self.params, impl=self.engine.paged_attention_impl,
+                            interpret=self.engine.paged_attention_interpret)
         return self._place(state), flags
 
     # -- host arrays ---------------------------------------------------------------------------------------

@@ -136,13 +136,13 @@ def admit_rows(graphdef, model_state, state: EngineState, slot, row, row_id, pro
     return constrain_state(state, cfg)
 
 
-def _feed(model, state: EngineState, feed: jax.Array, impl: str):
+def _feed(model, state: EngineState, feed: jax.Array, impl: str, interpret: bool = False):
     """The model's forward on each slot's last token (token `generated - 1`, at its position), its K/V
     written into the slot's page where `feed` [slots] is set (elsewhere: the scratch page). Returns
     (logits [slots, vocab] float32, the state with the pools written, routing [num_moe_layers, slots,
     top_k] int32 or None)."""
     position = jnp.maximum(state.prompt_len + state.generated - 1, 0)[:, None]
-    cache = qwen3.PagedKVCache(state.k_pages, state.v_pages, state.page_table, impl=impl)
+    cache = qwen3.PagedKVCache(state.k_pages, state.v_pages, state.page_table, impl=impl, interpret=interpret)
     out = model.forward(state.last_token[:, None], position, feed[:, None], cache,
                         return_routing=state.routing is not None)
     state = state.replace(k_pages=out.cache.k_pages, v_pages=out.cache.v_pages)
@@ -158,12 +158,13 @@ def _record_routing(state: EngineState, routed, feed) -> EngineState:
     return state.replace(routing=state.routing.at[:, row, step].set(routed, mode="drop"))
 
 
-def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -> EngineState:
+def _decode_step(model, state: EngineState, params: SamplingParams, impl: str,
+                 interpret: bool) -> EngineState:
     """Feed every live slot's last token (and, with routing, a done row's last one), sample the next."""
     live = ~state.done
     routing = state.routing is not None
     feed = ~state.captured if routing else live
-    logits, state, routed = _feed(model, state, feed, impl)
+    logits, state, routed = _feed(model, state, feed, impl, interpret)
     keys = jax.vmap(jax.random.fold_in)(row_keys(state, state.row_id), state.generated)
     tokens, token_logprobs, *entropy = sample(keys, logits, params.temperature, params.top_k, params.top_p,
                                               params.return_entropy)
@@ -183,10 +184,10 @@ def _decode_step(model, state: EngineState, params: SamplingParams, impl: str) -
     )
 
 
-def _capture(model, state: EngineState, impl: str) -> EngineState:
+def _capture(model, state: EngineState, impl: str, interpret: bool) -> EngineState:
     """Feed the last token of every done row whose routing lacks it (nothing is sampled)."""
     feed = state.done & ~state.captured
-    _, state, routed = _feed(model, state, feed, impl)
+    _, state, routed = _feed(model, state, feed, impl, interpret)
     state = _record_routing(state, routed, feed)
     return state.replace(captured=state.captured | feed)
 
@@ -196,9 +197,10 @@ SLOT_FIELDS = ("page_table", "row", "row_id", "prompt_len", "budget", "generated
                "captured")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "params", "impl"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "params", "impl", "interpret"),
+                   donate_argnames=("state",))
 def decode_segment(graphdef, model_state, state: EngineState, page_table, run_slots, steps, *,
-                   params: SamplingParams, impl: str):
+                   params: SamplingParams, impl: str, interpret: bool = False):
     """At most `steps` (traced) decode steps of the slots `run_slots` ([width] int32, distinct: every
     occupied slot among them, `Scheduler.decode_slots`) with `page_table` [slots, max_pages], stopping
     early once none is live; with routing, then the capture of the done rows' last tokens. The other
@@ -214,11 +216,12 @@ def decode_segment(graphdef, model_state, state: EngineState, page_table, run_sl
 
     def body(carry):
         step, state = carry
-        return step + 1, _decode_step(model, state, params, impl)
+        return step + 1, _decode_step(model, state, params, impl, interpret)
 
     state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))[1]
     if state.routing is not None:
-        state = jax.lax.cond(jnp.any(state.done & ~state.captured), lambda s: _capture(model, s, impl),
+        state = jax.lax.cond(jnp.any(state.done & ~state.captured),
+                             lambda s: _capture(model, s, impl, interpret),
                              lambda s: s, state)
     state = state.replace(**{name: getattr(full, name).at[run_slots].set(getattr(state, name))
                              for name in SLOT_FIELDS})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from respo_jax.models.qwen3.paged_attention import PAGED_ATTENTION_IMPLS
+from respo_jax.models.qwen3.paged_kernels import check_paged_attention
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -161,7 +161,9 @@ class EngineConfig:
         hold a row of the longest prompt and `max_new_tokens` at once (admission never waits).
       kv_cache_bytes: pool size as a byte budget for K and V of all layers (exclusive with num_pages).
       paged_attention_impl: the kernel of attention over pages: "gather" (runs everywhere), or an
-        accelerator kernel "pallas_tpu" / "pallas_gpu", refused on any other platform.
+        accelerator kernel "pallas_tpu" / "pallas_gpu", refused on any other platform
+        (`respo_jax.models.qwen3.paged_kernels`: what each lowers, how exact it is).
+      paged_attention_interpret: run the Pallas kernel in the Pallas interpreter, which runs on CPU.
     """
 
     scheduler: str = "continuous"
@@ -175,6 +177,7 @@ class EngineConfig:
     num_pages: int | None = None
     kv_cache_bytes: int | None = None
     paged_attention_impl: str = "gather"
+    paged_attention_interpret: bool = False
 
     def __post_init__(self):
         if self.scheduler not in SCHEDULERS:
@@ -196,6 +199,5 @@ class EngineConfig:
         if self.num_pages is not None and self.kv_cache_bytes is not None:
             raise ValueError(f"set num_pages ({self.num_pages}) or kv_cache_bytes ({self.kv_cache_bytes}), "
                              "not both: both size the page pool")
-        if self.paged_attention_impl not in PAGED_ATTENTION_IMPLS:
-            raise ValueError(f"paged_attention_impl must be one of {', '.join(PAGED_ATTENTION_IMPLS)}; "
-                             f"got {self.paged_attention_impl!r}")
+        check_paged_attention(self.paged_attention_impl, interpret=self.paged_attention_interpret,
+                              page_size=self.page_size)

@@ -12,7 +12,6 @@ import math
 from jax.sharding import Mesh
 
 from respo_jax.models import qwen3
-from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl
 from respo_jax.sharding import ShardingRules
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.limits import check_limits, device_memory_bytes
@@ -51,15 +50,13 @@ def declared_model_config(config: ExperimentConfig) -> qwen3.Qwen3Config:
 def check_before_build(config: ExperimentConfig, mesh: Mesh, longest_prompt: int) -> None:
     """Response length against the model's positions and the sampler's KV cache against the memory of
     the trainer's and the rollout mesh's devices (`respo_jax.training.limits`), from the model's declared
-    config alone; the continuous engine's attention kernel against the mesh's platform. `longest_prompt`:
+    config alone; the engine's attention kernel against the rollout devices' platform and the model's
+    head_dim (either schedule). `longest_prompt`:
     tokens of the longest training or held-out prompt."""
-    r = config.rollout
-    if r.scheduler == "continuous":
-        try:
-            check_paged_attention_impl(r.paged_attention_impl, qwen3.kernels.platform(mesh))
-        except ValueError as err:
-            raise ConfigError(f"rollout.paged_attention_impl={r.paged_attention_impl!r}: {err}") from None
-    check_limits(config, declared_model_config(config), longest_prompt,
+    model_cfg = declared_model_config(config)
+    config.rollout.check_kernel(platform=qwen3.kernels.platform(rollout_devices(config) or mesh),
+                                head_dim=model_cfg.head_dim)
+    check_limits(config, model_cfg, longest_prompt,
                  device_memory_bytes([*mesh.devices.flat, *rollout_devices(config)]),
                  trainer_devices=mesh.devices.size)
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from respo_jax.models.qwen3.attention import dot_product_attention
 from respo_jax.models.qwen3.layers import constrain
 from respo_jax.models.qwen3.paged_kernels import (  # noqa: F401  (re-exported: the kernels' old home)
-    PAGED_ATTENTION_IMPLS, check_paged_attention_impl, gather_pages, paged_attention)
+    PAGED_ATTENTION_IMPLS, check_paged_attention, gather_pages, paged_attention)
 
 # Logical axes of the page pools: kv heads split like the attention weights (and like the dense cache's
 # `cache.CACHE_AXES`); pages and their tokens whole.
@@ -55,7 +55,8 @@ class PagedKVCache:
 
     k_pages, v_pages: [layers, kv_heads, num_pages + 1, page_size, head_dim] (the last page: scratch);
     page_table: [batch, max_pages] int32, row b's token at position p lives at page
-    `page_table[b, p // page_size]`, offset `p % page_size`; impl: the attention kernel (static).
+    `page_table[b, p // page_size]`, offset `p % page_size`; impl: the attention kernel, interpret: a Pallas
+    kernel in its interpreter (`paged_kernels.paged_attention`; both static).
 
     A forward with this cache writes each real token's K/V at its position (the `positions` argument,
     explicit) and lets it attend to the row's tokens at positions <= its own, which must all have been
@@ -67,6 +68,7 @@ class PagedKVCache:
     v_pages: jax.Array
     page_table: jax.Array
     impl: str = flax.struct.field(pytree_node=False, default="gather")
+    interpret: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def page_size(self) -> int:
@@ -106,7 +108,8 @@ class PagedKVCache:
             raise ValueError(f"paged_attention_impl={self.impl!r} attends one token per row; got {q.shape[1]} "
                              "(a prefill over pages uses 'gather')")
         out = paged_attention(q[:, 0], self.k_pages[layer].astype(q.dtype), self.v_pages[layer].astype(q.dtype),
-                              self.page_table, view.lengths, scale=scale, impl=self.impl)
+                              self.page_table, view.lengths, scale=scale, impl=self.impl,
+                              interpret=self.interpret)
         return out[:, None]
 
     def advance(self, view: PagedView) -> PagedKVCache:

@@ -1,10 +1,13 @@
 """Attention of one new token per slot over its cached tokens in a paged KV pool: the per-device kernel
-the paged cache's decode step calls (`PagedKVCache.attend`), one function over one layer's pool.
+the paged cache's decode step calls (`PagedKVCache.attend`), one function over one layer's pool, with
+what each kernel needs (`check_paged_attention`) and how exact it is (`KERNEL_PRECISION`).
 
 Kernels: "gather" (every platform) gathers only the pages a slot's table names and runs the model's dense
 masked attention; "pallas_tpu" / "pallas_gpu" are JAX's Pallas paged-attention kernels
 (`jax.experimental.pallas.ops.tpu.paged_attention`, `...ops.gpu.paged_attention`), which read the pages
-in place on their accelerator.
+in place on their accelerator. `interpret=True` runs a Pallas kernel's own program in the Pallas
+interpreter (TPU: `pltpu.force_tpu_interpret_mode()`; GPU: the kernel's `interpret` argument), which
+needs neither the accelerator nor libtpu: how the CPU tests run them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,70 @@ import jax.numpy as jnp
 
 from respo_jax.models.qwen3.attention import dot_product_attention
 
+# Kernels of attention over pages: the platform each one runs on (None: every platform).
+PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
+
+# The compute dtypes each kernel is exact for: its output differs from exact attention (float64) only by
+# the round-off of that dtype (float32: ~1e-6 on unit-scale inputs; bfloat16: its own rounding, 2^-8).
+# "pallas_tpu" is exact for bfloat16 only: it loads each block of K and V pages and casts it to bfloat16
+# before its dots (`MultiPageAsyncCopyDescriptor.wait_and_get_loaded` -> `_maybe_dequantize(...,
+# dtype=jnp.bfloat16)`), whatever the pool's dtype, so a float32 model gets attention at bfloat16
+# precision (the default matmul precision plays no part: `jax.default_matmul_precision("highest")`
+# changes nothing).
+KERNEL_PRECISION = {"gather": ("float32", "bfloat16"), "pallas_tpu": ("bfloat16",),
+                    "pallas_gpu": ("float32", "bfloat16")}
+
+# The most pages one block of the Pallas kernels reads (a divisor of the page table's width).
+PAGES_PER_COMPUTE_BLOCK = 8
+# Triton's `tl.dot` takes operands of at least 16 in every dimension.
+TRITON_MIN_DOT = 16
+
+
+def kernel_exact(impl: str, dtype) -> bool:
+    """Whether kernel `impl` is exact for compute dtype `dtype` (`KERNEL_PRECISION`)."""
+    return jnp.dtype(dtype).name in KERNEL_PRECISION[impl]
+
+
+def _power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def check_paged_attention(impl: str, *, interpret: bool = False, platform: str | None = None,
+                          head_dim: int | None = None, page_size: int | None = None) -> None:
+    """Refuse (ValueError, one line) a kernel that cannot run the engine: an unknown name; `interpret`
+    without a Pallas kernel; a Pallas kernel on another platform than its own, except on "cpu" with
+    `interpret`; a `head_dim` / `page_size` the kernel cannot lower. `platform` (the engine's devices',
+    e.g. "cpu"), `head_dim` and `page_size`: None skips their checks (a config checked before the model
+    or the mesh exists).
+
+    What each kernel lowers (found by lowering them for their platform, `lowering_platforms`):
+    - pallas_tpu: head_dim a multiple of 128 (Pallas TPU: a block's last two dimensions divisible by 8
+      and 128, or whole); any page_size (a page is a whole block);
+    - pallas_gpu: head_dim and page_size powers of two (Pallas Triton: every array's size a power of 2;
+      a block is `pages_per_compute_block` · page_size keys), each at least 16 (Triton's `tl.dot`; a
+      block may hold a single page).
+    """
+    if impl not in PAGED_ATTENTION_IMPLS:
+        raise ValueError(f"paged_attention_impl={impl!r}: expected one of "
+                         f"{', '.join(map(repr, PAGED_ATTENTION_IMPLS))}")
+    needs = PAGED_ATTENTION_IMPLS[impl]
+    if interpret and needs is None:
+        raise ValueError(f"paged_attention_interpret=true: expected false with paged_attention_impl={impl!r} "
+                         "(the interpreter runs a Pallas kernel)")
+    interpreted = interpret and platform == "cpu"
+    if platform is not None and needs is not None and needs != platform and not interpreted:
+        raise ValueError(f"paged_attention_impl={impl!r}: runs on {needs} devices; the engine runs on "
+                         f"{platform} devices (use 'gather', which runs everywhere"
+                         f"{', or paged_attention_interpret=true on cpu' if platform == 'cpu' else ''})")
+    if impl == "pallas_tpu" and head_dim is not None and head_dim % 128:
+        raise ValueError(f"paged_attention_impl='pallas_tpu': needs head_dim a multiple of 128 (Pallas TPU "
+                         f"blocks); the model's is {head_dim} (use 'gather')")
+    if impl == "pallas_gpu":
+        for name, value in (("head_dim", head_dim), ("page_size", page_size)):
+            if value is not None and not (_power_of_two(value) and value >= TRITON_MIN_DOT):
+                raise ValueError(f"paged_attention_impl='pallas_gpu': needs {name} a power of two >= "
+                                 f"{TRITON_MIN_DOT} (Pallas Triton blocks); got {value} (use 'gather')")
+
 
 def gather_pages(pool: jax.Array, layer, page_table: jax.Array) -> jax.Array:
     """The pages `page_table` [batch, max_pages] names, of layer `layer` of `pool` [layers, kv_heads,
@@ -26,30 +93,18 @@ def gather_pages(pool: jax.Array, layer, page_table: jax.Array) -> jax.Array:
     return pages.transpose(0, 1, 3, 2, 4).reshape(b, n * size, kv, dim)
 
 
-# Kernels of attention over pages: the platform each one runs on (None: every platform).
-PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
-
-
-def check_paged_attention_impl(impl: str, platform: str) -> None:
-    """Refuse a kernel that does not run on `platform` (the engine's devices', e.g. "cpu")."""
-    if impl not in PAGED_ATTENTION_IMPLS:
-        raise ValueError(f"paged_attention_impl must be one of {', '.join(PAGED_ATTENTION_IMPLS)}; "
-                         f"got {impl!r}")
-    needs = PAGED_ATTENTION_IMPLS[impl]
-    if needs is not None and needs != platform:
-        raise ValueError(f"EngineConfig.paged_attention_impl={impl!r} runs on {needs} devices; the engine "
-                         f"runs on {platform} devices (use 'gather', which runs everywhere)")
-
-
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_tables: jax.Array,
-                    lengths: jax.Array, *, scale: float, impl: str = "gather") -> jax.Array:
+                    lengths: jax.Array, *, scale: float, impl: str = "gather", interpret: bool = False
+                    ) -> jax.Array:
     """Grouped-query attention of one new token per slot over its cached tokens.
 
     q: [slots, heads, head_dim]; k_pages, v_pages: [kv_heads, num_pages, page_size, head_dim] (one
-    layer's pool); page_tables: [slots, max_pages] int32 (entry j: the page of tokens
-    [j·page_size, (j+1)·page_size)); lengths: [slots] int32, tokens of the slot visible to its query
-    (positions < length) -> [slots, heads, head_dim] in q's dtype. Scores and softmax in float32. A
-    slot of length 0 (a free slot) gets an unspecified finite output that nothing reads.
+    layer's pool, in q's dtype: read in place, never cast); page_tables: [slots, max_pages] int32 (entry
+    j: the page of tokens [j·page_size, (j+1)·page_size)); lengths: [slots] int32, tokens of the slot
+    visible to its query (positions < length) -> [slots, heads, head_dim] in q's dtype, softmax(q·kᵀ ·
+    scale)·v. Scores and softmax in float32; exact for the dtypes `KERNEL_PRECISION` names. A slot of
+    length 0 (a free slot) gets an unspecified finite output that nothing reads. `impl`, `interpret`:
+    static (`check_paged_attention`).
     """
     slots, heads, head_dim = q.shape
     kv_heads = k_pages.shape[0]
@@ -59,25 +114,31 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_t
     if page_tables.shape[0] != slots or lengths.shape != (slots,):
         raise ValueError(f"page_tables {page_tables.shape} / lengths {lengths.shape}: expected ({slots}, "
                          f"max_pages) / ({slots},)")
+    if k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
+        raise ValueError(f"the pools ({k_pages.dtype}, {v_pages.dtype}) must hold q's dtype {q.dtype}: a "
+                         "kernel reads them in place")
+    check_paged_attention(impl, interpret=interpret)
+    per_block = math.gcd(page_tables.shape[1], PAGES_PER_COMPUTE_BLOCK)
     if impl == "gather":
         keys, values = (gather_pages(pool[None], 0, page_tables) for pool in (k_pages, v_pages))
         visible = jnp.arange(keys.shape[1], dtype=jnp.int32)[None, :] < lengths[:, None]
-        out = dot_product_attention(q[:, None], keys.astype(q.dtype), values.astype(q.dtype),
-                                    visible[:, None, :], scale)
-        return out[:, 0]
+        return dot_product_attention(q[:, None], keys, values, visible[:, None, :], scale)[:, 0]
     if impl == "pallas_gpu":
         from jax.experimental.pallas.ops.gpu import paged_attention as kernel
 
-        max_pages = page_tables.shape[1]
-        per_block = math.gcd(max_pages, 8)
         out = kernel.paged_attention(
             (q * scale).astype(q.dtype), k_pages, v_pages, page_tables, lengths,
-            pages_per_compute_block=per_block, k_splits=math.gcd(max_pages // per_block, 16))
+            pages_per_compute_block=per_block, k_splits=math.gcd(page_tables.shape[1] // per_block, 16),
+            interpret=interpret)
         return out.astype(q.dtype)
-    if impl == "pallas_tpu":
-        from jax.experimental.pallas.ops.tpu import paged_attention as kernel
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu import paged_attention as kernel
 
-        out = kernel.paged_attention((q * scale).astype(q.dtype), k_pages, v_pages, lengths, page_tables,
-                                     pages_per_compute_block=math.gcd(page_tables.shape[1], 8))
-        return out.astype(q.dtype)
-    raise ValueError(f"paged_attention_impl must be one of {', '.join(PAGED_ATTENTION_IMPLS)}; got {impl!r}")
+    def run():
+        return kernel.paged_attention((q * scale).astype(q.dtype), k_pages, v_pages, lengths, page_tables,
+                                      pages_per_compute_block=per_block)
+
+    if interpret:
+        with pltpu.force_tpu_interpret_mode():
+            return run().astype(q.dtype)
+    return run().astype(q.dtype)
