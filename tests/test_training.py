@@ -682,6 +682,11 @@ def test_log_pi_old_from_the_sampler_is_the_recomputed_one_to_float32_round_off(
     (["rollout.top_k=20"], "float32", False, False, "recompute"),
     (["rollout.old_logprobs=recompute"], "float32", False, False, "recompute"),
     (["rollout.old_logprobs=sampler"], "bfloat16", True, False, "sampler"),  # asked for: verl's bypass mode
+    # the attention kernel exact for the dtype (paged_kernels.KERNEL_PRECISION) or not
+    (["rollout.paged_attention_impl=pallas_tpu"], "float32", False, False, "recompute"),  # bf16 K/V inside
+    (["rollout.paged_attention_impl=pallas_gpu"], "float32", False, False, "sampler"),
+    (["rollout.paged_attention_impl=pallas_tpu", "rollout.old_logprobs=sampler", "model.dtype=bfloat16"],
+     "bfloat16", False, False, "sampler"),
 ])
 def test_old_logprobs_auto_takes_the_sampler_only_where_it_is_exact(overrides, dtype, moe, correction,
                                                                     source):
@@ -697,6 +702,9 @@ def test_old_logprobs_auto_takes_the_sampler_only_where_it_is_exact(overrides, d
     (["rollout.old_logprobs=sampler", 'objective.rollout_correction={"level": "token", "mode": "truncate", '
       '"threshold": 2.0}'], r"^rollout.old_logprobs='sampler': expected 'auto' or 'recompute' with "
                              r"objective.rollout_correction set"),
+    (["rollout.old_logprobs=sampler", "rollout.paged_attention_impl=pallas_tpu"],
+     r"^rollout.old_logprobs='sampler': expected 'auto' or 'recompute' with rollout.paged_attention_impl="
+     r"'pallas_tpu' and model.dtype='float32': that kernel is not exact for that dtype"),
 ])
 def test_old_logprobs_that_cannot_hold_are_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
