@@ -311,6 +311,9 @@ def test_refused_starts_are_one_line_and_leave_nothing_behind(tiny_hf, tmp_path,
 
     hf = f"eval.checkpoint={tiny_hf}"
     assert "expected a synthetic-task training run" in refused(hf, "eval.benchmarks=synthetic")
+    line = refused(hf, "eval.paged_attention_impl=pallas_tpu", "eval.paged_attention_interpret=true")
+    assert line == ("error: eval.paged_attention_impl='pallas_tpu': needs head_dim a multiple of 128 (Pallas "
+                    "TPU blocks); the model's is 16 (use 'gather')"), line
     bad_data = tmp_path / "bad_data"
     (bad_data / "math500").mkdir(parents=True)
     (bad_data / "math500" / "test.jsonl").write_text('{"problem": "1+1?"\n')

@@ -107,9 +107,8 @@ class PagedKVCache:
         if q.shape[1] != 1:
             raise ValueError(f"paged_attention_impl={self.impl!r} attends one token per row; got {q.shape[1]} "
                              "(a prefill over pages uses 'gather')")
-        out = paged_attention(q[:, 0], self.k_pages[layer].astype(q.dtype), self.v_pages[layer].astype(q.dtype),
-                              self.page_table, view.lengths, scale=scale, impl=self.impl,
-                              interpret=self.interpret)
+        out = paged_attention(q[:, 0], self.k_pages[layer], self.v_pages[layer], self.page_table,
+                              view.lengths, scale=scale, impl=self.impl, interpret=self.interpret)
         return out[:, None]
 
     def advance(self, view: PagedView) -> PagedKVCache:
