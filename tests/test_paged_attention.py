@@ -6,6 +6,7 @@ CPU; and what `check_paged_attention` refuses: a kernel off its platform, shapes
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -100,6 +101,25 @@ def test_each_kernel_has_its_stated_precision(impl, dtype):
         rounded = _reference(inputs[0], _bf16(inputs[1]), _bf16(inputs[2]), tables, lengths, scale)
         assert np.abs(np.asarray(got, np.float64) - rounded).max() < 2e-6
         assert 100 * 2e-6 < error < 2 * BF16_STEP, error
+
+
+def test_pallas_gpu_traces_its_float32_dots_at_full_precision():
+    """On a GPU, Pallas Triton runs a float32 dot of default precision in TF32; the interpreter on CPU
+    runs it in float32 whatever its precision, so the precision the kernel's dots carry is checked here."""
+    q, pool = jnp.zeros((2, 16, 64)), jnp.zeros((2, 8, 16, 64))
+    jaxpr = jax.make_jaxpr(lambda *a: paged_attention(*a, scale=0.125, impl="pallas_gpu", interpret=True))(
+        q, pool, pool, jnp.zeros((2, 4), jnp.int32), jnp.ones((2,), jnp.int32))
+
+    def dots(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                yield eqn.params["precision"]
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                yield from dots(sub)
+
+    precisions = list(dots(jaxpr.jaxpr))
+    assert len(precisions) == 2  # q·kᵀ and p·v
+    assert all(p == (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST) for p in precisions), precisions
 
 
 def test_what_check_paged_attention_refuses():

@@ -28,7 +28,9 @@ PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu
 # before its dots (`MultiPageAsyncCopyDescriptor.wait_and_get_loaded` -> `_maybe_dequantize(...,
 # dtype=jnp.bfloat16)`), whatever the pool's dtype, so a float32 model gets attention at bfloat16
 # precision (the default matmul precision plays no part: `jax.default_matmul_precision("highest")`
-# changes nothing).
+# changes nothing). "pallas_gpu" is exact for float32 because its dots are traced under
+# `jax.default_matmul_precision("float32")`: Pallas Triton lowers a float32 dot of default precision to
+# TF32 (10-bit mantissa) on the GPU, which the interpreter on CPU would not show.
 KERNEL_PRECISION = {"gather": ("float32", "bfloat16"), "pallas_tpu": ("bfloat16",),
                     "pallas_gpu": ("float32", "bfloat16")}
 
@@ -126,10 +128,11 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_t
     if impl == "pallas_gpu":
         from jax.experimental.pallas.ops.gpu import paged_attention as kernel
 
-        out = kernel.paged_attention(
-            (q * scale).astype(q.dtype), k_pages, v_pages, page_tables, lengths,
-            pages_per_compute_block=per_block, k_splits=math.gcd(page_tables.shape[1] // per_block, 16),
-            interpret=interpret)
+        with jax.default_matmul_precision("float32"):  # IEEE float32 dots on the GPU, not TF32
+            out = kernel.paged_attention(
+                (q * scale).astype(q.dtype), k_pages, v_pages, page_tables, lengths,
+                pages_per_compute_block=per_block, k_splits=math.gcd(page_tables.shape[1] // per_block, 16),
+                interpret=interpret)
         return out.astype(q.dtype)
     from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas.ops.tpu import paged_attention as kernel
