@@ -20,6 +20,7 @@ from experiments.benchmarks import accelerator, common, rl_iteration, roofline, 
 from experiments.cli import run_cli
 from respo_jax import host_allocator
 from respo_jax.models import qwen3
+from respo_jax.training.config import ConfigError
 
 QUICK_KEYS = ("train_step_speedup", "train_step_speedup_tiny", "decode_speedup_b1", "decode_speedup_b32",
               "objective_fraction", "mfu", "xla_matmul_peak_gflops")
@@ -213,16 +214,58 @@ def test_rl_iteration_table_needs_a_result_file(tmp_path, capsys):
 
 
 def test_rl_iteration_table_file_is_generated_from_the_committed_results():
-    """The committed race table is what `--table` writes from the committed result files."""
+    """The committed race table is what `--table` writes from every committed race result file."""
+    from experiments.benchmarks import report
+
     results = os.path.dirname(rl_iteration.TABLE_FILE)
     committed = open(rl_iteration.TABLE_FILE, encoding="utf-8").read()
     sources = [line.split("`")[1] for line in committed.splitlines() if line.startswith("- `")]
-    assert sources == ["rl_iteration.json", "rl_iteration_jax_m32.json"]
+    assert sources == [os.path.basename(p) for p in report.result_files("rl_iteration*.json")]
+    assert sources[0] == "rl_iteration.json" and "rl_iteration_micro.json" not in sources
     payloads = []
     for name in sources:
         with open(os.path.join(results, name), encoding="utf-8") as f:
             payloads.append((name, json.load(f)))
     assert rl_iteration.table_block(payloads) == committed
+
+
+def test_benchmarks_results_pages_are_regenerated_from_the_committed_json():
+    """The README's and the docs page's results blocks and the race table are, byte for byte, what the
+    report step writes from the committed results/*.json (no hand-edited numbers)."""
+    from experiments.benchmarks import report
+
+    written = report.targets()
+    assert set(written) >= {report.README, report.DOCS_PAGE, rl_iteration.TABLE_FILE}
+    for path, text in written.items():
+        assert open(path, encoding="utf-8").read() == text, path
+    readme = written[report.README]
+    for name in ("race", "rollout"):
+        assert f"<!-- generated: {name} -->" in readme and f"<!-- generated: {name} -->" in written[report.DOCS_PAGE]
+    # Each committed result's headline appears in the README's block, computed from its file.
+    with open(os.path.join(report.RESULTS, "rollout_engine.json"), encoding="utf-8") as f:
+        rollout = json.load(f)
+    assert f"| {rollout['continuous']['useful_tokens_per_s']:,.0f} |" in readme
+
+
+def test_benchmarks_report_replaces_only_the_generated_blocks():
+    from experiments.benchmarks import report
+
+    page = "intro\n<!-- generated: race -->\nold numbers\n<!-- end generated: race -->\nprose 1.5×\n"
+    assert report.render(page, {"race": "| new |"}) == (
+        "intro\n<!-- generated: race -->\n\n| new |\n\n<!-- end generated: race -->\nprose 1.5×\n")
+    assert report.render(report.render(page, {"race": "x"}), {"race": "x"}) == report.render(page, {"race": "x"})
+    with pytest.raises(ConfigError, match="unknown generated block 'race'"):
+        report.render(page, {"rollout": "y"})
+    payload = {"command": "python -m experiments.benchmarks.rl_iteration", "wall_s": 1.0, "results": [
+        {"case": {"prompts_per_minibatch": 4, "jax_overrides": []}, "speedup": 7.5, "speedup_sampler_logprobs": 9.0,
+         "jax": {"old_logprobs": "recompute", "median_s": 2.0, "peak_rss_mib": 100.0},
+         "trl": {"median_s": 15.0, "peak_rss_mib": 200.0}},
+        {"case": {"prompts_per_minibatch": 1, "jax_overrides": []}, "speedup": 6.0,
+         "jax": {"median_s": 1.0, "peak_rss_mib": 100.0}, "trl": {"median_s": 6.0, "peak_rss_mib": 200.0}}]}
+    rows = report.race_headline([("r.json", payload)]).splitlines()[2:]
+    assert rows[0] == ("| M=4 | recompute | 7.50× | ≥ 7× (met) | 9.00× | 2 / 15 | 100 / 200 | `r.json` |")
+    # A record whose respo-jax side took the sampler's log-probs is not TRL's work: no target claimed.
+    assert rows[1].startswith("| M=1 | sampler (auto) | 6.00× | — | n/a |")
 
 
 def test_rl_iteration_jax_set_overrides_the_trainer_config_or_stops_in_one_line(tmp_path, capsys):
@@ -353,9 +396,14 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     data = tmp_path / "data" / "dapo_math_17k.parquet"
     data.parent.mkdir()
     pq.write_table(pq.read_table(resolve_data_file("dapo_math", rl_iteration.DATA_DIR)[0]).slice(0, 32), data)
-    assert rollout_engine.main(["--micro", "--data-dir", str(data), "--out", str(tmp_path)]) == 0
+    # vLLM's side with no venv: skipped with its one line, never replaced by another number.
+    absent = tmp_path / "no-venv"
+    assert rollout_engine.main(["--micro", "--sides", "static", "continuous", "vllm", "transformers",
+                                "--vllm-venv", str(absent), "--data-dir", str(data), "--out", str(tmp_path)]) == 0
     with open(tmp_path / "rollout_engine_micro.json", encoding="utf-8") as f:
         report = json.load(f)
+    assert report["vllm_skipped"].startswith(f"vLLM side skipped: no venv at {absent}")
+    assert "vllm" not in report and report["speedup_vs_vllm"] is None
     budgets = np.array(report["workload"]["budgets"])
     assert len(budgets) == report["workload"]["rows"] == 8
     assert report["workload"]["useful_tokens"] == budgets.sum()
@@ -389,6 +437,25 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     assert hf["peak_kv_bytes"] >= sum(n + b for n, b in zip(rows, budgets[:2])) * token_bytes
     markdown = (tmp_path / "rollout_engine_micro.md").read_text(encoding="utf-8")
     assert "| continuous | 8 |" in markdown and "useful tokens/s" in markdown
+
+
+def test_vllm_side_request_and_absent_venv(tmp_path):
+    # The vLLM worker's request: every row with its own budget, a KV cache of whole GiB holding every
+    # row's prompt and budget in pages at once; an absent venv is one line naming it.
+    from experiments.benchmarks import rollout_engine, vllm_side, vllm_worker
+
+    rows, budgets = [[1] * 20, [2] * 5], np.array([30, 3])
+    settings = {"page_size": 16, "seed": 3, "threads": 2, "warmup": 1, "rounds": 2}
+    model = rollout_engine.WIDE_MODEL
+    request = rollout_engine.vllm_request("ckpt", "tok", rows, budgets, settings, model, 60)
+    token_bytes = 8 * 2 * 8 * 64 * 4
+    pages = -(-(20 + 30) // 16) + -(-(5 + 3) // 16)
+    assert request["kv_cache_gib"] == max(1, math.ceil(pages * 16 * token_bytes / 2**30)) == 1
+    assert request["budgets"] == [30, 3] and request["prompts"] == rows and request["block_size"] == 16
+    json.dumps(request)  # JSON on the worker's stdin, nothing else
+    assert vllm_worker.RESULT_PREFIX == vllm_side.RESULT_PREFIX
+    assert vllm_side.unavailable(str(tmp_path / "none")) == (
+        f"vLLM side skipped: no venv at {tmp_path / 'none'} (python -m experiments.benchmarks.vllm_side --build)")
 
 
 def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch):

@@ -96,13 +96,20 @@ class RaceCase:
 
 def write_checkpoint(path: str, case: RaceCase, tokenizer_dir: str, seed: int = 0) -> None:
     """One random Qwen3 checkpoint in Hugging Face format, written by transformers, for both sides."""
+    write_model_checkpoint(path, case.model, tokenizer_dir, seed)
+
+
+def write_model_checkpoint(path: str, model: dict, tokenizer_dir: str, seed: int = 0,
+                           max_positions: int = 2048) -> None:
+    """A random Qwen3 of shape `model` (`MODEL`'s keys) in Hugging Face format, written by transformers,
+    for sequences of up to `max_positions` tokens."""
     import torch
     import transformers
 
     from respo_jax.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    config = transformers.Qwen3Config(**case.model, max_position_embeddings=2048, rope_theta=1_000_000.0,
+    config = transformers.Qwen3Config(**model, max_position_embeddings=max_positions, rope_theta=1_000_000.0,
                                       eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
                                       bos_token_id=None)
     torch.manual_seed(seed)
@@ -585,6 +592,10 @@ def main(argv=None) -> int:
         common.write_json(os.path.join(args.out, f"{stem}.json"), payload)
         common.write_markdown(os.path.join(args.out, f"{stem}.md"), "RL iteration: respo-jax vs TRL GRPOTrainer", [
             ("Command", run_description(payload)), ("Results", race_table(results))])
+    if os.path.abspath(args.out) == DEFAULT_OUT and not args.micro:  # the docs' results from the JSON
+        from experiments.benchmarks import report
+
+        report.regenerate()
     for r in results:
         sides = "; ".join(f"{kind} {_number(r[kind]['median_s'])} s/iter (first {_number(r[kind]['first_s'])} s, "
                           f"second launch {_number(r[kind]['second_launch_first_s'])} s), peak RSS "
