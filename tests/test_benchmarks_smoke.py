@@ -164,7 +164,8 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
         f"{number(jax_side['second_launch_first_s'])} ({second['compiles']} of {second['compiles']} programs "
         "from the cache)", number(jax_side["median_s"]), number(trl_side["first_s"]),
         number(trl_side["second_launch_first_s"]), number(trl_side["median_s"]), f"{result['speedup']:.2f}×",
-        "n/a", "n/a", f"{result['second_launch_vs_median']:.2f}×", f"{result['cold_first_vs_trl_first']:.2f}×",
+        "n/a", "n/a", f"{result['second_launch_vs_median']:.2f}×",
+        f"{result['cold_first_vs_trl_first']:.2f}×",
         f"{number(jax_side['peak_rss_mib'])} / n/a / {number(trl_side['peak_rss_mib'])}"]
     assert "`race.json`: `python -m experiments.benchmarks.rl_iteration --micro" in written
     rl_iteration.write_table([str(tmp_path / "race.json")], out=str(table))
@@ -240,7 +241,8 @@ def test_benchmarks_results_pages_are_regenerated_from_the_committed_json():
         assert open(path, encoding="utf-8").read() == text, path
     readme = written[report.README]
     for name in ("race", "rollout"):
-        assert f"<!-- generated: {name} -->" in readme and f"<!-- generated: {name} -->" in written[report.DOCS_PAGE]
+        marker = f"<!-- generated: {name} -->"
+        assert marker in readme and marker in written[report.DOCS_PAGE]
     # Each committed result's headline appears in the README's block, computed from its file.
     with open(os.path.join(report.RESULTS, "rollout_engine.json"), encoding="utf-8") as f:
         rollout = json.load(f)
@@ -253,11 +255,13 @@ def test_benchmarks_report_replaces_only_the_generated_blocks():
     page = "intro\n<!-- generated: race -->\nold numbers\n<!-- end generated: race -->\nprose 1.5×\n"
     assert report.render(page, {"race": "| new |"}) == (
         "intro\n<!-- generated: race -->\n\n| new |\n\n<!-- end generated: race -->\nprose 1.5×\n")
-    assert report.render(report.render(page, {"race": "x"}), {"race": "x"}) == report.render(page, {"race": "x"})
+    once = report.render(page, {"race": "x"})
+    assert report.render(once, {"race": "x"}) == once
     with pytest.raises(ConfigError, match="unknown generated block 'race'"):
         report.render(page, {"rollout": "y"})
     payload = {"command": "python -m experiments.benchmarks.rl_iteration", "wall_s": 1.0, "results": [
-        {"case": {"prompts_per_minibatch": 4, "jax_overrides": []}, "speedup": 7.5, "speedup_sampler_logprobs": 9.0,
+        {"case": {"prompts_per_minibatch": 4, "jax_overrides": []}, "speedup": 7.5,
+         "speedup_sampler_logprobs": 9.0,
          "jax": {"old_logprobs": "recompute", "median_s": 2.0, "peak_rss_mib": 100.0},
          "trl": {"median_s": 15.0, "peak_rss_mib": 200.0}},
         {"case": {"prompts_per_minibatch": 1, "jax_overrides": []}, "speedup": 6.0,
@@ -399,7 +403,8 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     # vLLM's side with no venv: skipped with its one line, never replaced by another number.
     absent = tmp_path / "no-venv"
     assert rollout_engine.main(["--micro", "--sides", "static", "continuous", "vllm", "transformers",
-                                "--vllm-venv", str(absent), "--data-dir", str(data), "--out", str(tmp_path)]) == 0
+                                "--vllm-venv", str(absent), "--data-dir", str(data),
+                                "--out", str(tmp_path)]) == 0
     with open(tmp_path / "rollout_engine_micro.json", encoding="utf-8") as f:
         report = json.load(f)
     assert report["vllm_skipped"].startswith(f"vLLM side skipped: no venv at {absent}")
@@ -449,13 +454,19 @@ def test_vllm_side_request_and_absent_venv(tmp_path):
     model = rollout_engine.WIDE_MODEL
     request = rollout_engine.vllm_request("ckpt", "tok", rows, budgets, settings, model, 60)
     token_bytes = 8 * 2 * 8 * 64 * 4
-    pages = -(-(20 + 30) // 16) + -(-(5 + 3) // 16)
-    assert request["kv_cache_gib"] == max(1, math.ceil(pages * 16 * token_bytes / 2**30)) == 1
-    assert request["budgets"] == [30, 3] and request["prompts"] == rows and request["block_size"] == 16
+    pages = -(-(20 + 30) // 32) + -(-(5 + 3) // 32)  # vLLM's CPU attention: blocks of a multiple of 32
+    assert request["kv_cache_gib"] == max(1, math.ceil(pages * 32 * token_bytes / 2**30)) == 1
+    assert request["budgets"] == [30, 3] and request["prompts"] == rows and request["block_size"] == 32
     json.dumps(request)  # JSON on the worker's stdin, nothing else
+    # vLLM's peak blocks, every row admitted at once: a prompt's full blocks shared by its G rows.
+    assert rollout_engine.vllm_peak_blocks([32], 1, [100], 32) == 1 + 4  # 132 tokens: 5 blocks
+    assert rollout_engine.vllm_peak_blocks([32], 3, [100, 1, 1], 32) == 1 + 4  # the short rows freed by then
+    assert rollout_engine.vllm_peak_blocks([32], 3, [1, 1, 1], 32) == 1 + 3  # one own block each
+    assert rollout_engine.vllm_peak_blocks([40, 8], 2, [30, 3, 1, 60], 32) == 1 + 4
     assert vllm_worker.RESULT_PREFIX == vllm_side.RESULT_PREFIX
     assert vllm_side.unavailable(str(tmp_path / "none")) == (
-        f"vLLM side skipped: no venv at {tmp_path / 'none'} (python -m experiments.benchmarks.vllm_side --build)")
+        f"vLLM side skipped: no venv at {tmp_path / 'none'} "
+        "(python -m experiments.benchmarks.vllm_side --build)")
 
 
 def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch):

@@ -184,7 +184,8 @@ def regenerate(results_dir: str = RESULTS) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="python -m experiments.benchmarks.report", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m experiments.benchmarks.report",
+                            description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file would change")
     args = parser.parse_args(argv)
     if args.check:

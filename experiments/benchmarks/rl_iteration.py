@@ -116,8 +116,8 @@ def write_model_checkpoint(path: str, model: dict, tokenizer_dir: str, seed: int
     transformers.Qwen3ForCausalLM(config).save_pretrained(path)
 
 
-def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str, cache_dir: str = "none",
-                   old_logprobs: str = "recompute"):
+def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str,
+                   cache_dir: str = "none", old_logprobs: str = "recompute"):
     """A respo-jax side's ExperimentConfig (the trainer's own defaults for buckets and memory), its
     persistent compilation cache in `cache_dir` (`run.compilation_cache_dir`; "none": off) and where its
     log π_old comes from (`rollout.old_logprobs`: "recompute" or "sampler")."""
@@ -524,7 +524,8 @@ def write_table(json_paths: list[str], out: str = TABLE_FILE) -> str:
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python -m experiments.benchmarks.rl_iteration",
                             description=__doc__.split("\n")[0])
-    parser.add_argument("--minibatch-prompts", type=int, nargs="+", default=[1, 4, 32], help="M values to race")
+    parser.add_argument("--minibatch-prompts", type=int, nargs="+", default=[1, 4, 32],
+                        help="M values to race")
     parser.add_argument("--iterations", type=int, default=6, help="iterations per side (the first is excluded)")
     parser.add_argument("--micro", action="store_true", help="micro model, M=1, G=2, N=2, 4 new tokens")
     parser.add_argument("--sides", nargs="+", choices=KINDS, default=list(KINDS),
@@ -573,19 +574,22 @@ def main(argv=None) -> int:
         cases = [RaceCase(1, group_size=2, reuse=2, max_new_tokens=4, iterations=args.iterations, micro=True,
                           jax_overrides=overrides)]
     else:
-        cases = [RaceCase(m, iterations=args.iterations if "trl" in case_kinds(m) else args.jax_only_iterations,
-                          jax_overrides=overrides) for m in args.minibatch_prompts]
+        cases = [RaceCase(m, jax_overrides=overrides,
+                          iterations=args.iterations if "trl" in case_kinds(m) else args.jax_only_iterations)
+                 for m in args.minibatch_prompts]
     for case in cases:  # the side's own config with the overrides; a bad one: one line before anything runs
         placeholder = os.path.join(args.out, "checkpoint")  # validate() reads no files
         for source in JAX_SIDES.values():
-            trainer_config(case, placeholder, args.data_dir, args.tokenizer_dir, old_logprobs=source).validate()
+            config = trainer_config(case, placeholder, args.data_dir, args.tokenizer_dir, old_logprobs=source)
+            config.validate()
     stem = "rl_iteration_micro" if args.micro else "rl_iteration"
     if kinds != KINDS:
         stem += "_" + "_".join(kinds) + "_m" + "_".join(str(m) for m in args.minibatch_prompts)
     stem = args.name or stem
     results = []
     for case in cases:  # the files are rewritten after each case: a run stopped later keeps what it measured
-        results.append(run(case, args.data_dir, args.tokenizer_dir, kinds=case_kinds(case.prompts_per_minibatch),
+        kinds_here = case_kinds(case.prompts_per_minibatch)
+        results.append(run(case, args.data_dir, args.tokenizer_dir, kinds=kinds_here,
                            second_launch=not args.no_second_launch))
         payload = {"command": command.strip(), "results": results, "wall_s": time.perf_counter() - started,
                    "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
@@ -600,7 +604,8 @@ def main(argv=None) -> int:
         sides = "; ".join(f"{kind} {_number(r[kind]['median_s'])} s/iter (first {_number(r[kind]['first_s'])} s, "
                           f"second launch {_number(r[kind]['second_launch_first_s'])} s), peak RSS "
                           f"{r[kind]['peak_rss_mib']:.0f} MiB" for kind in kinds if kind in r)
-        ratio = "".join(f", {key} {r[key]:.2f}x" for key in ("speedup", "speedup_sampler_logprobs") if key in r)
+        ratio = "".join(f", {key} {r[key]:.2f}x" for key in ("speedup", "speedup_sampler_logprobs")
+                        if key in r)
         print(f"M={r['case']['prompts_per_minibatch']}: {sides}{ratio}")
     return 0
 

