@@ -87,6 +87,8 @@ ENTRY_POINTS = {
     "experiments.benchmarks.lm_head": "experiments.benchmarks.lm_head",
     "experiments.benchmarks.rl_iteration": "experiments.benchmarks.rl_iteration",
     "experiments.benchmarks.rollout_engine": "experiments.benchmarks.rollout_engine",
+    "experiments.benchmarks.vllm_side": "experiments.benchmarks.vllm_side",
+    "experiments.benchmarks.report": "experiments.benchmarks.report",
     "experiments.benchmarks.async_timeline": "experiments.benchmarks.async_timeline",
     "respo_jax.symbolic": "respo_jax.symbolic.verify",
 }

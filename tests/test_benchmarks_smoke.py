@@ -20,6 +20,7 @@ from experiments.benchmarks import accelerator, common, rl_iteration, roofline, 
 from experiments.cli import run_cli
 from respo_jax import host_allocator
 from respo_jax.models import qwen3
+from respo_jax.training.config import ConfigError
 
 QUICK_KEYS = ("train_step_speedup", "train_step_speedup_tiny", "decode_speedup_b1", "decode_speedup_b32",
               "objective_fraction", "mfu", "xla_matmul_peak_gflops")
@@ -103,7 +104,8 @@ def test_side_processes_run_with_their_declared_settings(micro_report):
 
 @pytest.mark.slow
 def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
-    # The race on a micro model (vocabulary 151,936, one tiny layer): both sides run in their own
+    # The race on a micro model (vocabulary 151,936, one tiny layer), respo-jax with log π_old recomputed
+    # (the headline side) against TRL: both sides run in their own
     # processes with the same malloc settings, see the same prompts (the harness checks their token
     # counts agree), and the record's ratios, RSS and compile counts are consistent. respo-jax's first
     # launch compiles into an empty cache of the race's own; its second launch is another process whose
@@ -116,19 +118,22 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     data = tmp_path / "data" / "dapo_math_17k.parquet"
     data.parent.mkdir()
     pq.write_table(pq.read_table(resolve_data_file("dapo_math", rl_iteration.DATA_DIR)[0]).slice(0, 32), data)
-    status = rl_iteration.main(["--micro", "--iterations", "3", "--data-dir", str(data), "--out", str(tmp_path)])
+    status = rl_iteration.main(["--micro", "--iterations", "2", "--sides", "jax", "trl", "--name", "race",
+                                "--data-dir", str(data), "--out", str(tmp_path)])
     assert status == 0
-    with open(tmp_path / "rl_iteration_micro.json", encoding="utf-8") as f:
+    with open(tmp_path / "race.json", encoding="utf-8") as f:
         (result,) = json.load(f)["results"]
     jax_side, trl_side = result["jax"], result["trl"]
-    assert len(jax_side["times_s"]) == len(trl_side["times_s"]) == 3
+    assert "jax_sampler" not in result and "speedup_sampler_logprobs" not in result
+    assert jax_side["old_logprobs"] == "recompute" and rl_iteration.old_logprobs_of(result) == "recompute"
+    assert len(jax_side["times_s"]) == len(trl_side["times_s"]) == 2
     expected = float(np.median([t / j for t, j in zip(trl_side["times_s"][1:], jax_side["times_s"][1:])]))
     assert result["speedup"] == pytest.approx(expected, rel=1e-12)
     for side in (jax_side, trl_side):
         assert side["median_s"] == pytest.approx(float(np.median(side["times_s"][1:])))
         assert side["first_s"] == side["times_s"][0]
         assert side["peak_rss_mib"] > 100 and side["host_allocator"]["applied"] is True
-        assert side["response_length"] == [4.0] * 3  # a random policy never samples EOS in 4 tokens
+        assert side["response_length"] == [4.0] * 2  # a random policy never samples EOS in 4 tokens
         launch = side["second_launch"]  # a second process, one iteration of the same configuration
         assert launch["pid"] != side["pid"] and launch["response_length"] == 4.0
         assert side["second_launch_first_s"] == launch["wall_s"] > 0
@@ -138,7 +143,7 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     assert jax_side["cache_entries_written"] > 0
     second = jax_side["second_launch"]
     assert second["compiles"] > 0 and second["compile_cache_hits"] == second["compiles"]  # warm: all cached
-    assert len(jax_side["compile_seconds"]) == 3 and 0 <= jax_side["compile_fraction_after_two"] < 1
+    assert len(jax_side["compile_seconds"]) == 2 and jax_side["compile_fraction_after_two"] is None
     assert result["second_launch_vs_median"] == pytest.approx(jax_side["second_launch_first_s"] / jax_side["median_s"])
     assert result["cold_first_vs_trl_first"] == pytest.approx(jax_side["first_s"] / trl_side["first_s"])
     assert result["rss_ratio_trl_over_jax"] == pytest.approx(trl_side["peak_rss_mib"] / jax_side["peak_rss_mib"])
@@ -148,23 +153,53 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
         return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
     table = tmp_path / "rl_iteration_table.md"
-    assert run_cli(rl_iteration.main, ["--table", str(tmp_path / "rl_iteration_micro.json"),
+    assert run_cli(rl_iteration.main, ["--table", str(tmp_path / "race.json"),
                                        "--table-out", str(table)]) == 0
     written = table.read_text(encoding="utf-8")
     rows = [line for line in written.splitlines() if line.startswith("| M=1, G=2, N=2 |")]
     assert len(rows) == 1, rows
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
     assert cells == [
-        "M=1, G=2, N=2", number(jax_side["first_s"]),
+        "M=1, G=2, N=2", "recompute", number(jax_side["first_s"]),
         f"{number(jax_side['second_launch_first_s'])} ({second['compiles']} of {second['compiles']} programs "
         "from the cache)", number(jax_side["median_s"]), number(trl_side["first_s"]),
         number(trl_side["second_launch_first_s"]), number(trl_side["median_s"]), f"{result['speedup']:.2f}×",
-        f"{result['second_launch_vs_median']:.2f}×", f"{result['cold_first_vs_trl_first']:.2f}×",
-        f"{number(jax_side['peak_rss_mib'])} / {number(trl_side['peak_rss_mib'])}"]
-    assert "`rl_iteration_micro.json`: `python -m experiments.benchmarks.rl_iteration --micro" in written
-    rl_iteration.write_table([str(tmp_path / "rl_iteration_micro.json")], out=str(table))
+        "n/a", "n/a", f"{result['second_launch_vs_median']:.2f}×",
+        f"{result['cold_first_vs_trl_first']:.2f}×",
+        f"{number(jax_side['peak_rss_mib'])} / n/a / {number(trl_side['peak_rss_mib'])}"]
+    assert "`race.json`: `python -m experiments.benchmarks.rl_iteration --micro" in written
+    rl_iteration.write_table([str(tmp_path / "race.json")], out=str(table))
     assert table.read_text(encoding="utf-8") == written  # regenerated, not appended to
-    assert "2nd launch" in (tmp_path / "rl_iteration_micro.md").read_text(encoding="utf-8")
+    assert "2nd launch" in (tmp_path / "race.md").read_text(encoding="utf-8")
+
+
+def test_rl_iteration_summary_reports_the_sampler_mode_beside_the_headline():
+    # Three sides' records (respo-jax recomputing log π_old, respo-jax with the sampler's, TRL): the
+    # headline `speedup` is TRL over the recomputing side, `speedup_sampler_logprobs` TRL over the
+    # sampler side, each the median of the per-iteration quotients after the first.
+    from types import SimpleNamespace
+
+    def side(times, rss, **load):
+        records = [{"wall_s": t, "peak_rss_mib": rss, "compiles": 1, "compile_seconds": 0.1,
+                    "compile_cache_hits": 0, "rollout_seconds": t / 2, "response_length": 4.0} for t in times]
+        return SimpleNamespace(records=records, load_s=1.0,
+                               load={"pid": 1, "host_allocator": {}, "trl": "0", **load})
+
+    first = {"jax": side([9.0, 2.0, 4.0, 3.0], 500.0), "jax_sampler": side([8.0, 1.0, 2.0, 2.0], 490.0),
+             "trl": side([5.0, 10.0, 12.0, 9.0], 1000.0)}
+    records = [{"prompt_tokens": 10}]
+    result = rl_iteration.summary(rl_iteration.RaceCase(1, iterations=4), first, {}, records,
+                                  {"jax": 3, "jax_sampler": 2})
+    assert result["speedup"] == float(np.median([10 / 2, 12 / 4, 9 / 3]))
+    assert result["speedup_sampler_logprobs"] == float(np.median([10 / 1, 12 / 2, 9 / 2]))
+    assert result["jax"]["old_logprobs"] == "recompute" and result["jax_sampler"]["old_logprobs"] == "sampler"
+    assert result["rss_ratio_trl_over_jax"] == 2.0 and result["cold_first_vs_trl_first"] == 9.0 / 5.0
+    assert (result["jax"]["cache_entries_written"], result["jax_sampler"]["cache_entries_written"]) == (3, 2)
+    row = rl_iteration.race_table([result]).splitlines()[-1]
+    assert "| 10 | 3.00× | 2 | 6.00× | n/a | 1.80× |" in row and row.endswith("| 500 / 490 / 1,000 |")
+    alone = rl_iteration.summary(rl_iteration.RaceCase(32, iterations=4),
+                                 {k: first[k] for k in ("jax", "jax_sampler")}, {}, records, {})
+    assert "speedup" not in alone and "speedup_sampler_logprobs" not in alone
 
 
 def test_rl_iteration_table_needs_a_result_file(tmp_path, capsys):
@@ -180,11 +215,14 @@ def test_rl_iteration_table_needs_a_result_file(tmp_path, capsys):
 
 
 def test_rl_iteration_table_file_is_generated_from_the_committed_results():
-    """The committed race table is what `--table` writes from the committed result files."""
+    """The committed race table is what `--table` writes from every committed race result file."""
+    from experiments.benchmarks import report
+
     results = os.path.dirname(rl_iteration.TABLE_FILE)
     committed = open(rl_iteration.TABLE_FILE, encoding="utf-8").read()
     sources = [line.split("`")[1] for line in committed.splitlines() if line.startswith("- `")]
-    assert sources == ["rl_iteration.json", "rl_iteration_jax_m32.json"]
+    assert sources == [os.path.basename(p) for p in report.result_files("rl_iteration*.json")]
+    assert sources[0] == "rl_iteration.json" and "rl_iteration_micro.json" not in sources
     payloads = []
     for name in sources:
         with open(os.path.join(results, name), encoding="utf-8") as f:
@@ -192,17 +230,65 @@ def test_rl_iteration_table_file_is_generated_from_the_committed_results():
     assert rl_iteration.table_block(payloads) == committed
 
 
+def test_benchmarks_results_pages_are_regenerated_from_the_committed_json():
+    """The README's and the docs page's results blocks and the race table are, byte for byte, what the
+    report step writes from the committed results/*.json (no hand-edited numbers)."""
+    from experiments.benchmarks import report
+
+    written = report.targets()
+    assert set(written) >= {report.README, report.DOCS_PAGE, rl_iteration.TABLE_FILE}
+    for path, text in written.items():
+        assert open(path, encoding="utf-8").read() == text, path
+    readme = written[report.README]
+    for name in ("race", "rollout"):
+        marker = f"<!-- generated: {name} -->"
+        assert marker in readme and marker in written[report.DOCS_PAGE]
+    # Each committed result's headline appears in the README's block, computed from its file.
+    with open(os.path.join(report.RESULTS, "rollout_engine.json"), encoding="utf-8") as f:
+        rollout = json.load(f)
+    assert f"| {rollout['continuous']['useful_tokens_per_s']:,.0f} |" in readme
+
+
+def test_benchmarks_report_replaces_only_the_generated_blocks():
+    from experiments.benchmarks import report
+
+    page = "intro\n<!-- generated: race -->\nold numbers\n<!-- end generated: race -->\nprose 1.5×\n"
+    assert report.render(page, {"race": "| new |"}) == (
+        "intro\n<!-- generated: race -->\n\n| new |\n\n<!-- end generated: race -->\nprose 1.5×\n")
+    once = report.render(page, {"race": "x"})
+    assert report.render(once, {"race": "x"}) == once
+    with pytest.raises(ConfigError, match="unknown generated block 'race'"):
+        report.render(page, {"rollout": "y"})
+    payload = {"command": "python -m experiments.benchmarks.rl_iteration", "wall_s": 1.0, "results": [
+        {"case": {"prompts_per_minibatch": 4, "jax_overrides": []}, "speedup": 7.5,
+         "speedup_sampler_logprobs": 9.0,
+         "jax": {"old_logprobs": "recompute", "median_s": 2.0, "peak_rss_mib": 100.0},
+         "trl": {"median_s": 15.0, "peak_rss_mib": 200.0}},
+        {"case": {"prompts_per_minibatch": 1, "jax_overrides": []}, "speedup": 6.0,
+         "jax": {"median_s": 1.0, "peak_rss_mib": 100.0}, "trl": {"median_s": 6.0, "peak_rss_mib": 200.0}}]}
+    rows = report.race_headline([("r.json", payload)]).splitlines()[2:]
+    assert rows[0] == ("| M=4 | recompute | 7.50× | ≥ 7× (met) | 9.00× | 2 / 15 | 100 / 200 | `r.json` |")
+    # A record whose respo-jax side took the sampler's log-probs is not TRL's work: no target claimed.
+    assert rows[1].startswith("| M=1 | sampler (auto) | 6.00× | — | n/a |")
+
+
 def test_rl_iteration_jax_set_overrides_the_trainer_config_or_stops_in_one_line(tmp_path, capsys):
 
     paths = (str(tmp_path / "checkpoint"), str(tmp_path), str(tmp_path))
-    recompute = rl_iteration.RaceCase(1, jax_overrides=("rollout.old_logprobs=recompute",))
-    assert rl_iteration.trainer_config(recompute, *paths).rollout.old_logprobs == "recompute"
-    assert rl_iteration.trainer_config(rl_iteration.RaceCase(1), *paths).rollout.old_logprobs == "auto"
+    case = rl_iteration.RaceCase(1, jax_overrides=("rollout.max_new_tokens=8",))
+    config = rl_iteration.trainer_config(case, *paths)
+    assert config.rollout.old_logprobs == "recompute" and config.rollout.max_new_tokens == 8
+    assert rl_iteration.trainer_config(case, *paths, old_logprobs="sampler").rollout.old_logprobs == "sampler"
     out = tmp_path / "out"
-    assert run_cli(rl_iteration.main, ["--jax-set", "rollout.old_logprobs=forward", "--out", str(out)]) == 2
+    assert run_cli(rl_iteration.main, ["--jax-set", "rollout.temperature=hot", "--out", str(out)]) == 2
     message = capsys.readouterr().err.strip()
-    assert message.startswith("error: rollout.old_logprobs='forward': expected one of auto, sampler")
+    assert message.startswith("error: rollout.temperature='hot'")
     assert "\n" not in message and not out.exists()  # refused before anything ran or was written
+    # Each respo-jax side sets its own log π_old source; an override of it is refused in one line.
+    assert run_cli(rl_iteration.main, ["--jax-set", "rollout.old_logprobs=sampler", "--out", str(out)]) == 2
+    message = capsys.readouterr().err.strip()
+    assert message.startswith("error: --jax-set rollout.old_logprobs: each respo-jax side sets its own")
+    assert "\n" not in message and not out.exists()
 
 
 @pytest.mark.slow
@@ -314,9 +400,15 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     data = tmp_path / "data" / "dapo_math_17k.parquet"
     data.parent.mkdir()
     pq.write_table(pq.read_table(resolve_data_file("dapo_math", rl_iteration.DATA_DIR)[0]).slice(0, 32), data)
-    assert rollout_engine.main(["--micro", "--data-dir", str(data), "--out", str(tmp_path)]) == 0
+    # vLLM's side with no venv: skipped with its one line, never replaced by another number.
+    absent = tmp_path / "no-venv"
+    assert rollout_engine.main(["--micro", "--sides", "static", "continuous", "vllm", "transformers",
+                                "--vllm-venv", str(absent), "--data-dir", str(data),
+                                "--out", str(tmp_path)]) == 0
     with open(tmp_path / "rollout_engine_micro.json", encoding="utf-8") as f:
         report = json.load(f)
+    assert report["vllm_skipped"].startswith(f"vLLM side skipped: no venv at {absent}")
+    assert "vllm" not in report and report["speedup_vs_vllm"] is None
     budgets = np.array(report["workload"]["budgets"])
     assert len(budgets) == report["workload"]["rows"] == 8
     assert report["workload"]["useful_tokens"] == budgets.sum()
@@ -350,6 +442,31 @@ def test_rollout_engine_benchmark_reports_consistent_sides(tmp_path):
     assert hf["peak_kv_bytes"] >= sum(n + b for n, b in zip(rows, budgets[:2])) * token_bytes
     markdown = (tmp_path / "rollout_engine_micro.md").read_text(encoding="utf-8")
     assert "| continuous | 8 |" in markdown and "useful tokens/s" in markdown
+
+
+def test_vllm_side_request_and_absent_venv(tmp_path):
+    # The vLLM worker's request: every row with its own budget, a KV cache of whole GiB holding every
+    # row's prompt and budget in pages at once; an absent venv is one line naming it.
+    from experiments.benchmarks import rollout_engine, vllm_side, vllm_worker
+
+    rows, budgets = [[1] * 20, [2] * 5], np.array([30, 3])
+    settings = {"page_size": 16, "seed": 3, "threads": 2, "warmup": 1, "rounds": 2}
+    model = rollout_engine.WIDE_MODEL
+    request = rollout_engine.vllm_request("ckpt", "tok", rows, budgets, settings, model, 60)
+    token_bytes = 8 * 2 * 8 * 64 * 4
+    pages = -(-(20 + 30) // 32) + -(-(5 + 3) // 32)  # vLLM's CPU attention: blocks of a multiple of 32
+    assert request["kv_cache_gib"] == max(1, math.ceil(pages * 32 * token_bytes / 2**30)) == 1
+    assert request["budgets"] == [30, 3] and request["prompts"] == rows and request["block_size"] == 32
+    json.dumps(request)  # JSON on the worker's stdin, nothing else
+    # vLLM's peak blocks, every row admitted at once: a prompt's full blocks shared by its G rows.
+    assert rollout_engine.vllm_peak_blocks([32], 1, [100], 32) == 1 + 4  # 132 tokens: 5 blocks
+    assert rollout_engine.vllm_peak_blocks([32], 3, [100, 1, 1], 32) == 1 + 4  # the short rows freed by then
+    assert rollout_engine.vllm_peak_blocks([32], 3, [1, 1, 1], 32) == 1 + 3  # one own block each
+    assert rollout_engine.vllm_peak_blocks([40, 8], 2, [30, 3, 1, 60], 32) == 1 + 4
+    assert vllm_worker.RESULT_PREFIX == vllm_side.RESULT_PREFIX
+    assert vllm_side.unavailable(str(tmp_path / "none")) == (
+        f"vLLM side skipped: no venv at {tmp_path / 'none'} "
+        "(python -m experiments.benchmarks.vllm_side --build)")
 
 
 def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch):

@@ -1,6 +1,6 @@
 """End-to-end RL iterations at the real Qwen3 vocabulary: respo-jax's trainer against TRL's GRPOTrainer.
 
-    python -m experiments.benchmarks.rl_iteration                 # M = 1 and M = 4: rl_iteration.json / .md
+    python -m experiments.benchmarks.rl_iteration                 # M = 1, 4 with TRL, 32 respo-jax alone
     python -m experiments.benchmarks.rl_iteration --minibatch-prompts 4 --iterations 4
     python -m experiments.benchmarks.rl_iteration --micro         # pipeline check on a micro model (seconds)
     python -m experiments.benchmarks.rl_iteration --minibatch-prompts 32 --iterations 2 --sides jax
@@ -16,16 +16,20 @@ MLP 768, tied embeddings, vocabulary 151,936), see the same prompts in the same 
 respo-jax trainer's prompt batches, handed to TRL as an unshuffled dataset), tokenized by the same Qwen3
 tokenizer, and sample with the same settings (temperature 1, no top-k/top-p, 64 new tokens).
 
-- respo-jax: `respo_jax.training.loop.RLTrainer.iteration()` with its defaults for this host (shape
-  buckets, micro-batches, sampler row chunks; log π_old and the rollout entropy from its float32 sampler,
-  `rollout.old_logprobs=auto`), as `experiments/train.py` runs it; `--jax-set KEY=VALUE ...` overrides
-  its config (e.g. `rollout.old_logprobs=recompute`: a forward pass per mini-batch, as TRL does).
+- respo-jax (`jax`, the headline side): `respo_jax.training.loop.RLTrainer.iteration()` with its
+  defaults for this host (shape buckets, micro-batches, sampler row chunks), as `experiments/train.py`
+  runs it, with `rollout.old_logprobs=recompute`: log π_old from a forward pass per mini-batch, the work
+  TRL does. `--jax-set KEY=VALUE ...` overrides the config of both respo-jax sides.
+- respo-jax with the sampler's log-probs (`jax_sampler`): the same trainer with
+  `rollout.old_logprobs=sampler`, log π_old and the rollout entropy taken from its float32 sampler (exact
+  for this float32 dense model, no forward pass). It is respo-jax's own option, reported beside the
+  headline (`speedup_sampler_logprobs`), not the same work as TRL's.
 - TRL: `trl.GRPOTrainer` with `steps_per_generation = N` (one generation of N·M·G completions, then N
   optimizer steps of M·G), `num_iterations = 1`, `beta = 0` (no reference model), `loss_type = "dapo"`
   (token-mean), driven through its own `train()` loop; one iteration = N optimizer steps. It recomputes
   log π_old with a forward pass (its gradient accumulation, 1, is not a multiple of `steps_per_generation`).
 
-Same advantages for both: each side runs in its own process with 2 threads (XLA's pool and
+Same advantages for all: each side runs in its own process with 2 threads (XLA's pool and
 `torch.set_num_threads`), the same glibc malloc settings (`respo_jax.host_allocator`; for TRL
 without the JAX part), denormals flushed to zero on both (XLA's default), and no compilation on the
 PyTorch side (`torch.compile` is not used; XLA compiles as part of respo-jax's time). The sides
@@ -63,6 +67,9 @@ TOKENIZER_DIR = os.path.normpath(os.path.join(SHARED, "tokenizers", "qwen3"))
 # The benchmark's model: a random Qwen3 at the real vocabulary (the LM head is most of its FLOPs).
 MODEL = dict(vocab_size=151_936, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
              num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+# The respo-jax sides: log π_old recomputed (the same work as TRL's, the headline) or the sampler's.
+JAX_SIDES = {"jax": "recompute", "jax_sampler": "sampler"}
+KINDS = ("jax", "jax_sampler", "trl")
 MICRO_MODEL = dict(vocab_size=151_936, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                    num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True)
 LEARNING_RATE = 1e-6  # TRL's default for GRPO
@@ -89,22 +96,31 @@ class RaceCase:
 
 def write_checkpoint(path: str, case: RaceCase, tokenizer_dir: str, seed: int = 0) -> None:
     """One random Qwen3 checkpoint in Hugging Face format, written by transformers, for both sides."""
+    write_model_checkpoint(path, case.model, tokenizer_dir, seed)
+
+
+def write_model_checkpoint(path: str, model: dict, tokenizer_dir: str, seed: int = 0,
+                           max_positions: int = 2048) -> None:
+    """A random Qwen3 of shape `model` (`MODEL`'s keys) in Hugging Face format, written by transformers,
+    for sequences of up to `max_positions` tokens."""
     import torch
     import transformers
 
     from respo_jax.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    config = transformers.Qwen3Config(**case.model, max_position_embeddings=2048, rope_theta=1_000_000.0,
+    config = transformers.Qwen3Config(**model, max_position_embeddings=max_positions, rope_theta=1_000_000.0,
                                       eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
                                       bos_token_id=None)
     torch.manual_seed(seed)
     transformers.Qwen3ForCausalLM(config).save_pretrained(path)
 
 
-def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str, cache_dir: str = "none"):
-    """The respo-jax side's ExperimentConfig (the trainer's own defaults for buckets and memory), its
-    persistent compilation cache in `cache_dir` (`run.compilation_cache_dir`; "none": off)."""
+def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str,
+                   cache_dir: str = "none", old_logprobs: str = "recompute"):
+    """A respo-jax side's ExperimentConfig (the trainer's own defaults for buckets and memory), its
+    persistent compilation cache in `cache_dir` (`run.compilation_cache_dir`; "none": off) and where its
+    log π_old comes from (`rollout.old_logprobs`: "recompute" or "sampler")."""
     from experiments.train import DEFAULT_CONFIG, load_config
     from respo_jax.training.config import RolloutConfig, apply_overrides
 
@@ -121,7 +137,7 @@ def trainer_config(case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
         "objective.name=grpo", "objective.hparams.eps_low=0.2", "objective.hparams.eps_high=0.2",
         f"optim.learning_rate={LEARNING_RATE}", "optim.weight_decay=0.0", "optim.max_grad_norm=1.0",
-        *case.jax_overrides,
+        *case.jax_overrides, f"rollout.old_logprobs={old_logprobs}",
     ])
 
 
@@ -147,14 +163,15 @@ def prompt_stream(config, count: int) -> list[dict]:
 # ----------------------------------------------------------------------------------------------- sides
 
 
-def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str, cache_dir: str) -> None:
+def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str, cache_dir: str,
+              old_logprobs: str = "recompute") -> None:
     from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
 
     configure_host_allocator()  # as experiments/train.py does (run.host_allocator=true)
     from respo_jax.training.compilation import configure_compilation_cache
     from respo_jax.training.loop import RLTrainer
 
-    config = trainer_config(case, checkpoint, data_dir, tokenizer_dir, cache_dir)
+    config = trainer_config(case, checkpoint, data_dir, tokenizer_dir, cache_dir, old_logprobs)
     configure_compilation_cache(config.run.compilation_cache_dir)  # as experiments/train.py does
     trainer = RLTrainer(config)
     conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": peak_rss_mib(),
@@ -231,7 +248,7 @@ def _trl_side(conn, case: RaceCase, checkpoint: str, tokenizer_dir: str, records
 
 def _side_main(conn, kind: str, *args) -> None:
     try:
-        (_jax_side if kind == "jax" else _trl_side)(conn, *args)
+        (_trl_side if kind == "trl" else _jax_side)(conn, *args)
     except Exception:  # noqa: BLE001 (reported to the parent)
         conn.send(("error", traceback.format_exc()))
 
@@ -300,26 +317,30 @@ def _second_launch(kind: str, args: tuple, case: RaceCase, log) -> Side:
 
 
 def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER_DIR, log=print,
-        kinds: tuple[str, ...] = ("jax", "trl"), second_launch: bool = True) -> dict:
+        kinds: tuple[str, ...] = KINDS, second_launch: bool = True) -> dict:
     """Runs `case.iterations` iterations of each side in `kinds`, alternating, then (with
     `second_launch`) launches each side again, alone, for one iteration; returns `summary`'s record.
 
     respo-jax's compilation cache (`run.compilation_cache_dir`) is a directory created empty for this
-    race, never the user's cache: the first launch's first iteration is cold, and the second launch of
-    the same configuration (a new process) reads the programs the first launch wrote."""
+    race, never the user's cache, one per respo-jax side: the first launch's first iteration is cold, and
+    the second launch of the same configuration (a new process) reads the programs the first launch
+    wrote."""
     if case.iterations < (2 if len(kinds) > 1 else 1):
         raise ConfigError(f"--iterations {case.iterations}: a race of two sides needs at least 2 (the first "
                           "is excluded from the median)")
     with tempfile.TemporaryDirectory(prefix="rl_iteration_") as work:
-        checkpoint, cache_dir = os.path.join(work, "checkpoint"), os.path.join(work, "compilation_cache")
-        os.makedirs(cache_dir)
+        checkpoint = os.path.join(work, "checkpoint")
+        caches = {kind: os.path.join(work, f"compilation_cache_{kind}") for kind in JAX_SIDES}
+        for cache_dir in caches.values():
+            os.makedirs(cache_dir)
         write_checkpoint(checkpoint, case, tokenizer_dir)
         config = trainer_config(case, checkpoint, data_dir, tokenizer_dir)
         records = prompt_stream(config, case.iterations * case.reuse * case.prompts_per_minibatch)
-        args = {"jax": (case, checkpoint, data_dir, tokenizer_dir, cache_dir),
-                "trl": (case, checkpoint, tokenizer_dir, records)}
+        args = {kind: (case, checkpoint, data_dir, tokenizer_dir, caches[kind], source)
+                for kind, source in JAX_SIDES.items()}
+        args["trl"] = (case, checkpoint, tokenizer_dir, records)
         first = _first_launch(case, kinds, args, records, log)
-        entries = _cache_entries(cache_dir) if "jax" in kinds else None
+        entries = {kind: _cache_entries(caches[kind]) for kind in JAX_SIDES if kind in kinds}
         second = {kind: _second_launch(kind, args[kind], case, log) for kind in (kinds if second_launch else ())}
     return summary(case, first, second, records, entries)
 
@@ -329,14 +350,16 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def summary(case: RaceCase, first: dict[str, Side], second: dict[str, Side], records: list[dict],
-            cache_entries: int | None) -> dict:
-    """The race's JSON record. Per side: `first_s` (the first iteration, respo-jax's cache cold),
+            cache_entries: dict[str, int]) -> dict:
+    """The race's JSON record. Per side (`jax`: log π_old recomputed; `jax_sampler`: the sampler's;
+    `trl`): `first_s` (the first iteration, respo-jax's cache cold),
     `second_launch_first_s` (the first iteration of the second launch; None without one), `median_s`
     (iterations after the first), `peak_rss_mib` (the first launch's process), `times_s`, and the second
     launch's own record under `second_launch` (its process id, start-up seconds and iteration record).
-    Top level: `speedup` (median of the per-iteration TRL / respo-jax ratios after the first),
-    `second_launch_vs_median`, `cold_first_vs_trl_first` and `rss_ratio_trl_over_jax` (None where a
-    side or a launch did not run)."""
+    Top level: `speedup` (median of the per-iteration TRL / respo-jax ratios after the first, log π_old
+    recomputed on both sides), `speedup_sampler_logprobs` (the same with the `jax_sampler` side),
+    `second_launch_vs_median`, `cold_first_vs_trl_first` and `rss_ratio_trl_over_jax` (of the `jax`
+    side; None where a side or a launch did not run)."""
     from experiments.benchmarks.common import median
 
     out = {"case": dataclasses.asdict(case), "model": case.model, "threads": THREADS,
@@ -354,18 +377,26 @@ def summary(case: RaceCase, first: dict[str, Side], second: dict[str, Side], rec
                      "host_allocator": side.load["host_allocator"],
                      "second_launch": ({"pid": relaunch.load["pid"], "load_s": relaunch.load_s, **relaunch.records[0]}
                                        if relaunch else None)}
-    if "jax" in first:
-        jax_records, jax_side = first["jax"].records, out["jax"]
+    for kind in JAX_SIDES:
+        if kind not in first:
+            continue
+        jax_records, jax_side = first[kind].records, out[kind]
+        jax_side["old_logprobs"] = JAX_SIDES[kind]
         for key in ("compiles", "compile_seconds", "compile_cache_hits", "rollout_seconds"):
             jax_side[key] = [r[key] for r in jax_records]
         after_two = jax_records[2:]
         jax_side["compile_fraction_after_two"] = (
             sum(r["compile_seconds"] for r in after_two) / sum(r["wall_s"] for r in after_two) if after_two else None)
-        jax_side["cache_entries_written"] = cache_entries  # by the first launch
-        out["second_launch_vs_median"] = _ratio(jax_side["second_launch_first_s"], jax_side["median_s"])
+        jax_side["cache_entries_written"] = cache_entries.get(kind)  # by the first launch
+    if "jax" in first:
+        out["second_launch_vs_median"] = _ratio(out["jax"]["second_launch_first_s"], out["jax"]["median_s"])
+    if "trl" in first:
+        trl_times = out["trl"]["times_s"][1:]
+        for kind, key in (("jax", "speedup"), ("jax_sampler", "speedup_sampler_logprobs")):
+            if kind in first:
+                out[key] = median([t / j for t, j in zip(trl_times, out[kind]["times_s"][1:])])
     if "jax" in first and "trl" in first:
         jax_side, trl_side = out["jax"], out["trl"]
-        out["speedup"] = median([t / j for t, j in zip(trl_side["times_s"][1:], jax_side["times_s"][1:])])
         out["cold_first_vs_trl_first"] = jax_side["first_s"] / trl_side["first_s"]
         out["rss_ratio_trl_over_jax"] = trl_side["peak_rss_mib"] / jax_side["peak_rss_mib"]
     return out
@@ -376,10 +407,12 @@ def summary(case: RaceCase, first: dict[str, Side], second: dict[str, Side], rec
 # The race table's own file, generated from the race result files (`--table`) and included by the
 # documentation's benchmark page; nothing else writes it.
 TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "rl_iteration_table.md")
-TABLE_COLUMNS = ("case", "respo-jax 1st iteration, cold cache (s)", "respo-jax 1st iteration, 2nd launch (s)",
-                 "respo-jax median (s)", "TRL 1st iteration (s)", "TRL 1st iteration, 2nd launch (s)",
-                 "TRL median (s)", "speedup (TRL / respo-jax)", "respo-jax 2nd-launch 1st / median",
-                 "respo-jax cold 1st / TRL 1st", "peak RSS MiB, respo-jax / TRL")
+TABLE_COLUMNS = ("case", "respo-jax log π_old", "respo-jax 1st iteration, cold cache (s)",
+                 "respo-jax 1st iteration, 2nd launch (s)", "respo-jax median (s)", "TRL 1st iteration (s)",
+                 "TRL 1st iteration, 2nd launch (s)", "TRL median (s)", "speedup (TRL / respo-jax)",
+                 "respo-jax, sampler log-probs: median (s)", "speedup, sampler log-probs",
+                 "respo-jax 2nd-launch 1st / median", "respo-jax cold 1st / TRL 1st",
+                 "peak RSS MiB, respo-jax / sampler log-probs / TRL")
 
 
 def _number(value: float | None) -> str:
@@ -400,6 +433,17 @@ def _second_launch_cell(side: dict) -> str:
             "programs from the cache)")
 
 
+def old_logprobs_of(result: dict) -> str:
+    """Where the `jax` side of a race record took log π_old: "recompute" or "sampler" (records written
+    before the side named it ran `rollout.old_logprobs=auto`, the sampler's on this float32 model, unless
+    `--jax-set` asked for a recomputation)."""
+    side = result.get("jax") or {}
+    if "old_logprobs" in side:
+        return side["old_logprobs"]
+    asked = "rollout.old_logprobs=recompute" in result["case"].get("jax_overrides", ())
+    return "recompute" if asked else "sampler (auto)"
+
+
 def race_table(results: list[dict]) -> str:
     """The race as one markdown table, a row per case, from the JSON records (`summary`); a value the
     record lacks (a side or a launch that did not run) is "n/a"."""
@@ -408,29 +452,41 @@ def race_table(results: list[dict]) -> str:
     rows = []
     for r in results:
         c, jax_side, trl_side = r["case"], r.get("jax") or {}, r.get("trl") or {}
+        sampler_side = r.get("jax_sampler") or {}
+        rss = " / ".join(_number(side.get("peak_rss_mib")) for side in (jax_side, sampler_side, trl_side))
         rows.append([f"M={c['prompts_per_minibatch']}, G={c['group_size']}, N={c['reuse']}",
+                     old_logprobs_of(r) if jax_side else "n/a",
                      _number(jax_side.get("first_s")), _second_launch_cell(jax_side), _number(jax_side.get("median_s")),
                      _number(trl_side.get("first_s")), _number(trl_side.get("second_launch_first_s")),
                      _number(trl_side.get("median_s")), _times(r.get("speedup")),
-                     _times(r.get("second_launch_vs_median")), _times(r.get("cold_first_vs_trl_first")),
-                     f"{_number(jax_side.get('peak_rss_mib'))} / {_number(trl_side.get('peak_rss_mib'))}"])
+                     _number(sampler_side.get("median_s")), _times(r.get("speedup_sampler_logprobs")),
+                     _times(r.get("second_launch_vs_median")), _times(r.get("cold_first_vs_trl_first")), rss])
     return markdown_table(TABLE_COLUMNS, rows)
 
 
 def _sides_text(results: list[dict]) -> str:
-    version = results[0].get("trl_version")
-    return f"TRL {version}, {THREADS} threads per side" if version else f"respo-jax side only, {THREADS} threads"
+    version = next((r["trl_version"] for r in results if r.get("trl_version")), None)
+    return f"TRL {version}, {THREADS} threads per side" if version else f"respo-jax only, {THREADS} threads"
 
 
-def _median_text(iterations: int) -> str:
-    return f"medians over iterations 2…{iterations}" if iterations > 1 else "one iteration (no median)"
+def _median_text(results: list[dict]) -> str:
+    texts = []
+    for r in results:
+        n = r["case"]["iterations"]
+        text = f"medians over iterations 2…{n}" if n > 1 else "one iteration (no median)"
+        texts += [] if text in texts else [text]
+    if len(texts) == 1:
+        return texts[0]
+    return ", ".join(f"M={r['case']['prompts_per_minibatch']}: "
+                     + (f"medians over iterations 2…{r['case']['iterations']}" if r["case"]["iterations"] > 1
+                        else "one iteration (no median)") for r in results)
 
 
 def run_description(payload: dict) -> str:
     """What one result file measured: its command, wall time, sides and iterations."""
     results = payload["results"]
     return (f"`{payload['command']}` ({payload['wall_s']:,.0f} s; {_sides_text(results)}; "
-            f"{_median_text(results[0]['case']['iterations'])})")
+            f"{_median_text(results)})")
 
 
 def table_block(sources: list[tuple[str, dict]]) -> str:
@@ -468,16 +524,25 @@ def write_table(json_paths: list[str], out: str = TABLE_FILE) -> str:
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="python -m experiments.benchmarks.rl_iteration",
                             description=__doc__.split("\n")[0])
-    parser.add_argument("--minibatch-prompts", type=int, nargs="+", default=[1, 4], help="M values to race")
+    parser.add_argument("--minibatch-prompts", type=int, nargs="+", default=[1, 4, 32],
+                        help="M values to race")
     parser.add_argument("--iterations", type=int, default=6, help="iterations per side (the first is excluded)")
     parser.add_argument("--micro", action="store_true", help="micro model, M=1, G=2, N=2, 4 new tokens")
-    parser.add_argument("--sides", nargs="+", choices=("jax", "trl"), default=["jax", "trl"],
-                        help="which sides run (one alone: its times and peak RSS, no ratio)")
+    parser.add_argument("--sides", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="which sides run (jax: log π_old recomputed; jax_sampler: the sampler's; "
+                             "without trl: times and peak RSS, no ratio)")
+    parser.add_argument("--jax-only-above", type=int, default=4, metavar="M",
+                        help="above this M the respo-jax sides run alone (TRL does not finish there)")
+    parser.add_argument("--jax-only-iterations", type=int, default=2,
+                        help="iterations per side of the cases the respo-jax sides run alone")
+    parser.add_argument("--name", default=None,
+                        help="the result files' stem in --out (default rl_iteration, or one naming the "
+                             "sides and M values when --sides leaves one out)")
     parser.add_argument("--no-second-launch", action="store_true",
                         help="skip each side's second launch (its first iteration, respo-jax's cache warm)")
     parser.add_argument("--jax-set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="overrides of the respo-jax side's trainer config, "
-                             "e.g. rollout.old_logprobs=recompute")
+                        help="overrides of both respo-jax sides' trainer config (not rollout.old_logprobs: "
+                             "each side sets its own)")
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--tokenizer-dir", default=TOKENIZER_DIR)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -494,33 +559,53 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     overrides = tuple(args.jax_set)
+    if any(item.split("=", 1)[0].strip() == "rollout.old_logprobs" for item in overrides):
+        raise ConfigError("--jax-set rollout.old_logprobs: each respo-jax side sets its own "
+                          "(jax: recompute, jax_sampler: sampler); choose them with --sides")
+    for flag in ("iterations", "jax_only_iterations"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1; got {getattr(args, flag)}")
+    kinds = tuple(kind for kind in KINDS if kind in args.sides)
+
+    def case_kinds(m: int) -> tuple[str, ...]:
+        return tuple(k for k in kinds if k != "trl" or m <= args.jax_only_above)
+
     if args.micro:
         cases = [RaceCase(1, group_size=2, reuse=2, max_new_tokens=4, iterations=args.iterations, micro=True,
                           jax_overrides=overrides)]
     else:
-        cases = [RaceCase(m, iterations=args.iterations, jax_overrides=overrides)
+        cases = [RaceCase(m, jax_overrides=overrides,
+                          iterations=args.iterations if "trl" in case_kinds(m) else args.jax_only_iterations)
                  for m in args.minibatch_prompts]
     for case in cases:  # the side's own config with the overrides; a bad one: one line before anything runs
         placeholder = os.path.join(args.out, "checkpoint")  # validate() reads no files
-        trainer_config(case, placeholder, args.data_dir, args.tokenizer_dir).validate()
-    kinds = tuple(kind for kind in ("jax", "trl") if kind in args.sides)
+        for source in JAX_SIDES.values():
+            config = trainer_config(case, placeholder, args.data_dir, args.tokenizer_dir, old_logprobs=source)
+            config.validate()
     stem = "rl_iteration_micro" if args.micro else "rl_iteration"
-    if kinds != ("jax", "trl"):
+    if kinds != KINDS:
         stem += "_" + "_".join(kinds) + "_m" + "_".join(str(m) for m in args.minibatch_prompts)
+    stem = args.name or stem
     results = []
     for case in cases:  # the files are rewritten after each case: a run stopped later keeps what it measured
-        results.append(run(case, args.data_dir, args.tokenizer_dir, kinds=kinds,
+        kinds_here = case_kinds(case.prompts_per_minibatch)
+        results.append(run(case, args.data_dir, args.tokenizer_dir, kinds=kinds_here,
                            second_launch=not args.no_second_launch))
         payload = {"command": command.strip(), "results": results, "wall_s": time.perf_counter() - started,
                    "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
         common.write_json(os.path.join(args.out, f"{stem}.json"), payload)
         common.write_markdown(os.path.join(args.out, f"{stem}.md"), "RL iteration: respo-jax vs TRL GRPOTrainer", [
             ("Command", run_description(payload)), ("Results", race_table(results))])
+    if os.path.abspath(args.out) == DEFAULT_OUT and not args.micro:  # the docs' results from the JSON
+        from experiments.benchmarks import report
+
+        report.regenerate()
     for r in results:
         sides = "; ".join(f"{kind} {_number(r[kind]['median_s'])} s/iter (first {_number(r[kind]['first_s'])} s, "
                           f"second launch {_number(r[kind]['second_launch_first_s'])} s), peak RSS "
-                          f"{r[kind]['peak_rss_mib']:.0f} MiB" for kind in kinds)
-        ratio = f", speedup {r['speedup']:.2f}x" if "speedup" in r else ""
+                          f"{r[kind]['peak_rss_mib']:.0f} MiB" for kind in kinds if kind in r)
+        ratio = "".join(f", {key} {r[key]:.2f}x" for key in ("speedup", "speedup_sampler_logprobs")
+                        if key in r)
         print(f"M={r['case']['prompts_per_minibatch']}: {sides}{ratio}")
     return 0
 

