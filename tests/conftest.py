@@ -15,6 +15,7 @@ runs them in a subprocess pytest.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import shutil
@@ -36,9 +37,9 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 # XLA:CPU spends most of a tiny program's compile in LLVM; these two flags cut most of that and leave the
-# program (its HLO) as it is. They reach this process and what it launches (test_multiprocess.py and
-# test_multi_device.py pass the same two flags; tiny_runs.py's and test_compilation.py's launches run with
-# a user's default flags).
+# program (its HLO) as it is. They reach this process and what it launches (test_multiprocess.py,
+# test_multi_device.py and tiny_runs.py's launches pass the same two flags; test_compilation.py's launches
+# run with a user's default flags).
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 _flags = os.environ.get("XLA_FLAGS", "").split()
 os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in FAST_COMPILE_FLAGS if f.split("=")[0] not in
@@ -55,12 +56,22 @@ def jit_cache() -> str:
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory, jit_cache) -> pathlib.Path:
-    """An uninterrupted run of 8 iterations, checkpoints at 3, 6, 8 (tests work on copies)."""
+    """An uninterrupted run of 8 iterations, checkpoints at 3, 6, 8 (tests work on copies). One per
+    session: the first xdist worker that needs it trains it under a file lock in the folder the workers
+    share, the others wait for it and read it."""
     from tiny_runs import REFERENCE_ARGS, train  # imports JAX: not before the settings above
 
-    out = tmp_path_factory.mktemp("reference") / "run"
-    result = train(jit_cache, out, *REFERENCE_ARGS)
-    assert result.returncode == 0, result.stderr[-3000:]
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    out, done = shared / "reference" / "run", shared / "reference" / "done"
+    with open(shared / "reference.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a failed try of another worker
+            result = train(jit_cache, out, *REFERENCE_ARGS)
+            assert result.returncode == 0, result.stderr[-3000:]
+            done.touch()
     return out
 
 

@@ -20,6 +20,7 @@ from respo_jax.rewards import strict_box_score
 from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.held_out import pass_at_1
 from respo_jax.training.sweep import select_learning_rate
+from tiny_runs import TINY_MODEL
 
 CONFIG = gs.DEFAULT_CONFIG
 
@@ -77,9 +78,10 @@ def test_train_and_test_splits_share_no_problem():
 
 
 def tiny(tmp_path, *extra: str) -> list[str]:
-    """Overrides that make the sweep a ~minute test: ReSPO x N in {1, 2}, one seed, 4 updates."""
+    """Overrides that make the sweep a short test: the one-layer model of tests/tiny_runs.py, ReSPO x
+    N in {1, 2}, one seed, 4 updates."""
     return [
-        "sweep.objectives=respo", "sweep.reuse=1,2", "sweep.seeds=0", "sweep.policy_updates=4",
+        TINY_MODEL, "sweep.objectives=respo", "sweep.reuse=1,2", "sweep.seeds=0", "sweep.policy_updates=4",
         "warmup.steps=2", "warmup.batch_size=8", "run.eval_problems=4", "rollout.prompts_per_minibatch=2",
         "rollout.group_size=2", "rollout.max_new_tokens=32", 'task.overrides={"num_operands": 3}',
         f"sweep.runs_dir={tmp_path / 'runs'}", f"sweep.out_dir={tmp_path / 'out'}",
@@ -326,12 +328,14 @@ def test_second_study_config_orders_and_matches_its_cells():
 
 
 def tiny_v2(tmp_path, *extra: str) -> list[str]:
-    """The second study's --quick config shrunk to a test: ReSPO x lr in {1e-4, 2e-4} at N = 2, a
-    selection seed and one report seed, the long regime (here the small task again) at the best lr.
-    The sampled evaluation keeps only the most likely token (top-p 1e-6): its pass@1 must be greedy's."""
+    """The second study's --quick config shrunk to a test: the one-layer model of tests/tiny_runs.py,
+    ReSPO x lr in {1e-4, 2e-4} at N = 2, a selection seed and one report seed, the long regime (here the
+    small task again) at the best lr. The sampled evaluation keeps only the most likely token (top-p
+    1e-6): its pass@1 must be greedy's."""
     return [
-        "--config", CONFIG_V2, "--quick", "sweep.objectives=respo", "sweep.on_policy_objectives=respo",
-        "sweep.controls=", "sweep.reuse=2", "sweep.seeds=0", "sweep.selection_seed=1",
+        "--config", CONFIG_V2, "--quick", TINY_MODEL, "sweep.objectives=respo",
+        "sweep.on_policy_objectives=respo", "sweep.controls=", "sweep.reuse=2", "sweep.seeds=0",
+        "sweep.selection_seed=1",
         "sweep.learning_rates=1e-4,2e-4", "sweep.policy_updates=2", "sweep.long_difficulty=scratchpad",
         "sweep.long_reuse=2", "sweep.long_max_new_tokens=32", "warmup.steps=2", "warmup.batch_size=8",
         "run.eval_problems=4", "run.eval_samples=2", "run.eval_top_p=1e-6",

@@ -767,8 +767,9 @@ def test_a_shared_prompt_gives_each_rows_log_probs_entropy_and_gradient():
                                  batch.prompt_len, prompt_group=group)
         return jnp.sum(logp * weights), logp
 
-    (plain, plain_logp), plain_grad = jax.value_and_grad(loss, has_aux=True)(params, 1)
-    (shared, shared_logp), shared_grad = jax.value_and_grad(loss, has_aux=True)(params, 4)
+    loss_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+    (plain, plain_logp), plain_grad = loss_and_grad(params, 1)
+    (shared, shared_logp), shared_grad = loss_and_grad(params, 4)
     np.testing.assert_allclose(np.asarray(shared_logp) * mask, np.asarray(plain_logp) * mask, rtol=0,
                                atol=2e-5)
     np.testing.assert_allclose(float(shared), float(plain), rtol=1e-5)
@@ -776,9 +777,10 @@ def test_a_shared_prompt_gives_each_rows_log_probs_entropy_and_gradient():
     for a, b in zip(jax.tree.leaves(shared_grad), jax.tree.leaves(plain_grad)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5 * scale)
     # without positions and mask (every token real) alike
-    model, ids = nnx.merge(graphdef, params), batch.input_ids
-    want, got = (model.token_logprobs(ids[:, :-1], ids[:, 1:], start=batch.prompt_len - 1, prompt_group=group)
-                 for group in (1, 4))
+    ids = batch.input_ids
+    token_logprobs = jax.jit(lambda params, group: nnx.merge(graphdef, params).token_logprobs(
+        ids[:, :-1], ids[:, 1:], start=batch.prompt_len - 1, prompt_group=group), static_argnums=1)
+    want, got = (token_logprobs(params, group) for group in (1, 4))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-5)
     # the forward-only pass (log π_old and its entropy) through the same path
     logprobs = make_logprob_fn(graphdef, return_entropy=True)

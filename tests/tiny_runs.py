@@ -1,7 +1,8 @@
 """The tiny end-to-end runs the run tests share: `python -m experiments.train` in a subprocess with a
 tiny model (one layer, width 16) on the synthetic task, and the helpers that read what a run wrote
 (metrics, checkpoints, files) or break it (a flipped bit). Launches share the session's persistent
-XLA compilation cache (tests/conftest.py) so that only the first process compiles.
+XLA compilation cache and its cheap-compile flags (tests/conftest.py) so that only the first process
+compiles, and compiles cheaply.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def train_cmd(out_dir, *overrides) -> list[str]:
 def run_env(jit_cache: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=jit_cache,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    env.pop("XLA_FLAGS", None)  # one host device, as a user's run
+    # The session's compile flags (tests/conftest.py), on one host device as a user's run: every launch
+    # compiles like every other, so runs compared bit for bit share their programs through the cache.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags)
     return env
 
 
