@@ -88,6 +88,7 @@ ENTRY_POINTS = {
     "experiments.benchmarks.rl_iteration": "experiments.benchmarks.rl_iteration",
     "experiments.benchmarks.rollout_engine": "experiments.benchmarks.rollout_engine",
     "experiments.benchmarks.async_timeline": "experiments.benchmarks.async_timeline",
+    "experiments.benchmarks.relaunch": "experiments.benchmarks.relaunch",
     "respo_jax.symbolic": "respo_jax.symbolic.verify",
 }
 _parse_only = False
