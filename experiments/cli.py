@@ -90,6 +90,7 @@ ENTRY_POINTS = {
     "experiments.benchmarks.vllm_side": "experiments.benchmarks.vllm_side",
     "experiments.benchmarks.report": "experiments.benchmarks.report",
     "experiments.benchmarks.async_timeline": "experiments.benchmarks.async_timeline",
+    "experiments.benchmarks.relaunch": "experiments.benchmarks.relaunch",
     "respo_jax.symbolic": "respo_jax.symbolic.verify",
 }
 _parse_only = False

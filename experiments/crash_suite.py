@@ -1,26 +1,26 @@
-"""Randomized crash tests: kill a training run, an evaluation and a sweep with SIGKILL and SIGTERM at
-random points, resume each, and compare with an uninterrupted run bit for bit.
+"""Randomized crash tests: kill a training run with SIGKILL and SIGTERM at random points, resume it, and
+compare it with an uninterrupted run.
 
     python -m experiments.crash_suite --out /tmp/crash --seed 7 [training overrides ...]
 
 The kill points are chosen by progress through what the run writes (its lock file, metrics.jsonl's
-records, rollout files, checkpoint folders, completions.jsonl), never by wall time, so a loaded machine
-still hits every phase: start-up, warm-up, rollout, update, checkpoint save and final evaluation of a
-training run, a sampler call of an evaluation, a cell of a sweep. One training run is killed at one
-point of each phase in turn (each resume continues from the previous kill), with SIGTERM or SIGKILL drawn
-per point from `--seed`, which is printed first so that a failure replays. Each point is drawn when its
-process starts, beyond everything the earlier kills left (a SIGTERM may let the run go one step past
-its point), so the process being killed is the one that reaches it. What is checked:
+records, rollout files, checkpoint folders), never by wall time, so a loaded machine still hits every
+phase: start-up, warm-up, rollout, update, checkpoint save and final evaluation. One training run is
+killed at one point of each phase in turn (each resume continues from the previous kill), with SIGTERM
+or SIGKILL drawn per point from `--seed`, which is printed first so that a failure replays. Each point
+is drawn when its process starts, beyond everything the earlier kills left (a SIGTERM may let the run go
+one step past its point), so the process being killed is the one that reaches it. What is checked:
 - SIGTERM: exit status 143 and exactly one line on stderr (`stopped: SIGTERM ...`, no traceback), and
   the checkpoint it names is the iteration the log reached (the step in flight), in the warm-up the
   warm-up step it reached, or none before the first step; a signal during the final evaluation may
   let the run finish (exit status 0);
 - SIGKILL: the process is gone (the resume repairs what it left);
-- after the last resume: metrics.jsonl (timings aside), summary.json and the last checkpoint's arrays
-  equal the uninterrupted run's bit for bit; the evaluation's completions.jsonl and summary.json, and
-  the sweep's cell log and summary, likewise.
+- after the last resume: metrics.jsonl (timings aside) equals the uninterrupted run's.
+Exit status 0 when every check holds, else 1 with one line per failed check.
 
-`tests/test_preemption.py` runs it (slow) on the tiny configuration of `tests/tiny_runs.py`.
+`tests/test_preemption.py` runs it (slow) on the tiny configuration of `tests/tiny_runs.py`, and uses
+`crash_command` to kill an evaluation's sampler call and a sweep's cell the same way, comparing their
+outputs and the last checkpoint's arrays bit for bit.
 """
 
 from __future__ import annotations

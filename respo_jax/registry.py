@@ -52,6 +52,14 @@ class Registry(dict, Generic[SpecT]):
         if name in self and not replace:
             raise ValueError(f"{self.kind} {name!r} is already registered; pass replace=True to replace it")
 
+    def check_new(self, name, replace: bool, well_typed: bool, needs: str, got: str) -> None:
+        """The checks before `register_<kind>(name, value)` adds an entry: `check_name`; TypeError unless
+        `well_typed` ("register_<kind>(name, ...) needs <needs>; got <got>"); `check_free`."""
+        self.check_name(name)
+        if not well_typed:
+            raise TypeError(f"register_{self.kind}({name!r}, ...) needs {needs}; got {got}")
+        self.check_free(name, replace)
+
     def remove(self, name: str) -> None:
         """Removes a user entry; a built-in raises ValueError, an unknown name KeyError."""
         if name in self.builtins:

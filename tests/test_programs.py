@@ -41,3 +41,45 @@ def test_the_step_builders_return_programs_for_the_one_wrapper():
     assert isinstance(step, Program) and isinstance(logprobs, Program)
     assert (step.donate_argnums, step.static_argnums, logprobs.static_argnums) == ((0, 1), (3,), (2,))
     assert step.in_shardings is None and logprobs.out_shardings is None  # the one-device mesh
+
+
+# Where `jax.jit` may still be called directly, and why: below `training` in the import graph (the
+# sharded creation of parameters and optimizer state, the objectives' analysis tools, the model's own
+# tests-and-notebooks helpers), the exported-program cache `jit_program` itself opts in to, and the
+# engine's model step (its programs are routed separately, in `respo_jax/sampling/`).
+JIT_ALLOWED = {
+    "respo_jax/training/programs.py": "the one wrapper",
+    "respo_jax/exported_programs.py": "the cache `jit_program` opts in to",
+    "respo_jax/sharding.py": "creates parameters and optimizer state sharded; imported by programs.py",
+    "respo_jax/objectives/gradient_weight.py": "an analysis tool of the leaf objectives package",
+    "respo_jax/sampling/": "the engine's model step",
+}
+
+
+def _direct_jits(path: str) -> list[int]:
+    """Lines of `path` naming `jax.jit` in code (a call, a decorator, `partial(jax.jit, ...)`); docstrings
+    and comments do not count."""
+    import ast
+
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    return sorted({node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                   and node.attr == "jit" and isinstance(node.value, ast.Name) and node.value.id == "jax"})
+
+
+def test_training_eval_and_benchmarks_jit_only_through_jit_program():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for package in ("respo_jax", "experiments/benchmarks"):
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for name in sorted(files):
+                if not name.endswith(".py"):
+                    continue
+                relative = os.path.relpath(os.path.join(folder, name), root)
+                if any(relative.startswith(allowed) for allowed in JIT_ALLOWED):
+                    continue
+                found += [f"{relative}:{line}" for line in _direct_jits(os.path.join(root, relative))]
+    assert found == [], f"jax.jit outside respo_jax.training.programs.jit_program: {found}"
+    assert _direct_jits(os.path.join(root, "respo_jax/training/programs.py"))  # the scan sees a real jit

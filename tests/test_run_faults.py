@@ -263,7 +263,7 @@ def test_resume_refuses_a_log_with_duplicated_iterations(tmp_path, reference, ca
     ]:
         (out / "metrics.jsonl").write_bytes(b"".join(broken))
         with pytest.raises(run_dir.RunDirError, match=f"is not one run's log \\({where}"):
-            run_dir.rewind(str(out), counted, 8)
+            run_dir.check_log(str(out), counted, 8)
 
 
 def test_rewind_refuses_a_log_changed_after_its_checkpoint(tmp_path):
@@ -274,18 +274,20 @@ def test_rewind_refuses_a_log_changed_after_its_checkpoint(tmp_path):
     with run_dir.MetricsLog(str(tmp_path)) as log:
         for record in records:
             log.append(record)
+        assert log.sha256() == run_dir.log_digest(records)  # the running digest: the whole log's
     digest = run_dir.log_digest(records[:2])
     path = tmp_path / "metrics.jsonl"
     original = path.read_bytes()
-    assert run_dir.rewind(str(tmp_path), 2, 1, digest) == records[:2]  # the later record is cut
+    assert run_dir.rewind(str(tmp_path), run_dir.check_log(str(tmp_path), 2, 1, digest), 1) == records[:2]
+    assert path.read_bytes() == original[:len(b"".join(map(run_dir.record_line, records[:2])))]  # cut
+    path.write_bytes(original)
     path.write_bytes(original.replace(b'"score": 0.125', b'"score": 0.925'))  # after the counted ones
-    assert run_dir.check_log(str(tmp_path), 2, 1, digest) == records[:2]
+    assert run_dir.check_log(str(tmp_path), 2, 1, digest).records == records[:2]
     path.write_bytes(original.replace(b'"score": 0.25', b'"score": 0.75'))
     assert run_dir.log_problem([json.loads(line) for line in path.read_bytes().splitlines()]) is None
-    for check in (run_dir.check_log, run_dir.rewind):
-        with pytest.raises(run_dir.RunDirError, match="first 2 records of .* are not the bytes its checkpoint "
-                                                      r"saw \(SHA-256 differs\)"):
-            check(str(tmp_path), 2, 1, digest)
+    with pytest.raises(run_dir.RunDirError, match="first 2 records of .* are not the bytes its checkpoint "
+                                                  r"saw \(SHA-256 differs\)"):
+        run_dir.check_log(str(tmp_path), 2, 1, digest)
     assert run_dir.check_log(str(tmp_path), 2, 1) is not None  # a checkpoint without a digest: not checked
 
 

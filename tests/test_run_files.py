@@ -80,7 +80,8 @@ def test_every_reader_leaves_out_a_torn_last_line_even_when_it_parses(tmp_path, 
     assert [r["iteration"] for r in records] == [1, 2] and size == len(complete)
     with pytest.raises(run_dir.RunDirError, match="holds 2 complete records; the checkpoint counts 3"):
         run_dir.read_metrics(str(metrics), 3)
-    assert [r["iteration"] for r in run_dir.rewind(str(out), 2, 2)] == [1, 2]
+    kept = run_dir.rewind(str(out), run_dir.check_log(str(out), 2, 2), 2)
+    assert [r["iteration"] for r in kept] == [1, 2]
     assert metrics.read_text() == complete
 
     # the report: left out with a note
@@ -113,7 +114,7 @@ def test_every_reader_refuses_a_damaged_complete_line_naming_it(tmp_path):
         with pytest.raises(runs.RunFileError, match=r"metrics.jsonl:2: "):
             runs.read_jsonl(out / "metrics.jsonl")
         with pytest.raises(run_dir.RunDirError, match=r"metrics.jsonl:2: damaged record"):
-            run_dir.rewind(str(out), 1, 1)
+            run_dir.check_log(str(out), 1, 1)
         completions = tmp_path / "completions.jsonl"
         completions.write_text(json.dumps(_completion(0)) + "\n" + bad)
         with pytest.raises(ValueError, match=r"completions.jsonl:2: "):

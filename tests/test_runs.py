@@ -307,7 +307,7 @@ def test_rewind_drops_records_and_rollouts_after_the_checkpoint_and_repairs_a_to
     (tmp_path / "rollouts" / "notes.txt").write_text("kept")
     (tmp_path / "summary.json").write_text("{}")  # of a finished run that is now extended
     (tmp_path / "training_curves.png").write_bytes(b"png")
-    records = run_dir.rewind(str(tmp_path), metrics_records=3, iteration=3)
+    records = run_dir.rewind(str(tmp_path), run_dir.check_log(str(tmp_path), 3, 3), 3)
     assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl", "rollouts"]
     assert [r["iteration"] for r in records] == [1, 2, 3]
     assert path.read_text() == "\n".join(lines[:3]) + "\n"
@@ -315,14 +315,15 @@ def test_rewind_drops_records_and_rollouts_after_the_checkpoint_and_repairs_a_to
         "iteration_000001.npz", "iteration_000002.npz", "iteration_000003.npz", "notes.txt"]
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     with pytest.raises(run_dir.RunDirError, match="holds 3 complete records; the checkpoint counts 4"):
-        run_dir.rewind(str(tmp_path), metrics_records=4, iteration=4)
+        run_dir.check_log(str(tmp_path), 4, 4)
     path.write_text(lines[0] + "\n{not json\n" + lines[2] + "\n")
     with pytest.raises(run_dir.RunDirError, match=r"metrics.jsonl:2: damaged record"):
-        run_dir.rewind(str(tmp_path), metrics_records=3, iteration=3)
+        run_dir.check_log(str(tmp_path), 3, 3)
     with pytest.raises(run_dir.RunDirError, match=r"metrics.jsonl:2: damaged record .* before the log's end"):
-        run_dir.rewind(str(tmp_path), metrics_records=0, iteration=0)  # a kill tears only the last line
+        run_dir.check_log(str(tmp_path), 0, 0)  # a kill tears only the last line
     path.write_text(lines[0] + "\n" + lines[1][:9])
-    assert run_dir.rewind(str(tmp_path), metrics_records=0, iteration=0) == [] and path.read_text() == ""
+    assert run_dir.rewind(str(tmp_path), run_dir.check_log(str(tmp_path), 0, 0), 0) == []
+    assert path.read_text() == ""
 
 
 def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch):

@@ -24,13 +24,14 @@ from experiments.benchmarks import matmul_peak, roofline, train_step
 from experiments.benchmarks.common import alternate, median, summarize
 from respo_jax.models import qwen3
 from respo_jax.sampling import EngineConfig, SamplingParams, generate
+from respo_jax.training.programs import Program
 
 
 def measured_bandwidth_gbs(megabytes: int = 1024, rounds: int = 5) -> float:
     """Device memory bandwidth of an elementwise copy-scale (reads and writes every byte once), GB/s."""
     n = megabytes * 2**20 // 4
     x = jnp.ones((n,), jnp.float32)
-    scale = jax.jit(lambda a: a * 1.0001)
+    scale = Program(lambda a: a * 1.0001, "copy_scale")
     times = alternate({"copy": lambda: scale(x).block_until_ready()}, rounds=rounds, warmup=1)["copy"]
     return 2 * n * 4 / median(times) / 1e9
 

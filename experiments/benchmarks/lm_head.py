@@ -23,6 +23,7 @@ import sys
 import time
 
 from experiments.cli import ArgumentParser, run_cli
+from respo_jax.training.programs import Program
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 BASELINE = "token_chunks"
@@ -58,7 +59,7 @@ def run(tokens: int = 1024, hidden: int = 2048, vocab: int = 151_936, vocab_chun
             logp, vjp = jax.vjp(lambda h, w: chunked_token_logprobs(
                 h, w, targets, tied=tied, chunk_tokens=chunk_tokens, impl=impl, vocab_chunk=width), h, w)
             return (logp, *vjp(g))
-        return jax.jit(step)
+        return Program(step, f"lm_head_{impl}_{width}")
 
     widths = sorted({VOCAB_CHUNK if c is None else int(c) for c in vocab_chunks})
     programs = {BASELINE: side(BASELINE, VOCAB_CHUNK)}

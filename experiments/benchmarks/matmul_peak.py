@@ -9,11 +9,11 @@ its output in again (a 2048² float32 output is 16 MiB), which under-measures th
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments.benchmarks.common import alternate, median, summarize
+from respo_jax.training.programs import Program
 
 # A size n is the n×n @ n×n matmul; (m, k, n) is [m, k] @ [k, n]. (4096, 512, 1536) is the small
 # config's MLP up-projection over its 8 × 512 tokens, the kind of GEMM its train step is made of.
@@ -44,7 +44,7 @@ def probe(size: int = 2048, repeats: int = 2):
     """A callable running `repeats` jitted size³ float32 matmuls (blocking) and the FLOPs it does: a
     peak reference that can be interleaved with another benchmark so both see the same machine load."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((size, size), dtype=np.float32))
-    product = jax.jit(jnp.matmul)
+    product = Program(jnp.matmul, "matmul")
     product(a, a).block_until_ready()
 
     def call():
@@ -64,7 +64,7 @@ def run(sizes=QUICK_SIZES, rounds: int = 5, dtype: str = "float32", with_numpy: 
     if not sizes:
         raise ValueError("matmul_peak.run needs at least one size")
     jdtype = jnp.dtype(dtype)
-    product = jax.jit(jnp.matmul)
+    product = Program(jnp.matmul, "matmul")
     by_size = []
     for size in sizes:
         m, k, n = gemm_shape(size)

@@ -23,6 +23,7 @@ from experiments.benchmarks.common import alternate, median, speedup, summarize
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.training.step import make_optimizer, make_policy_step
+from respo_jax.training.programs import Program
 
 
 def _objective_grad_fn(objective) -> Callable:
@@ -33,7 +34,7 @@ def _objective_grad_fn(objective) -> Callable:
             lambda lp: objective(lp, old_logp, advantages, mask), has_aux=True)(logp)
         return loss, grad, metrics
 
-    return jax.jit(loss_and_grad)
+    return Program(loss_and_grad, "objective_loss_and_grad")
 
 
 def isolated_seconds(batch: dict, rounds: int = 7, calls_per_round: int = 50) -> dict:

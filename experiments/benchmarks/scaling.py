@@ -26,6 +26,7 @@ from experiments.benchmarks import train_step
 from experiments.benchmarks.common import alternate, markdown_table, speedup, summarize
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.moe import expert_ffn, route
+from respo_jax.training.programs import Program
 
 SEQ_LENGTHS = (256, 512, 1024, 2048, 4096)
 POSITIONS_PER_STEP = 4096
@@ -56,7 +57,7 @@ def _moe_grad_fn(ffn):
     def loss(x, gate_proj, up_proj, down_proj, indices, weights, cotangent):
         return jnp.sum(ffn(x, indices, weights, gate_proj, up_proj, down_proj) * cotangent)
 
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+    return Program(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), "moe_ffn_grad")
 
 
 MOE_IMPLEMENTATIONS = {"ragged_dot": expert_ffn, "tiled": functools.partial(expert_ffn, impl="tiled"),

@@ -529,6 +529,9 @@ class RunConfig(_Section):
     # The persistent XLA compilation cache (respo_jax.training.compilation.resolve_cache_dir): "" is
     # $JAX_COMPILATION_CACHE_DIR or ~/.cache/respo_jax/jax_compilation_cache, "none" turns it off.
     compilation_cache_dir: str = ""
+    # With a compilation cache, on one device in one process: keep the traced programs there too
+    # (respo_jax.exported_programs), so a relaunch neither traces nor lowers them; false: the cache only.
+    export_programs: bool = True
     # Sampled pass@1 beside the greedy accuracy (respo_jax.training.held_out): samples per held-out
     # problem (0: greedy only), at this temperature and top-p (the paper: 1 and 0.7).
     eval_samples: int = 0

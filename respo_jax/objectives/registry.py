@@ -194,13 +194,9 @@ def register_objective(name: str, spec: ObjectiveSpec, *, replace: bool = False)
     The objective is probed before this returns (see the module docstring); when the probe fails,
     the registry is left as it was and ValueError names the objective and the problem.
     """
-    OBJECTIVES.check_name(name)
-    if not isinstance(spec, ObjectiveSpec):
-        raise TypeError(
-            f"register_objective({name!r}, ...) needs an ObjectiveSpec (kernel_objective, "
-            f"reshaping_objective or ObjectiveSpec(...)); got {type(spec).__name__}"
-        )
-    OBJECTIVES.check_free(name, replace)
+    OBJECTIVES.check_new(name, replace, isinstance(spec, ObjectiveSpec),
+                         "an ObjectiveSpec (kernel_objective, reshaping_objective or ObjectiveSpec(...))",
+                         type(spec).__name__)
     previous = OBJECTIVES.get(name)
     OBJECTIVES[name] = spec
     try:

@@ -115,10 +115,7 @@ def register_reward(name: str, fn: RewardFn, *, slow: bool = False, timeout_s: f
     response (see the module docstring for where the function must live); `failure_score` (finite) is
     what a failed response scores. ValueError / TypeError name what is wrong.
     """
-    REWARDS.check_name(name)
-    if not callable(fn):
-        raise TypeError(f"register_reward({name!r}, ...) needs a function of (record, response); got {fn!r}")
-    REWARDS.check_free(name, replace)
+    REWARDS.check_new(name, replace, callable(fn), "a function of (record, response)", repr(fn))
     if isinstance(failure_score, bool) or not isinstance(failure_score, (int, float)) \
             or not math.isfinite(failure_score):
         raise ValueError(f"reward {name!r}: failure_score must be a finite number; got {failure_score!r}")

@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from respo_jax.sharding import axis_size
 from respo_jax.training.batch import batch_sharding
+from respo_jax.training.programs import Program, jit_program
 from respo_jax.training.step import StepShardings, make_logprob_fn
 
 
@@ -49,6 +50,10 @@ def behaviour_version(iteration: int, async_steps: int) -> int:
 def copy_params(params):
     """A device copy of `params` on the same shardings (the update step donates the trainer's buffers)."""
     return jax.tree.map(jnp.copy, params)
+
+
+def _identity(tree):
+    return tree
 
 
 class Resharder:
@@ -68,9 +73,11 @@ class Resharder:
         def replicated(sharding):
             return NamedSharding(sharding.mesh, PartitionSpec())
 
-        self._gather = jax.jit(lambda x: x, out_shardings=jax.tree.map(replicated, source))
         self._landing = jax.tree.map(replicated, target)
-        self._slice = jax.jit(lambda x: x, out_shardings=target)
+        self._gather = jit_program(Program(_identity, "gather", in_shardings=(source,),
+                                           out_shardings=jax.tree.map(replicated, source)))
+        self._slice = jit_program(Program(_identity, "slice", in_shardings=(self._landing,),
+                                          out_shardings=target))
 
     def __call__(self, params):
         with jax.transfer_guard_device_to_host("disallow_explicit"), \
@@ -199,5 +206,5 @@ def rollout_mesh_logprobs(trainer) -> RolloutMeshLogprobs | None:
                               replicated=NamedSharding(mesh, PartitionSpec()))
     logprobs = make_logprob_fn(trainer.rollout_graphdef, temperature=trainer.config.rollout.temperature,
                                return_entropy=True, shardings=shardings)
-    shards = math.prod(mesh.shape[axis] for axis in rules.mesh_axes("batch"))
+    shards = axis_size(mesh, rules.mesh_axes("batch"))
     return RolloutMeshLogprobs(logprobs, trainer.shardings.batch, batch, shards)

@@ -24,18 +24,31 @@ import sys
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.distributed import sync_processes
 from respo_jax.files import file_sha256
 from respo_jax.runs import atomic_write_bytes, read_json
+from respo_jax.training.programs import Program, jit_program
 from respo_jax.training.step import NonFiniteError, tree_all_finite
 from respo_jax.training.write_errors import free_space
 
 MANIFEST = "respo_manifest.json"  # inside each step folder, next to Orbax's own files
-_all_finite = jax.jit(tree_all_finite)
+
+
+def _all_finite(tree) -> jax.Array:
+    """`tree_all_finite(tree)` as one program (one fused reduction) on the devices its arrays are on (a
+    host array's: the default device)."""
+    tree = jax.tree.map(jnp.asarray, tree)
+    shardings = jax.tree.map(lambda x: x.sharding, tree)
+    first = jax.tree.leaves(shardings)[0]
+    scalar = NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first
+    return jit_program(Program(tree_all_finite, "all_finite", in_shardings=(shardings,),
+                               out_shardings=scalar))(tree)
 
 
 @dataclasses.dataclass

@@ -52,10 +52,11 @@ def program_cache(config: ExperimentConfig, model_config: qwen3.Qwen3Config) -> 
     """Where the update step keeps its traced programs (`respo_jax.exported_programs`, a later launch
     reads them instead of tracing them): the compilation cache's directory, keyed by the config's
     `program_config` and the model's config (read from the checkpoint). None without a compilation
-    cache, on several devices or processes, or with an objective registered outside respo_jax (its code
-    is not part of the key)."""
+    cache, with run.export_programs=false, on several devices or processes, or with an objective
+    registered outside respo_jax (its code is not part of the key)."""
     directory = jax.config.jax_compilation_cache_dir
-    if not directory or not ProgramCache.usable() or config.objective.name not in BUILTIN_OBJECTIVES:
+    if (not directory or not config.run.export_programs or not ProgramCache.usable()
+            or config.objective.name not in BUILTIN_OBJECTIVES):
         return None
     return ProgramCache(directory, json.dumps({"config": program_config(config),
                                                "model": dataclasses.asdict(model_config)},

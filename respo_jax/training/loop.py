@@ -33,7 +33,8 @@ from respo_jax.data.prompts import encode_prompt
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.sampling import EngineConfig, SamplingParams, generate
-from respo_jax.sharding import ShardingRules, init_optimizer_state, optimizer_state_shardings, state_shardings
+from respo_jax.sharding import (ShardingRules, axis_size, init_optimizer_state, optimizer_state_shardings,
+                                state_shardings)
 from respo_jax.training import compile_ahead, startup
 from respo_jax.training.async_rollouts import AsyncRollouts, Resharder, rollout_mesh_logprobs
 from respo_jax.training.batch import PolicyBatch, batch_sharding
@@ -42,13 +43,14 @@ from respo_jax.training.compilation import compilation_totals
 from respo_jax.training.checkpoint import TrainState
 from respo_jax.training.config import ExperimentConfig
 from respo_jax.training.held_out import trainer_held_out_record
-from respo_jax.training.kl_reward import jitted_group_advantages, kl_penalized_advantages, reference_policy
+from respo_jax.training.kl_reward import (advantages_program, kl_penalized_advantages, reference_policy,
+                                          response_kl_program)
 from respo_jax.training.limits import check_prompt_buckets
 from respo_jax.training.iteration_metrics import check_finite_steps, rl_record
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.model_setup import build_mesh, build_model, rollout_placement
 from respo_jax.training.placement import RowPlacer
-from respo_jax.training.programs import jit_program
+from respo_jax.training.programs import Program, jit_program
 from respo_jax.training.rows import SampledGroups, TrainingRows
 from respo_jax.training.scoring import ResponseScorer, raw_accuracy
 from respo_jax.training.shapes import ShapeTracker
@@ -61,11 +63,13 @@ from respo_jax.training.warmup import WarmupPosition, sft_warmup
 class RLTrainer:
     """Runs warm-up and RL iterations for an `ExperimentConfig`; yields one metrics record per step."""
 
-    def __init__(self, config: ExperimentConfig):
-        self.config = config.validate().check_paths()
+    def __init__(self, config: ExperimentConfig, checked: bool = False):
+        """`checked`: the caller has validated `config` and checked its paths (`run.run` does, before it
+        takes the run directory), so they are not checked twice."""
+        self.config = config if checked else config.validate().check_paths()
         task = load_task(config)
         self.tokenizer, self.prompt_format, self.held_out = task.tokenizer, task.prompt_format, task.held_out
-        self.task, self.train_records = task.synthetic, task.train
+        self.task, self.train_records, self.prompt_ids = task.synthetic, task.train, task.prompt_ids
         r, objective = config.rollout, config.objective
         self.batches = PromptBatches(task.train, batch_size=r.reuse * r.prompts_per_minibatch,
                                      seed=config.task.seed)
@@ -91,19 +95,23 @@ class RLTrainer:
         graphdef, params = nnx.split(model)
         opt = config.optim
         updates_per_step = r.reuse if opt.schedule_per == "rollout" else 1
-        # Jitted, as `_group_advantages` is: one program, not one per jnp op of the schedule.
-        self.learning_rate = jax.jit(learning_rate_schedule(opt.learning_rate, config.lr_warmup_steps,
-                                                            updates_per_step))
         self.tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm,
                                  config.lr_warmup_steps, updates_per_step)
         param_sh = state_shardings(params, self.mesh, self.rules)
         self.shardings = StepShardings(
             params=param_sh, opt_state=optimizer_state_shardings(self.tx, params, param_sh),
             batch=batch_sharding(self.mesh, self.rules), replicated=NamedSharding(self.mesh, PartitionSpec()))
+        # One program each, not one per jnp op: the schedule, the group advantages, the reward's KL.
+        schedule = learning_rate_schedule(opt.learning_rate, config.lr_warmup_steps, updates_per_step)
+        replicated = self.shardings.replicated
+        self.learning_rate = jit_program(Program(schedule, "learning_rate", in_shardings=replicated,
+                                                 out_shardings=replicated))
+        self.group_advantages = jit_program(advantages_program(replicated))
+        self.response_kl = jit_program(response_kl_program(self.shardings.batch))
         self.placer = RowPlacer(self.shardings.batch)  # each process's rows of every batch
         self.scorer = ResponseScorer(config, self.tokenizer, self.prompt_format, self.placer)
         # Rows per shared prompt in the update's batches (`rollout.share_prompts`; 1: none), resolved once.
-        shards = startup.batch_shards(self.mesh, self.rules)
+        shards = axis_size(self.mesh, self.rules.mesh_axes("batch"))  # devices a batch is split over
         prompt_group = r.group_size if (r.share_prompts and r.minibatch_order == "consecutive"
                                         and not model.config.is_moe and shards == 1) else 1
         self.layout = BatchLayout(r, self.tokenizer.pad_id, self.placer, shards, prompt_group)
@@ -139,8 +147,12 @@ class RLTrainer:
         return nnx.merge(self.state.graphdef, self.state.params)
 
     def encode(self, record: dict) -> list[int]:
-        """The prompt tokens of a record, in the task's prompt format."""
-        return encode_prompt(record["problem"], self.tokenizer, self.prompt_format)
+        """The prompt tokens of a record, in the task's prompt format (the task's own were tokenized once,
+        by `load_task`)."""
+        ids = self.prompt_ids.get(record["problem"])
+        if ids is None:
+            return encode_prompt(record["problem"], self.tokenizer, self.prompt_format)
+        return ids.tolist()
 
     def warmup(self, start: WarmupPosition | None = None) -> Iterator[dict]:
         """Supervised steps on reference responses, with their own AdamW, from the first step or from a
@@ -170,7 +182,8 @@ class RLTrainer:
     def iteration(self) -> dict:
         """One rollout batch and its N policy updates (paper §4.1); returns the iteration's metrics record."""
         started, compiled_before = time.perf_counter(), compilation_totals()
-        self.shapes.compile_ahead_once(self.compile_ahead)  # in the first iteration's compiles and time
+        # the programs of every prompt bucket, in the first iteration's compiles and time
+        self.shapes.compile_ahead_once(lambda: compile_ahead.compile_ahead(self))
         rollout_started = time.perf_counter()  # after compile_ahead: rollout_seconds is the rollout alone
         # rollout and reward (dynamic sampling: until enough groups differ), and the policy that generated it
         sampled, behaviour = self.next_rollout()
@@ -182,18 +195,15 @@ class RLTrainer:
         policy_batches, logprob_parts = self.with_old_logprobs(batch, minibatches, *behaviour[1:])
         kl_reward = {}
         if self.config.objective.kl_in_reward:  # verl's apply_kl_penalty: the scores, then the advantages
-            policy_batches, batch, kl_reward = self.kl_penalized_advantages(batch, minibatches,
-                                                                            policy_batches)
+            policy_batches, batch, kl_reward, self.state.kl_reward_coef = kl_penalized_advantages(
+                batch, minibatches, policy_batches, self.state.kl_reward_coef, self.config.objective,
+                self.objective.scale_advantages, self.config.rollout.group_size, self.placer,
+                self.response_kl, self.group_advantages)
         learning_rate = self.learning_rate_of_updates(len(policy_batches))
         step_metrics = self.update(policy_batches)  # the N policy updates
         record = self.report(sampled, batch, minibatches, logprob_parts, step_metrics, learning_rate,
                              timing=(started, compiled_before, rollout_seconds), version=behaviour[0])
         return {**record, **kl_reward}
-
-    def compile_ahead(self) -> int:
-        """The sampler, log π_old and update programs of every prompt bucket, compiled before the first
-        rollout (`respo_jax.training.compile_ahead`); returns the number of buckets."""
-        return compile_ahead.compile_ahead(self)
 
     def rollout(self, records: list[dict], seed: int, params=None, counts: dict | None = None):
         """Samples `group_size` responses per record with `params` (on the rollout mesh; None: the
@@ -291,7 +301,7 @@ class RLTrainer:
         r = self.config.rollout
         kept, group = sampled.groups_kept, r.group_size
         scores = jnp.asarray(sampled.scores.reshape(kept, group))
-        advantages = jitted_group_advantages(scores, normalize_by_std=self.objective.scale_advantages)
+        advantages = self.group_advantages(scores, self.objective.scale_advantages)
         updates = -(-kept // r.prompts_per_minibatch)  # N unless dynamic sampling fell short
         rows = updates * r.prompts_per_minibatch * group
         return TrainingRows.of(sampled, np.asarray(advantages).reshape(-1), rows, self.tokenizer.pad_id)
@@ -350,15 +360,6 @@ class RLTrainer:
             policy_batches.append((policy.replace(old_logp=old_logp), micro))
             parts.append((policy.response_mask, old_logp, token_entropy))
         return policy_batches, parts
-
-    def kl_penalized_advantages(self, batch: TrainingRows, minibatches: list[np.ndarray],
-                                policy_batches: list) -> tuple[list, TrainingRows, dict]:
-        """objective.kl_in_reward: the mini-batches and rows with the advantages of the KL-penalized
-        scores, and the metrics kl_reward / kl_reward_coef (`respo_jax.training.kl_reward`); β adapts."""
-        placed, batch, metrics, self.state.kl_reward_coef = kl_penalized_advantages(
-            batch, minibatches, policy_batches, self.state.kl_reward_coef, self.config.objective,
-            self.objective.scale_advantages, self.config.rollout.group_size, self.placer)
-        return placed, batch, metrics
 
     def learning_rate_of_updates(self, updates: int) -> float | None:
         """The mean learning rate of the next `updates` policy updates (the optimizer counts them in

@@ -6,7 +6,6 @@ directly in its sharding on the run's (data, fsdp, tensor, expert) mesh.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -47,6 +46,19 @@ def rollout_devices(config: ExperimentConfig) -> list:
     return jax.devices()[len(jax.devices()) - split:] if split else []
 
 
+def declared_model_config(config: ExperimentConfig) -> qwen3.Qwen3Config:
+    """The model's config as its checkpoint (config.json) or its preset with `model.overrides` declares
+    it (the keys were checked when the config was validated), read before the model is built or its
+    weights read; `build_model` builds from it."""
+    model = config.model
+    if model.checkpoint_dir:
+        try:
+            return qwen3.load_config(model.checkpoint_dir)
+        except (OSError, ValueError, KeyError) as err:
+            raise ConfigError(f"model.checkpoint_dir={model.checkpoint_dir!r}: {err}") from None
+    return qwen3.Qwen3Config.preset(model.preset, **model.overrides)
+
+
 def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Mesh | None = None,
                 rules: ShardingRules = ShardingRules()) -> nnx.Module:
     """A fresh Qwen3 from the preset (vocabulary sized to the task's tokenizer), or a local HF checkpoint;
@@ -63,12 +75,9 @@ def build_model(config: ExperimentConfig, vocab_size: int, mesh: jax.sharding.Me
                                          scan_layers=config.model.scan_layers, mesh=mesh, rules=rules)
         except (OSError, ValueError, KeyError) as err:  # a damaged or foreign checkpoint: the user's to fix
             raise ConfigError(f"model.checkpoint_dir={config.model.checkpoint_dir!r}: {err}") from None
-    model_cfg = qwen3.Qwen3Config.preset(config.model.preset)
-    overrides = dict(config.model.overrides)
-    overrides.setdefault("vocab_size", vocab_size)
-    overrides.update(remat=config.model.remat, scan_layers=config.model.scan_layers, dtype=dtype,
-                     param_dtype=param_dtype)
-    model_cfg = dataclasses.replace(model_cfg, **overrides)
+    model_cfg = declared_model_config(config).replace(
+        vocab_size=config.model.overrides.get("vocab_size", vocab_size), remat=config.model.remat,
+        scan_layers=config.model.scan_layers, dtype=dtype, param_dtype=param_dtype)
     if model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.overrides.vocab_size={model_cfg.vocab_size}: expected at least the "
                           f"tokenizer's {vocab_size}")

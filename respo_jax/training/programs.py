@@ -4,8 +4,9 @@ shardings on a mesh (a 1×1×1×1 mesh of one device when the program declares n
 runs and pods compile the same wrapper, only on more devices.
 
 An entry point may opt in to a `respo_jax.exported_programs.ProgramCache` (the trainer does, with a
-compilation cache on one device): the traced program is kept on disk and a relaunch reads it instead of
-tracing and lowering it again.
+compilation cache on one device in one process, unless `run.export_programs=false`): the traced program
+is kept on disk and a relaunch reads it instead of tracing and lowering it again. Elsewhere the
+persistent compilation cache alone serves a relaunch.
 """
 
 from __future__ import annotations

@@ -99,16 +99,17 @@ def _run_locked(config: ExperimentConfig) -> dict:
     configure_compilation_cache(config.run.compilation_cache_dir)
     out_dir = config.run.out_dir
     checkpoint_dir = os.path.join(out_dir, run_dir.CHECKPOINT_DIR)
-    trainer = RLTrainer(config)
+    trainer = RLTrainer(config, checked=True)  # checked at the start of `run`
     restored = _restore(trainer, checkpoint_dir) if plan.mode == "resume" else None
     warm, start = (None, None) if plan.mode != "resume" or restored else \
         warmup_checkpoint.restore(trainer, checkpoint_dir)  # stopped in the warm-up: it goes on from there
     kept = restored or warm  # the checkpoint the log is rewound to
     kept_records = kept.meta["metrics_records"] if kept else 0
+    checked_log = None
     if plan.mode == "resume":  # a log that lacks records the checkpoint counts, or that another writer
         # mixed into (duplicated or out-of-order iterations), fails here, unchanged
-        run_dir.check_log(out_dir, kept_records, int(kept.meta["iteration"]) if kept else 0,
-                          kept.meta.get("metrics_sha256") if kept else None)
+        checked_log = run_dir.check_log(out_dir, kept_records, int(kept.meta["iteration"]) if kept else 0,
+                                        kept.meta.get("metrics_sha256") if kept else None)
 
     # -- nothing was written above this line: a failed start leaves an existing run untouched ---------
     # Several processes (respo_jax.distributed) share out_dir: process 0 writes the run's files, all of
@@ -134,37 +135,41 @@ def _run_locked(config: ExperimentConfig) -> dict:
             print(f"moved damaged checkpoint step {step} to {moved}", file=sys.stderr)
     if plan.mode == "resume" and primary:  # the log as an uninterrupted run would have it at this checkpoint
         with writing("the rewound metrics.jsonl", out_dir):
-            records = run_dir.rewind(out_dir, kept_records, trainer.state.iteration,
-                                     kept.meta.get("metrics_sha256") if kept else None)
+            records = run_dir.rewind(out_dir, checked_log, trainer.state.iteration)
     show = config.run.progress and primary
     clock = preemption.Clock(config.run.checkpoint_every_minutes)
     trackers = open_trackers(config, info, records if plan.mode == "resume" else None, enabled=primary)
-    with (run_dir.MetricsLog(out_dir) if primary else _NoLog()) as log, trackers, trainer:
+    # metrics.jsonl (process 0 writes it), its records and their running digest
+    with run_dir.MetricsLog(out_dir if primary else None, records) as log, trackers, trainer:
+        records = log.records
 
         def emit(record: dict) -> None:
             log.append(record)
             trackers.log(record)  # TensorBoard / W&B (run.loggers), process 0
-            records.append(record)
+
+        warm_kept = plan.mode == "resume"  # warm-up checkpoints may be on disk (discarded once RL saves)
 
         def checkpoint() -> None:
-            nonlocal last_saved
+            nonlocal last_saved, warm_kept
             s = trainer.state
             trainer.ensure_reference()  # a run of no iteration still saves the reference it would use
             meta = dict(checkpoint_meta(trainer), metrics_records=len(records),
-                        metrics_sha256=run_dir.log_digest(records))
+                        metrics_sha256=log.sha256())
             save_checkpoint(checkpoint_dir, s.iteration, s.params, s.opt_state, meta, reference=s.reference,
                             behaviour=behaviour_params(trainer))
             last_saved = s.iteration
             clock.reset()
-            warmup_checkpoint.discard(checkpoint_dir)
+            if warm_kept:
+                warmup_checkpoint.discard(checkpoint_dir)
+                warm_kept = False
 
         warm_saved = None if start is None else warmup_checkpoint.describe(checkpoint_dir, start.step,
                                                                            config.warmup.steps)
 
         def save_warmup() -> None:
-            nonlocal warm_saved
-            warm_saved = warmup_checkpoint.save(trainer, checkpoint_dir, len(records),
-                                                run_dir.log_digest(records))
+            nonlocal warm_saved, warm_kept
+            warm_kept = True
+            warm_saved = warmup_checkpoint.save(trainer, checkpoint_dir, len(records), log.sha256())
             clock.reset()
 
         def boundary(where: str, save=checkpoint) -> None:
@@ -230,21 +235,6 @@ def _run_locked(config: ExperimentConfig) -> dict:
     print(json.dumps(summary, indent=2))
     print(f"metrics: {log.path}\ncurves:  {plot_path}")
     return summary
-
-
-class _NoLog:
-    """The metrics log of a process other than 0 (process 0 writes metrics.jsonl)."""
-
-    path = None
-
-    def append(self, record: dict) -> None:
-        pass
-
-    def __enter__(self) -> "_NoLog":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 def _restore(trainer: RLTrainer, checkpoint_dir: str) -> Restored | None:

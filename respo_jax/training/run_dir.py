@@ -67,7 +67,8 @@ RESUMABLE_KEYS = frozenset({
     "run.progress", "run.resume",
     "run.overwrite", "run.out_dir", "run.host_allocator", "rollout.max_tokens_per_microbatch",
     "rollout.compile_ahead", "rollout.max_prompt_buckets",
-    "run.compilation_cache_dir", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert", "run.loggers",
+    "run.compilation_cache_dir", "run.export_programs", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert",
+    "run.loggers",
     "rollout.scheduler", "rollout.max_slots", "rollout.steps_per_schedule", "rollout.min_decode_slots",
     "rollout.page_size", "rollout.num_pages", "rollout.kv_cache_bytes", "rollout.paged_attention_impl",
     "rollout.paged_attention_interpret", "rollout.prompt_buckets", "rollout.share_prompts",
@@ -305,20 +306,24 @@ def log_digest(records: list[dict]) -> str:
     return digest.hexdigest()
 
 
-def check_log(out_dir: str, metrics_records: int, iteration: int, digest: str | None = None) -> list[dict]:
+@dataclasses.dataclass(frozen=True)
+class CheckedLog:
+    """A run's metrics.jsonl as far as a checkpoint counts it (`check_log`): its first records and the
+    bytes they take; what `rewind` cuts the log back to."""
+
+    path: str
+    records: list[dict]
+    size: int
+
+
+def check_log(out_dir: str, metrics_records: int, iteration: int, digest: str | None = None) -> CheckedLog:
     """The first `metrics_records` records of `out_dir`'s metrics.jsonl (what a checkpoint of RL
-    iteration `iteration` counts), after checking that the whole log is one writer's (`log_problem`), that
-    those records hold exactly iterations 1..`iteration` and, given the checkpoint's `digest`
-    (`log_digest`), that their bytes are the ones the checkpoint saw. Reads only; RunDirError (one line)
+    iteration `iteration` counts) and their bytes, after checking that the whole log is one writer's
+    (`log_problem`), that those records hold exactly iterations 1..`iteration` and, given the
+    checkpoint's `digest` (`log_digest`), that their bytes are the ones the checkpoint saw. Reads only; RunDirError (one line)
     for a log resume would have to drop RL records from or reorder, or one changed after the checkpoint:
     a torn last line is the only damage a kill leaves, and records after the checkpoint may only continue
     it."""
-    return _check_log(out_dir, metrics_records, iteration, digest)[0]
-
-
-def _check_log(out_dir: str, metrics_records: int, iteration: int,
-               digest: str | None = None) -> tuple[list[dict], int]:
-    """`check_log`'s records and the bytes they take in metrics.jsonl."""
     path = os.path.join(out_dir, METRICS_FILE)
     records, size = _read_log(path, metrics_records)
     kept = records[:metrics_records]
@@ -337,49 +342,68 @@ def _check_log(out_dir: str, metrics_records: int, iteration: int,
                 raise RunDirError(f"run.resume=true: the first {metrics_records} records of {path} are not "
                                   "the bytes its checkpoint saw (SHA-256 differs): the log was changed or "
                                   "damaged after it was written; run.overwrite=true starts afresh")
-    return kept, size
+    return CheckedLog(path, kept, size)
 
 
-def rewind(out_dir: str, metrics_records: int, iteration: int, digest: str | None = None) -> list[dict]:
-    """Cuts the run directory back to a checkpoint: metrics.jsonl keeps its first `metrics_records`
-    records (rewritten atomically when anything follows them), rollout files after `iteration` go, and
-    so do the end-of-run summary and curves (rewritten when the run ends). Returns the kept records."""
+def rewind(out_dir: str, log: CheckedLog, iteration: int) -> list[dict]:
+    """Cuts the run directory back to a checkpoint of RL iteration `iteration`: metrics.jsonl keeps the
+    records `log` (`check_log`) holds (rewritten atomically when anything follows them), rollout files
+    after `iteration` go, and so do the end-of-run summary and curves (rewritten when the run ends).
+    Returns the kept records."""
     for name in (SUMMARY_FILE, CURVES_FILE):
         if os.path.isfile(os.path.join(out_dir, name)):
             os.remove(os.path.join(out_dir, name))
-    path = os.path.join(out_dir, METRICS_FILE)
-    records, size = _check_log(out_dir, metrics_records, iteration, digest)
-    if os.path.isfile(path) and os.path.getsize(path) != size:
-        with open(path, "rb") as handle:
-            atomic_write_bytes(path, handle.read(size))
+    if os.path.isfile(log.path) and os.path.getsize(log.path) != log.size:
+        with open(log.path, "rb") as handle:
+            atomic_write_bytes(log.path, handle.read(log.size))
     rollouts = os.path.join(out_dir, ROLLOUT_DIR)
     if os.path.isdir(rollouts):
         for name in sorted(os.listdir(rollouts)):
             match = ROLLOUT_FILE.fullmatch(name)
             if match and int(match.group(1)) > iteration:
                 os.remove(os.path.join(rollouts, name))
-    return records
+    return log.records
 
 
 class MetricsLog:
     """Append-only metrics.jsonl: each record is one line, written unbuffered and fsync'ed before `append`
     returns, so a checkpoint written afterwards never counts a record that is not on disk. A write that
-    fails (a full disk) raises RunWriteError; at worst it leaves a torn last line, which resume cuts."""
+    fails (a full disk) raises RunWriteError; at worst it leaves a torn last line, which resume cuts.
 
-    def __init__(self, out_dir: str):
-        self.path = os.path.join(out_dir, METRICS_FILE)
-        with writing("metrics.jsonl", self.path):
-            self._file = open(self.path, "ab", buffering=0)
+    `records`: those the file already holds (a resumed run's, `rewind`). `records` and `sha256()` are
+    the log so far, the latter its `log_digest` kept up to date line by line. With `out_dir` None
+    nothing is written (the processes of a multi-process run other than process 0) and the two are kept
+    all the same."""
+
+    def __init__(self, out_dir: str | None, records: list[dict] = ()):
+        self.records = list(records)
+        self._digest = hashlib.sha256()
+        for record in self.records:
+            self._digest.update(record_line(record))
+        self.path, self._file = None, None
+        if out_dir is not None:
+            self.path = os.path.join(out_dir, METRICS_FILE)
+            with writing("metrics.jsonl", self.path):
+                self._file = open(self.path, "ab", buffering=0)
 
     def append(self, record: dict) -> None:
-        data = memoryview(record_line(record))
-        with writing("a metrics record", self.path, RESUME_HINT):
-            while data:  # an unbuffered write may take only part of the line
-                data = data[self._file.write(data):]
-            os.fsync(self._file.fileno())
+        line = record_line(record)
+        if self._file is not None:
+            data = memoryview(line)
+            with writing("a metrics record", self.path, RESUME_HINT):
+                while data:  # an unbuffered write may take only part of the line
+                    data = data[self._file.write(data):]
+                os.fsync(self._file.fileno())
+        self._digest.update(line)
+        self.records.append(record)
+
+    def sha256(self) -> str:
+        """`log_digest(self.records)`: what a checkpoint keeps as `metrics_sha256`."""
+        return self._digest.hexdigest()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
     def __enter__(self) -> "MetricsLog":
         return self

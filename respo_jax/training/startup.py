@@ -6,21 +6,13 @@ Each refusal is a `ConfigError` of one line naming the key to change.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 from jax.sharding import Mesh
 
 from respo_jax.models import qwen3
-from respo_jax.sharding import ShardingRules
+from respo_jax.sharding import ShardingRules, axis_size
 from respo_jax.training.config import ConfigError, ExperimentConfig
 from respo_jax.training.limits import check_limits, device_memory_bytes
-from respo_jax.training.model_setup import rollout_devices
-
-
-def batch_shards(mesh: Mesh, rules: ShardingRules) -> int:
-    """Devices a batch's rows are split over (the "batch" rule's mesh axes)."""
-    return math.prod(mesh.shape[a] for a in rules.mesh_axes("batch"))
+from respo_jax.training.model_setup import declared_model_config, rollout_devices
 
 
 def check_reference_checkpoint(config: ExperimentConfig) -> None:
@@ -32,19 +24,6 @@ def check_reference_checkpoint(config: ExperimentConfig) -> None:
         if latest_step(path) is None:
             raise ConfigError(f"objective.reference_checkpoint={path!r}: expected a checkpoints folder "
                               "holding at least one step")
-
-
-def declared_model_config(config: ExperimentConfig) -> qwen3.Qwen3Config:
-    """The model's config as its checkpoint (config.json) or its preset with `model.overrides` declares
-    it, read before the model is built or its weights read."""
-    model = config.model
-    if model.checkpoint_dir:
-        try:
-            return qwen3.load_config(model.checkpoint_dir)
-        except (OSError, ValueError, KeyError) as err:
-            raise ConfigError(f"model.checkpoint_dir={model.checkpoint_dir!r}: {err}") from None
-    fields = {f.name for f in dataclasses.fields(qwen3.Qwen3Config)}
-    return qwen3.Qwen3Config.preset(model.preset, **{k: v for k, v in model.overrides.items() if k in fields})
 
 
 def check_before_build(config: ExperimentConfig, mesh: Mesh, longest_prompt: int) -> None:
@@ -64,7 +43,7 @@ def check_before_build(config: ExperimentConfig, mesh: Mesh, longest_prompt: int
 def check_mesh_fits(config: ExperimentConfig, model_cfg: qwen3.Qwen3Config, mesh: Mesh,
                     rules: ShardingRules) -> None:
     """What the mesh and the MoE options need of the built model, checked before any compute."""
-    r, shards = config.rollout, batch_shards(mesh, rules)
+    r, shards = config.rollout, axis_size(mesh, rules.mesh_axes("batch"))
     if (r.routing_replay or config.objective.load_balancing_weight) and not model_cfg.is_moe:
         key = "rollout.routing_replay" if r.routing_replay else "objective.load_balancing_weight"
         raise ConfigError(f"{key}: needs an MoE model (num_experts > 0); the model is dense")

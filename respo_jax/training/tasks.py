@@ -19,16 +19,26 @@ from respo_jax.training.config import ConfigError, ExperimentConfig
 
 
 class Task(NamedTuple):
-    """A run's task as `load_task` builds it. `train_prompt_lengths[i]`: the tokens of `train[i]`'s
-    prompt in `prompt_format` (the trainer's prompt buckets need them; DAPO-Math's are counted by the
-    overlong filter's tokenization, so the start tokenizes the training set once)."""
+    """A run's task as `load_task` builds it. `prompt_ids[problem]`: the tokens of a training or held-out
+    problem's prompt in `prompt_format` (int32), tokenized once at the start (DAPO-Math's by the overlong
+    filter's pass): the trainer's prompt buckets need their lengths, its rollouts the tokens."""
 
     tokenizer: Tokenizer
     prompt_format: PromptFormat
     train: list[dict]
     held_out: list[dict]
     synthetic: ArithmeticTask | None
-    train_prompt_lengths: list[int]
+    prompt_ids: dict[str, np.ndarray]
+
+    @property
+    def train_prompt_lengths(self) -> list[int]:
+        """`train_prompt_lengths[i]`: the tokens of `train[i]`'s prompt."""
+        return [len(self.prompt_ids[rec["problem"]]) for rec in self.train]
+
+
+def _token_arrays(problems: list[str], tokenizer: Tokenizer, prompt_format: PromptFormat) -> dict:
+    return {problem: np.asarray(ids, np.int32)
+            for problem, ids in zip(problems, encode_prompts(problems, tokenizer, prompt_format))}
 
 
 def load_task(config: ExperimentConfig) -> Task:
@@ -41,9 +51,9 @@ def load_task(config: ExperimentConfig) -> Task:
         train = task.make_records(task_cfg.num_records, task_cfg.seed, split=train_split)
         held_out = task.make_records(num_eval, task_cfg.seed + 7919, split=test_split) if num_eval else []
         tokenizer = CharTokenizer()
-        lengths = [len(ids) for ids in encode_prompts([rec["problem"] for rec in train], tokenizer,
-                                                      task.prompt_format)]
-        return Task(tokenizer, task.prompt_format, train, held_out, task, lengths)
+        problems = list(dict.fromkeys(rec["problem"] for rec in [*train, *held_out]))
+        return Task(tokenizer, task.prompt_format, train, held_out, task,
+                    _token_arrays(problems, tokenizer, task.prompt_format))
     try:
         tokenizer = load_tokenizer(task_cfg.tokenizer_dir)
     except (OSError, ValueError) as err:
@@ -57,14 +67,12 @@ def load_task(config: ExperimentConfig) -> Task:
         )
     prompt_format = PromptFormat(chat=task_cfg.chat_template)
     records = load_dapo_math(task_cfg.data_dir)
-    problems = [rec["problem"] for rec in records]
-    prompt_ids = dict(zip(problems, encode_prompts(problems, tokenizer, prompt_format)))  # one batched pass
+    prompt_ids = _token_arrays([rec["problem"] for rec in records], tokenizer, prompt_format)  # one pass
     records, _ = filter_overlong(records, prompt_ids.__getitem__, task_cfg.max_prompt_tokens)
     if len(records) <= num_eval:
         raise ConfigError(f"run.eval_problems={num_eval}: expected fewer than the task's {len(records)} "
                           f"prompts of at most task.max_prompt_tokens={task_cfg.max_prompt_tokens} tokens")
     order = np.random.default_rng(task_cfg.seed).permutation(len(records))
     records = [records[i] for i in order]
-    train = records[num_eval:]
-    return Task(tokenizer, prompt_format, train, records[:num_eval], None,
-                [len(prompt_ids[rec["problem"]]) for rec in train])
+    return Task(tokenizer, prompt_format, records[num_eval:], records[:num_eval], None,
+                {rec["problem"]: prompt_ids[rec["problem"]] for rec in records})

@@ -15,8 +15,7 @@ import json
 import os
 import shutil
 
-import jax
-
+from respo_jax.distributed import is_primary_process
 from respo_jax.training.checkpoint import Restored, restore_latest_intact, save_checkpoint
 from respo_jax.training.config import ConfigError
 from respo_jax.training.loop import RLTrainer
@@ -60,5 +59,5 @@ def restore(trainer: RLTrainer, checkpoint_dir: str) -> tuple[Restored | None, W
 
 def discard(checkpoint_dir: str) -> None:
     """Removes the warm-up checkpoints (process 0; called once an RL checkpoint is saved)."""
-    if jax.process_index() == 0:
+    if is_primary_process():
         shutil.rmtree(folder(checkpoint_dir), ignore_errors=True)
