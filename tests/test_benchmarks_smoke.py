@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from experiments.benchmarks import __main__ as bench_main
-from experiments.benchmarks import accelerator, common, rl_iteration, roofline, scaling
+from experiments.benchmarks import accelerator, common, race_table, rl_iteration, roofline, scaling
 from experiments.cli import run_cli
 from respo_jax import host_allocator
 from respo_jax.models import qwen3
@@ -125,7 +125,7 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
         (result,) = json.load(f)["results"]
     jax_side, trl_side = result["jax"], result["trl"]
     assert "jax_sampler" not in result and "speedup_sampler_logprobs" not in result
-    assert jax_side["old_logprobs"] == "recompute" and rl_iteration.old_logprobs_of(result) == "recompute"
+    assert jax_side["old_logprobs"] == "recompute" and race_table.old_logprobs_of(result) == "recompute"
     assert len(jax_side["times_s"]) == len(trl_side["times_s"]) == 2
     expected = float(np.median([t / j for t, j in zip(trl_side["times_s"][1:], jax_side["times_s"][1:])]))
     assert result["speedup"] == pytest.approx(expected, rel=1e-12)
@@ -168,7 +168,7 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
         f"{result['cold_first_vs_trl_first']:.2f}×",
         f"{number(jax_side['peak_rss_mib'])} / n/a / {number(trl_side['peak_rss_mib'])}"]
     assert "`race.json`: `python -m experiments.benchmarks.rl_iteration --micro" in written
-    rl_iteration.write_table([str(tmp_path / "race.json")], out=str(table))
+    race_table.write_table([str(tmp_path / "race.json")], out=str(table))
     assert table.read_text(encoding="utf-8") == written  # regenerated, not appended to
     assert "2nd launch" in (tmp_path / "race.md").read_text(encoding="utf-8")
 
@@ -195,7 +195,7 @@ def test_rl_iteration_summary_reports_the_sampler_mode_beside_the_headline():
     assert result["jax"]["old_logprobs"] == "recompute" and result["jax_sampler"]["old_logprobs"] == "sampler"
     assert result["rss_ratio_trl_over_jax"] == 2.0 and result["cold_first_vs_trl_first"] == 9.0 / 5.0
     assert (result["jax"]["cache_entries_written"], result["jax_sampler"]["cache_entries_written"]) == (3, 2)
-    row = rl_iteration.race_table([result]).splitlines()[-1]
+    row = race_table.race_table([result]).splitlines()[-1]
     assert "| 10 | 3.00× | 2 | 6.00× | n/a | 1.80× |" in row and row.endswith("| 500 / 490 / 1,000 |")
     alone = rl_iteration.summary(rl_iteration.RaceCase(32, iterations=4),
                                  {k: first[k] for k in ("jax", "jax_sampler")}, {}, records, {})
@@ -218,8 +218,8 @@ def test_rl_iteration_table_file_is_generated_from_the_committed_results():
     """The committed race table is what `--table` writes from every committed race result file."""
     from experiments.benchmarks import report
 
-    results = os.path.dirname(rl_iteration.TABLE_FILE)
-    committed = open(rl_iteration.TABLE_FILE, encoding="utf-8").read()
+    results = os.path.dirname(race_table.TABLE_FILE)
+    committed = open(race_table.TABLE_FILE, encoding="utf-8").read()
     sources = [line.split("`")[1] for line in committed.splitlines() if line.startswith("- `")]
     assert sources == [os.path.basename(p) for p in report.result_files("rl_iteration*.json")]
     assert sources[0] == "rl_iteration.json" and "rl_iteration_micro.json" not in sources
@@ -227,7 +227,7 @@ def test_rl_iteration_table_file_is_generated_from_the_committed_results():
     for name in sources:
         with open(os.path.join(results, name), encoding="utf-8") as f:
             payloads.append((name, json.load(f)))
-    assert rl_iteration.table_block(payloads) == committed
+    assert race_table.table_block(payloads) == committed
 
 
 def test_benchmarks_results_pages_are_regenerated_from_the_committed_json():
@@ -236,7 +236,7 @@ def test_benchmarks_results_pages_are_regenerated_from_the_committed_json():
     from experiments.benchmarks import report
 
     written = report.targets()
-    assert set(written) >= {report.README, report.DOCS_PAGE, rl_iteration.TABLE_FILE}
+    assert set(written) >= {report.README, report.DOCS_PAGE, race_table.TABLE_FILE}
     for path, text in written.items():
         assert open(path, encoding="utf-8").read() == text, path
     readme = written[report.README]

@@ -71,7 +71,7 @@ def _target(value, target) -> str:
 def race_headline(payloads: list[tuple[str, dict]]) -> str:
     """One row per race case: where respo-jax took log π_old, the headline and sampler-mode speed-ups,
     the issue's target, peak RSS, the file."""
-    from experiments.benchmarks.rl_iteration import old_logprobs_of
+    from experiments.benchmarks.race_table import old_logprobs_of
 
     rows = []
     for name, payload in payloads:
@@ -156,7 +156,7 @@ def render(text: str, generated: dict[str, str]) -> str:
 
 def targets(results_dir: str = RESULTS) -> dict[str, str]:
     """Every file this step writes and its regenerated text."""
-    from experiments.benchmarks import rl_iteration
+    from experiments.benchmarks import race_table
 
     generated = blocks(results_dir)
     out = {}
@@ -165,8 +165,8 @@ def targets(results_dir: str = RESULTS) -> dict[str, str]:
             out[page] = render(f.read(), generated)
     race = result_files("rl_iteration*.json", results_dir)
     if race:
-        table = os.path.join(results_dir, os.path.basename(rl_iteration.TABLE_FILE))
-        out[table] = rl_iteration.table_block([(os.path.basename(p), _load(p)) for p in race])
+        table = os.path.join(results_dir, os.path.basename(race_table.TABLE_FILE))
+        out[table] = race_table.table_block([(os.path.basename(p), _load(p)) for p in race])
     return out
 
 
