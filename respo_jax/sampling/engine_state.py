@@ -107,16 +107,15 @@ STATE_AXES = dict(
 class Layout:
     """The static shapes of one engine call (hashable: a static argument of `init_state`).
 
-    slots: decode slots (a multiple of the batch shards); max_pages: page-table width; shards: the
-    batch shards; num_pages, page_size: each shard's pool (plus one scratch page); rows: output rows (padded like the slots);
+    slots: decode slots (a multiple of the batch shards); max_pages: page-table width; num_pages,
+    page_size: each batch shard's pool (plus one scratch page); rows: output rows (padded like the slots);
     max_new_tokens; logit_rows: prompts whose logits are held at once; num_prompts, bucket: the
     prompts and their padded length; routing: record MoE routing (prompt and generated tokens);
-    entropy: record each token's sampling entropy.
+    entropy: record each token's sampling entropy; shards: the batch shards.
     """
 
     slots: int
     max_pages: int
-    shards: int
     num_pages: int
     page_size: int
     rows: int
@@ -126,6 +125,7 @@ class Layout:
     bucket: int
     routing: bool
     entropy: bool = False
+    shards: int = 1
 
 
 def constrain_state(state: EngineState, cfg) -> EngineState:
