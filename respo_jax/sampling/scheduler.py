@@ -25,9 +25,11 @@ import dataclasses
 from collections import deque
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from respo_jax.sampling.paged_cache import PagedCache, PromptPages, pages_for, pool_pages_for_bytes
+from respo_jax.sharding import axis_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,3 +309,20 @@ def pool_pages(engine, *, bucket: int, max_new_tokens: int, slots: int, num_laye
         return pool_pages_for_bytes(engine.kv_cache_bytes // shards, num_layers=num_layers, kv_heads=kv_heads,
                                     head_dim=head_dim, page_size=engine.page_size, itemsize=itemsize)
     return default_num_pages([bucket], max_new_tokens, max_slots=slots // shards, page_size=engine.page_size)
+
+
+def pool_bytes_per_chip(engine, model_config, mesh, *, bucket: int, max_new_tokens: int, rows: int) -> int:
+    """Bytes of the engine's K and V page pools on each device of `mesh` for a call of `rows` rows of
+    prompts padded to `bucket` tokens (as `Engine` sizes it): each batch shard's pool (`pool_pages`, its
+    scratch page included), its kv heads split over the `kv_heads` axes of `model_config.rules`; the
+    pool / batch shards / kv-head shards. A function of the shapes alone (no device is touched)."""
+    rules = model_config.rules
+    shards = axis_size(mesh, rules.mesh_axes("batch"))
+    kv_heads = model_config.num_key_value_heads // axis_size(mesh, rules.mesh_axes("kv_heads"))
+    slots = engine_slots(engine.max_slots, rows, shards)
+    layers, head_dim = model_config.num_hidden_layers, model_config.head_dim
+    itemsize = jnp.dtype(model_config.dtype).itemsize
+    pages = pool_pages(engine, bucket=bucket, max_new_tokens=max_new_tokens, slots=slots, num_layers=layers,
+                       kv_heads=model_config.num_key_value_heads, head_dim=head_dim, itemsize=itemsize,
+                       shards=shards)
+    return 2 * layers * kv_heads * (pages + 1) * engine.page_size * head_dim * itemsize
