@@ -50,7 +50,8 @@ def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps
         assert not (static and busy and plan.admissions), "a static batch is admitted whole, once free"
         for prefill in plan.prefills:
             for p in range(prefill.tokens):
-                pool[prefill.shard, prefill.pages[p // page_size], p % page_size] = _prompt_value(prefill.prompt, p)
+                page = prefill.pages[p // page_size]
+                pool[prefill.shard, page, p % page_size] = _prompt_value(prefill.prompt, p)
         for adm in plan.admissions:
             if adm.copy is not None:
                 pool[shard_of(adm.slot), adm.copy[1]] = pool[shard_of(adm.slot), adm.copy[0]]

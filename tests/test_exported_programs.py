@@ -172,24 +172,6 @@ def test_the_policy_step_through_the_cache_is_the_jitted_step(tmp_path):
         assert (step.entries_written, step.entries_read) == ((1, 0) if launch == "first" else (0, 1))
 
 
-def test_the_engines_programs_through_the_cache_sample_the_same_tokens(tmp_path):
-    model = qwen3.Qwen3ForCausalLM(_TINY, rngs=nnx.Rngs(0))
-    prompts = [[5, 9, 2], [7, 1, 3, 4, 8, 6, 2]]
-    params = SamplingParams(max_new_tokens=6, seed=1, num_samples=2, eos_token_ids=(1,))
-    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2)
-    want = generate(model, prompts, params, engine=engine)
-    first = ProgramCache(str(tmp_path), "tiny engine")
-    compile_generate(model, 7, 2, params, engine=engine, programs=first)
-    names = {name.split("-")[0] for name in _entries(tmp_path)}
-    assert names == {"prefill_prompts", "admit_rows", "decode_segment"}
-    later = ProgramCache(str(tmp_path), "tiny engine")
-    got = generate(model, prompts, params, engine=engine, programs=later)
-    for name in ("tokens", "lengths", "logprobs"):
-        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)))
-    programs = later._functions.values()
-    assert sum(p.entries_read for p in programs) >= 3 and sum(p.entries_written for p in programs) == 0
-
-
 def test_the_trainers_program_cache_is_keyed_by_its_program_shaping_config_and_model(monkeypatch):
     """`compile_ahead.program_cache`: the same key for another seed or run length, another for a changed
     program-shaping field or model config; none for an objective registered outside respo_jax."""

@@ -152,7 +152,8 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(checkpoints):
     # past its real tokens.
     cfg, page_size = model.config, 4
     tables = np.random.default_rng(0).permutation(12).reshape(3, 4).astype(np.int32)  # 16 positions a row
-    pool = jnp.zeros((cfg.num_key_value_heads, 1, cfg.num_hidden_layers, 13, page_size, cfg.head_dim), cfg.dtype)
+    pool = jnp.zeros((cfg.num_key_value_heads, 1, cfg.num_hidden_layers, 13, page_size, cfg.head_dim),
+                     cfg.dtype)  # [kv_heads, shards, layers, pages, page_size, head_dim]
     paged = qwen3.PagedKVCache(pool, pool, jnp.asarray(tables))
     for lo, hi in bounds:
         logits, paged = step(state, ids[:, lo:hi], positions[:, lo:hi], mask[:, lo:hi], paged)

@@ -452,7 +452,8 @@ def decode_step_vs_pool(settings: dict, log=print) -> dict:
                               kv_cache_bytes=multiple * base)
         run = Engine(model, [1] * slots, params, engine)
         layout = run.layout
-        state = engine_state.init_state(run.graphdef, run.model_state, run.seed, layout=layout, pad_token_id=0)
+        state = engine_state.init_state(run.graphdef, run.model_state, run.seed, layout=layout,
+                                        pad_token_id=0)
         table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
         table[:, :per_slot] = np.arange(slots * per_slot, dtype=np.int32).reshape(slots, per_slot)
         run_slots = np.arange(layout.slots, dtype=np.int32)

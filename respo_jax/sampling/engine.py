@@ -28,7 +28,6 @@ import numpy as np
 from flax import nnx
 
 from respo_jax.distributed import to_host
-from respo_jax.exported_programs import ProgramCache
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.paged_attention import check_paged_attention_impl
 from respo_jax.sharding import axis_size
@@ -132,20 +131,6 @@ def abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
 
 
-def engine_programs(programs: ProgramCache | None):
-    """(prefill_prompts, admit_rows, decode_segment): as jitted in `model_step`, or kept in `programs` (a
-    later launch reads them instead of tracing them, `respo_jax.exported_programs`; used only where
-    `ProgramCache.usable()`)."""
-    if programs is None or not programs.usable():
-        return model_step.prefill_prompts, model_step.admit_rows, model_step.decode_segment
-    return (programs.jit(model_step.prefill_prompts.__wrapped__, "prefill_prompts", static_argnums=(0,),
-                         static_argnames=("chunk", "step"), donate_argnums=(2,)),
-            programs.jit(model_step.admit_rows.__wrapped__, "admit_rows", static_argnums=(0,),
-                         static_argnames=("params",), donate_argnums=(2,)),
-            programs.jit(model_step.decode_segment.__wrapped__, "decode_segment", static_argnums=(0,),
-                         static_argnames=("params", "impl"), donate_argnums=(2,)))
-
-
 def finish(state, prompt_lengths, *, rows: int, num_samples: int) -> GenerateOutput:
     """The outputs in `generate`'s format: `rows` rows (filler rows dropped); with routing, each prompt's
     routing repeated for its rows and the left-padded layout's mask (`prompt_lengths`: [num_prompts])."""
@@ -179,11 +164,10 @@ class Engine:
       engine: the schedule (`scheduler`), slots, segment length, pages, pool, attention kernel,
         prompt bucket and prefill chunking; the pages hold the model's compute dtype.
       return_routing: record MoE routing.
-      programs: where the prefill, admission and decode programs are kept (`engine_programs`).
     """
 
     def __init__(self, model, lengths: Sequence[int], params: SamplingParams, engine: EngineConfig,
-                 return_routing: bool = False, programs: ProgramCache | None = None):
+                 return_routing: bool = False):
         cfg = model.config
         check_paged_attention_impl(engine.paged_attention_impl, qwen3.kernels.platform(cfg.mesh))
         lengths = [int(n) for n in lengths]
@@ -222,7 +206,6 @@ class Engine:
         self.params = dataclasses.replace(params, seed=0)  # the seed is traced (EngineState.seed)
         self.pad_token_id = params.pad_token_id
         self.num_samples = params.num_samples
-        self.programs = engine_programs(programs)
 
     # -- the device programs, each followed by the state's placement ------------------------------------
 
@@ -234,16 +217,17 @@ class Engine:
                                 pad_token_id=self.pad_token_id))
 
     def _prefill(self, call, state, arrays, step: int):
-        return self._place(call(self.programs[0], self.graphdef, self.model_state, state, *arrays,
+        return self._place(call(model_step.prefill_prompts, self.graphdef, self.model_state, state, *arrays,
                                 chunk=self.engine.prefill_chunk_size, step=step))
 
     def _admit(self, call, state, arrays):
-        return self._place(call(self.programs[1], self.graphdef, self.model_state, state, *arrays,
+        return self._place(call(model_step.admit_rows, self.graphdef, self.model_state, state, *arrays,
                                 params=self.params))
 
     def _decode(self, call, state, page_table, run_slots):
-        state, flags = call(self.programs[2], self.graphdef, self.model_state, state, page_table, run_slots,
-                            np.int32(self.steps), params=self.params, impl=self.engine.paged_attention_impl)
+        state, flags = call(model_step.decode_segment, self.graphdef, self.model_state, state, page_table,
+                            run_slots, np.int32(self.steps), params=self.params,
+                            impl=self.engine.paged_attention_impl)
         return self._place(state), flags
 
     # -- host arrays ---------------------------------------------------------------------------------------

@@ -53,7 +53,8 @@ from respo_jax.sampling.scheduler import prefill_steps
 def paged_cache(state: EngineState, page_table: jax.Array, cfg, impl: str = "gather") -> qwen3.PagedKVCache:
     """The state's pools as the forward's cache, with `page_table` [batch, max_pages] (local page ids of
     each row's shard), split over the model's mesh."""
-    return qwen3.PagedKVCache(state.k_pages, state.v_pages, page_table, impl=impl, mesh=cfg.mesh, rules=cfg.rules)
+    return qwen3.PagedKVCache(state.k_pages, state.v_pages, page_table, impl=impl, mesh=cfg.mesh,
+                              rules=cfg.rules)
 
 
 def prefill_counts(max_prompts: int, shards: int) -> tuple[int, ...]:

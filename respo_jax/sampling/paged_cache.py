@@ -143,7 +143,8 @@ class PagedCache:
             raise ValueError(f"slot {slot} is in use")
         shard = self.shard_of(slot)
         if shard != prompt.shard:
-            raise ValueError(f"slot {slot} is in batch shard {shard}; the prompt's pages are shard {prompt.shard}'s")
+            raise ValueError(f"slot {slot} is in batch shard {shard}; the prompt's pages are shard "
+                             f"{prompt.shard}'s")
         if row_tokens > self.page_table.shape[1] * self.page_size:
             raise ValueError(f"a row of {row_tokens} tokens exceeds the page table "
                              f"({self.page_table.shape[1]} pages of {self.page_size})")

@@ -1,6 +1,6 @@
 """On 8 simulated CPU devices: the engine under the model's mesh and rules (slots, output rows and the
-page pool's shards split over the batch axes, the pool's kv heads over tensor) gives the samples and the routing it gives on one
-device in a static batch. Run by tests/test_multi_device.py."""
+page pool's shards split over the batch axes, the pool's kv heads over tensor) gives the samples and
+the routing it gives on one device in a static batch. Run by tests/test_multi_device.py."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def test_the_continuous_schedule_on_a_mesh_equals_a_static_batch_on_one_device()
     np.testing.assert_array_equal(np.asarray(got.prompt_routing)[real], np.asarray(want.prompt_routing)[real])
 
 
-    run = Engine(sharded, [len(p) for p in prompts], params, dataclasses.replace(engine, num_pages=16384), return_routing=True)
+    big = dataclasses.replace(engine, num_pages=16384)  # a pool far larger than the program's other buffers
+    run = Engine(sharded, [len(p) for p in prompts], params, big, return_routing=True)
     layout = run.layout
     assert (layout.shards, layout.num_pages) == (4, 4096)
     state = engine_state.init_state(run.graphdef, run.model_state, run.seed, layout=layout, pad_token_id=0)

@@ -463,7 +463,8 @@ def _check_paged_cache(cache: PagedKVCache, cfg: Qwen3Config, batch: int, positi
             or pool[5] != cfg.head_dim or cache.v_pages.shape != pool):
         raise ValueError(f"k_pages/v_pages have shape {pool}/{cache.v_pages.shape}; expected "
                          f"({cfg.num_key_value_heads}, shards, {cfg.num_hidden_layers}, pages, page_size, "
-                         f"{cfg.head_dim}) ([kv_heads, shards, num_layers, num_pages + 1, page_size, head_dim])")
+                         f"{cfg.head_dim}) ([kv_heads, shards, num_layers, num_pages + 1, page_size, "
+                         "head_dim])")
     if batch % pool[1]:
         raise ValueError(f"a batch of {batch} rows does not split over the pool's {pool[1]} shards")
     if cache.page_table.ndim != 2 or cache.page_table.shape[0] != batch:

@@ -206,8 +206,8 @@ class PagedKVCache:
         """q: [batch, seq, heads, head_dim] over the pages of layer `layer` -> [batch, seq, heads,
         head_dim]. The Pallas kernels take one query token per row."""
         if self.impl != "gather" and q.shape[1] != 1:
-            raise ValueError(f"paged_attention_impl={self.impl!r} attends one token per row; got {q.shape[1]} "
-                             "(a prefill over pages uses 'gather')")
+            raise ValueError(f"paged_attention_impl={self.impl!r} attends one token per row; got "
+                             f"{q.shape[1]} (a prefill over pages uses 'gather')")
         impl = self.impl
 
         def local(q, k_pool, v_pool, table, layer, lengths, mask):
@@ -217,7 +217,8 @@ class PagedKVCache:
             k_flat, v_flat = (pool.reshape(kv_heads, layers * pages, size, dim) for pool in (k_pool, v_pool))
             table = table + layer * pages
             if impl == "gather":
-                keys, values = (gather_pages(pool[None], 0, table).astype(q.dtype) for pool in (k_flat, v_flat))
+                keys, values = (gather_pages(pool[None], 0, table).astype(q.dtype)
+                                for pool in (k_flat, v_flat))
                 return dot_product_attention(q, keys, values, mask, scale)
             out = paged_attention(q[:, 0].astype(k_pool.dtype), k_flat, v_flat, table, lengths, scale=scale,
                                   impl=impl)
