@@ -226,3 +226,20 @@ def test_page_cache_refuses_to_overdraw():
         cache.grow(0, 9)
     with pytest.raises(ValueError, match="needs 2 pages; 1 are available"):
         cache.hold_prompt(5)
+
+
+def test_pool_bytes_per_chip_are_the_pool_over_the_batch_and_kv_head_shards():
+    """`pool_bytes_per_chip` from shapes alone (an abstract mesh): a pool of kv_cache_bytes split over 4
+    batch shards (each its own pages and scratch page) and 2 kv-head shards holds 1/8 of it a device;
+    on one device, all of it."""
+    from jax.sharding import AbstractMesh
+
+    from respo_jax.models import qwen3
+    from respo_jax.sampling.scheduler import pool_bytes_per_chip
+
+    cfg = qwen3.Qwen3Config.preset("tiny")  # 2 layers, 2 kv heads, head_dim 16, float32: 1 KiB a 4-token page
+    engine = EngineConfig(kv_cache_bytes=2**20, page_size=4)
+    axes = ("data", "fsdp", "tensor", "expert")
+    for shape, want in (((4, 1, 2, 1), 2**20 // 8), ((1, 1, 1, 1), 2**20)):
+        got = pool_bytes_per_chip(engine, cfg, AbstractMesh(shape, axes), bucket=8, max_new_tokens=8, rows=16)
+        assert got == want, (shape, got)

@@ -59,9 +59,11 @@ def check_before_build(config: ExperimentConfig, mesh: Mesh, longest_prompt: int
             check_paged_attention_impl(r.paged_attention_impl, qwen3.kernels.platform(mesh))
         except ValueError as err:
             raise ConfigError(f"rollout.paged_attention_impl={r.paged_attention_impl!r}: {err}") from None
+    # The engine's batch shards: the trainer mesh's (a rollout mesh of its own: checked as one pool).
+    shards = 1 if config.mesh.rollout_devices else batch_shards(mesh, ShardingRules())
     check_limits(config, declared_model_config(config), longest_prompt,
                  device_memory_bytes([*mesh.devices.flat, *rollout_devices(config)]),
-                 trainer_devices=mesh.devices.size)
+                 trainer_devices=mesh.devices.size, batch_shards=shards)
 
 
 def check_mesh_fits(config: ExperimentConfig, model_cfg: qwen3.Qwen3Config, mesh: Mesh,
