@@ -184,8 +184,9 @@ class PagedKVCache:
         spec = self.rules.spec
         several = isinstance(out_axes[0], tuple)
         out_specs = tuple(spec(axes) for axes in out_axes) if several else spec(out_axes)
+        # check_vma=False: the Pallas kernels' outputs carry no varying-axes annotation.
         return jax.shard_map(fn, mesh=self.mesh, in_specs=tuple(spec(axes) for _, axes in args),
-                             out_specs=out_specs)(*values)
+                             out_specs=out_specs, check_vma=False)(*values)
 
     def update(self, layer, k: jax.Array, v: jax.Array, view: PagedView, cfg) -> PagedKVCache:
         """Write k, v [batch, seq, kv_heads, head_dim] of layer `layer` at the view's pages, in place."""
