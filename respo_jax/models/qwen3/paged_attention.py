@@ -194,7 +194,12 @@ class PagedKVCache:
 
         def write(k_pool, v_pool, k, v, layer, page, offset):
             def one(pool, new):  # pool [kv_heads, 1, layers, pages, ...]; new [batch, seq, kv_heads, dim]
-                return pool.at[:, 0, layer, page, offset].set(new.transpose(2, 0, 1, 3).astype(pool.dtype))
+                # Every dimension but head_dim indexed (kv heads too): the scatter's window is one head's
+                # vector, so the compiler keeps the pool's own layout (the one the kernels read) rather
+                # than moving kv heads minor and copying the pool back for the kernel at every step.
+                heads = jnp.arange(pool.shape[0], dtype=jnp.int32)[:, None, None]
+                return pool.at[heads, 0, layer, page[None], offset[None]].set(
+                    new.transpose(2, 0, 1, 3).astype(pool.dtype))
             return one(k_pool, k), one(v_pool, v)
 
         rows = ("batch", None)
