@@ -11,12 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
 from respo_jax.exported_programs import EXPORTED_DIR, ProgramCache, source_fingerprint
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
-from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.training.programs import jit_program
 from respo_jax.training.step import make_policy_step
 
