@@ -23,22 +23,26 @@ def _row_value(row: int, position: int) -> int:
 
 
 def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps, page_size, num_pages,
-              static=False):
+              static=False, shards=1):
     """Run the scheduler to the end against a fake device; row r ends after `lengths[r]` tokens (its
     "EOS") or at its budget. Checks the pool's content and the bookkeeping after every segment (a static
     schedule: admissions only into an engine with every slot free). Returns (generated tokens per row,
-    the most slots busy at once, the most pages in use)."""
+    the most slots busy at once, the most pages in use). With `shards`, one pool per batch shard (local
+    page ids): a slot reads and writes only its own shard's pool, and each decode width's block s holds
+    shard s's slots."""
     sched = Scheduler(prompt_lengths, num_samples, budgets, max_new_tokens=max(budgets), max_slots=max_slots,
-                      steps_per_schedule=steps, page_size=page_size, num_pages=num_pages, static=static)
+                      steps_per_schedule=steps, page_size=page_size, num_pages=num_pages, static=static,
+                      shards=shards)
     steps = sched.steps_per_schedule  # a static batch: to its end
-    pool = np.full((num_pages + 1, page_size), -1, np.int64)  # + the scratch page
+    pool = np.full((shards, num_pages + 1, page_size), -1, np.int64)  # + each shard's scratch page
+    shard_of = sched.cache.shard_of
     generated = np.zeros(max_slots, np.int64)
     done = np.zeros(max_slots, bool)
     result, busiest, most_pages, admitted = {}, 0, 0, []
 
     def read(slot, tokens):
         table = sched.cache.page_table[slot]
-        return [pool[table[p // page_size], p % page_size] for p in range(tokens)]
+        return [pool[shard_of(slot), table[p // page_size], p % page_size] for p in range(tokens)]
 
     while not sched.finished:
         busy = bool(np.any(sched.slot_row >= 0))
@@ -46,10 +50,11 @@ def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps
         assert not (static and busy and plan.admissions), "a static batch is admitted whole, once free"
         for prefill in plan.prefills:
             for p in range(prefill.tokens):
-                pool[prefill.pages[p // page_size], p % page_size] = _prompt_value(prefill.prompt, p)
+                page = prefill.pages[p // page_size]
+                pool[prefill.shard, page, p % page_size] = _prompt_value(prefill.prompt, p)
         for adm in plan.admissions:
             if adm.copy is not None:
-                pool[adm.copy[1]] = pool[adm.copy[0]]
+                pool[shard_of(adm.slot), adm.copy[1]] = pool[shard_of(adm.slot), adm.copy[0]]
             admitted.append(adm.row)
             row = adm.row
             generated[adm.slot] = 1  # the first token comes from the prefill's logits
@@ -58,6 +63,9 @@ def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps
         np.testing.assert_array_equal(plan.page_table, sched.cache.page_table)
         live = np.flatnonzero(sched.slot_row >= 0)
         busiest = max(busiest, len(live))
+        width = sched.decode_slots(decode_widths(max_slots, 1, shards))
+        assert set(live) <= set(width) and len(set(width)) == len(width)
+        assert all(shard_of(slot) == i for i, block in enumerate(np.split(width, shards)) for slot in block)
         for slot in live:  # one segment of decode steps
             row = int(sched.slot_row[slot])
             prompt_len = prompt_lengths[row // num_samples]
@@ -67,7 +75,7 @@ def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps
                 position = prompt_len + generated[slot] - 1  # the K/V of the token fed now
                 assert sched.cache.writable(slot, position), "decode writes only pages the row owns"
                 page = sched.cache.page_table[slot, position // page_size]
-                pool[page, position % page_size] = _row_value(row, position)
+                pool[shard_of(slot), page, position % page_size] = _row_value(row, position)
                 generated[slot] += 1
                 done[slot] = generated[slot] == lengths[row]
         most_pages = max(most_pages, sched.cache.pages_in_use)
@@ -83,7 +91,7 @@ def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps
         for row in sched.retire(generated, done):
             assert row not in result
             result[row] = next(g for r, g in snapshot.values() if r == row)
-    assert sched.cache.pages_in_use == 0 and sched.cache.available == num_pages
+    assert sched.cache.pages_in_use == 0 and sched.cache.available == shards * num_pages
     assert (sched.cache.page_table == num_pages).all()
     return [result[r] for r in range(len(budgets))], busiest, most_pages
 
@@ -94,16 +102,18 @@ LENGTHS = [1, 40, 7, 12, 3, 30, 2, 2, 19, 33, 8, 5]   # each row's "EOS" length
 BUDGETS = [4, 40, 40, 9, 40, 40, 1, 40, 40, 20, 40, 40]
 
 
-@pytest.mark.parametrize("max_slots,steps,page_size,num_pages", [
-    (4, 3, 8, None), (12, 1, 8, None), (2, 5, 4, None), (5, 2, 1, None),
-    (12, 4, 8, 9),  # a pool smaller than the batch: admission waits, every row still completes
+@pytest.mark.parametrize("max_slots,steps,page_size,num_pages,shards", [
+    (4, 3, 8, None, 1), (12, 1, 8, None, 1), (2, 5, 4, None, 1), (5, 2, 1, None, 1),
+    (12, 4, 8, 9, 1),  # a pool smaller than the batch: admission waits, every row still completes
+    (8, 2, 4, None, 4), (6, 3, 8, 9, 2),  # a pool per batch shard, its slots' pages local to it
 ])
-def test_every_row_completes_with_its_own_tokens(max_slots, steps, page_size, num_pages):
-    pages = num_pages or default_num_pages(PROMPTS, max(BUDGETS), max_slots=max_slots, page_size=page_size)
+def test_every_row_completes_with_its_own_tokens(max_slots, steps, page_size, num_pages, shards):
+    pages = num_pages or default_num_pages(PROMPTS, max(BUDGETS), max_slots=max_slots // shards,
+                                           page_size=page_size)
     got, busiest, most_pages = _simulate(PROMPTS, G, LENGTHS, BUDGETS, max_slots=max_slots, steps=steps,
-                                         page_size=page_size, num_pages=pages)
+                                         page_size=page_size, num_pages=pages, shards=shards)
     assert got == [min(n, b) for n, b in zip(LENGTHS, BUDGETS)]
-    assert busiest <= max_slots and most_pages <= pages
+    assert busiest <= max_slots and most_pages <= shards * pages
     if num_pages is not None:
         assert busiest < max_slots  # the pool, not the slots, held rows back
 
@@ -216,3 +226,20 @@ def test_page_cache_refuses_to_overdraw():
         cache.grow(0, 9)
     with pytest.raises(ValueError, match="needs 2 pages; 1 are available"):
         cache.hold_prompt(5)
+
+
+def test_pool_bytes_per_chip_are_the_pool_over_the_batch_and_kv_head_shards():
+    """`pool_bytes_per_chip` from shapes alone (an abstract mesh): a pool of kv_cache_bytes split over 4
+    batch shards (each its own pages and scratch page) and 2 kv-head shards holds 1/8 of it a device;
+    on one device, all of it."""
+    from jax.sharding import AbstractMesh
+
+    from respo_jax.models import qwen3
+    from respo_jax.sampling.scheduler import pool_bytes_per_chip
+
+    cfg = qwen3.Qwen3Config.preset("tiny")  # 2 layers, 2 kv heads, head_dim 16, float32: 1 KiB a 4-token page
+    engine = EngineConfig(kv_cache_bytes=2**20, page_size=4)
+    axes = ("data", "fsdp", "tensor", "expert")
+    for shape, want in (((4, 1, 2, 1), 2**20 // 8), ((1, 1, 1, 1), 2**20)):
+        got = pool_bytes_per_chip(engine, cfg, AbstractMesh(shape, axes), bucket=8, max_new_tokens=8, rows=16)
+        assert got == want, (shape, got)

@@ -11,12 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
 from respo_jax.exported_programs import EXPORTED_DIR, ProgramCache, source_fingerprint
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
-from respo_jax.sampling import EngineConfig, SamplingParams, compile_generate, generate
 from respo_jax.training.programs import jit_program
 from respo_jax.training.step import make_policy_step
 
@@ -170,24 +168,6 @@ def test_the_policy_step_through_the_cache_is_the_jitted_step(tmp_path):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
         assert (step.entries_written, step.entries_read) == ((1, 0) if launch == "first" else (0, 1))
-
-
-def test_the_engines_programs_through_the_cache_sample_the_same_tokens(tmp_path):
-    model = qwen3.Qwen3ForCausalLM(_TINY, rngs=nnx.Rngs(0))
-    prompts = [[5, 9, 2], [7, 1, 3, 4, 8, 6, 2]]
-    params = SamplingParams(max_new_tokens=6, seed=1, num_samples=2, eos_token_ids=(1,))
-    engine = EngineConfig(max_slots=3, page_size=4, steps_per_schedule=2)
-    want = generate(model, prompts, params, engine=engine)
-    first = ProgramCache(str(tmp_path), "tiny engine")
-    compile_generate(model, 7, 2, params, engine=engine, programs=first)
-    names = {name.split("-")[0] for name in _entries(tmp_path)}
-    assert names == {"prefill_prompts", "admit_rows", "decode_segment"}
-    later = ProgramCache(str(tmp_path), "tiny engine")
-    got = generate(model, prompts, params, engine=engine, programs=later)
-    for name in ("tokens", "lengths", "logprobs"):
-        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)))
-    programs = later._functions.values()
-    assert sum(p.entries_read for p in programs) >= 3 and sum(p.entries_written for p in programs) == 0
 
 
 def test_the_trainers_program_cache_is_keyed_by_its_program_shaping_config_and_model(monkeypatch):

@@ -152,12 +152,13 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(checkpoints):
     # past its real tokens.
     cfg, page_size = model.config, 4
     tables = np.random.default_rng(0).permutation(12).reshape(3, 4).astype(np.int32)  # 16 positions a row
-    pool = jnp.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, 13, page_size, cfg.head_dim), cfg.dtype)
+    pool = jnp.zeros((cfg.num_key_value_heads, 1, cfg.num_hidden_layers, 13, page_size, cfg.head_dim),
+                     cfg.dtype)  # [kv_heads, shards, layers, pages, page_size, head_dim]
     paged = qwen3.PagedKVCache(pool, pool, jnp.asarray(tables))
     for lo, hi in bounds:
         logits, paged = step(state, ids[:, lo:hi], positions[:, lo:hi], mask[:, lo:hi], paged)
         assert _rel_err(logits, full[:, lo:hi], real[:, lo:hi]) < 1e-5
-    k_pages = np.asarray(paged.k_pages)
+    k_pages = np.asarray(paged.k_pages)[:, 0].swapaxes(0, 1)  # [layers, kv_heads, pages, page_size, dim]
     for row, length in enumerate(real.sum(axis=1)):
         unused = [(tables[row, p // page_size], p % page_size) for p in range(length, 16)]
         assert all(not k_pages[:, :, page, offset].any() for page, offset in unused), row

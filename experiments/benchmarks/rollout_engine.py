@@ -493,6 +493,83 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
     return report
 
 
+# ------------------------------------------------------------------------------- decode step vs the pool
+
+POOL_MULTIPLES = (1, 4, 16)
+
+
+def decode_step_vs_pool(settings: dict, log=print) -> dict:
+    """Per-step decode time of the continuous engine at a fixed live length, over pools of
+    `kv_cache_bytes` x1 (the live pages and the scratch page), x4 and x16: `--max-slots` slots, each row
+    holding `--decode-live-tokens` tokens, one decode segment of `--decode-steps` steps (the same
+    program shape at every pool size but the pool's), compiled in an untimed first run, then the median
+    over `--rounds` runs. Attention reads a slot's live pages through its page table, so the step time
+    should not follow the pool. Model: the race's (`rl_iteration.MODEL`; `--micro`: `MICRO_MODEL`),
+    random weights, float32, `paged_attention_impl="gather"`. JSON key `decode_step_vs_pool`."""
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.benchmarks import common, rl_iteration
+    from respo_jax.models import qwen3
+    from respo_jax.sampling import EngineConfig, SamplingParams, engine_state, model_step
+    from respo_jax.sampling.engine import Engine
+    from respo_jax.sampling.paged_cache import pages_for
+
+    fields = rl_iteration.MICRO_MODEL if settings["micro"] else rl_iteration.MODEL
+    model = qwen3.init_model(qwen3.Qwen3Config(**fields), seed=0)
+    cfg = model.config
+    slots, live, steps = settings["max_slots"], settings["decode_live_tokens"], settings["decode_steps"]
+    page_size = settings["page_size"]
+    per_slot = pages_for(live + steps, page_size)
+    page_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * page_size * \
+        jnp.dtype(cfg.dtype).itemsize
+    base = (slots * per_slot + 1) * page_bytes
+    params = SamplingParams(max_new_tokens=live + steps, temperature=1.0, top_p=1.0, top_k=0, seed=0,
+                            ignore_eos=True)
+    cases = []
+    for multiple in POOL_MULTIPLES:
+        engine = EngineConfig(max_slots=slots, page_size=page_size, steps_per_schedule=steps,
+                              kv_cache_bytes=multiple * base)
+        run = Engine(model, [1] * slots, params, engine)
+        layout = run.layout
+        state = engine_state.init_state(run.graphdef, run.model_state, run.seed, layout=layout,
+                                        pad_token_id=0)
+        table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
+        table[:, :per_slot] = np.arange(slots * per_slot, dtype=np.int32).reshape(slots, per_slot)
+        run_slots = np.arange(layout.slots, dtype=np.int32)
+
+        def segment(state):
+            place = lambda value, like: jax.device_put(value, like.sharding)  # noqa: E731
+            state = state.replace(  # every slot live at `live` tokens, `steps` tokens short of its budget
+                row=place(run_slots, state.row), prompt_len=place(np.ones(slots, np.int32), state.prompt_len),
+                generated=place(np.full(slots, live - 1, np.int32), state.generated),
+                budget=place(np.full(slots, live + steps, np.int32), state.budget),
+                done=place(np.zeros(slots, bool), state.done))
+            started = time.perf_counter()
+            state, flags = model_step.decode_segment(run.graphdef, run.model_state, state, table, run_slots,
+                                                     np.int32(steps), params=run.params, impl="gather")
+            generated = np.asarray(flags)[0]  # blocks until done
+            assert (generated == live - 1 + steps).all(), generated
+            return state, (time.perf_counter() - started) / steps
+
+        state, _ = segment(state)  # compiles
+        times = []
+        for _ in range(settings["rounds"]):
+            state, seconds = segment(state)
+            times.append(seconds * 1e3)
+        case = {"multiple": multiple, "kv_cache_bytes": multiple * base, "pool_pages": layout.num_pages,
+                "pool_bytes": 2 * int(state.k_pages.nbytes), "step_ms": times,
+                "step_ms_median": float(np.median(times))}
+        log(f"[rollout_engine] decode vs pool x{multiple}: {layout.num_pages} pages, "
+            f"{case['step_ms_median']:.3f} ms a step", flush=True)
+        cases.append(case)
+    return {"decode_step_vs_pool": {
+        "command": settings["command"], "model": fields, "slots": slots, "live_tokens": live, "steps": steps,
+        "page_size": page_size, "rounds": settings["rounds"], "cases": cases,
+        "step_ratio_x16_vs_x1": cases[-1]["step_ms_median"] / cases[0]["step_ms_median"],
+        "environment": common.environment()}}
+
+
 # --------------------------------------------------------------------------------------------- markdown
 
 
@@ -595,6 +672,11 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default=rl_iteration.DATA_DIR)
     parser.add_argument("--tokenizer-dir", default=rl_iteration.TOKENIZER_DIR)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--decode-vs-pool", action="store_true",
+                        help="run only the decode-step-vs-pool-size case (decode_step_vs_pool)")
+    parser.add_argument("--decode-live-tokens", type=int, default=256,
+                        help="--decode-vs-pool: tokens each slot holds")
+    parser.add_argument("--decode-steps", type=int, default=32, help="--decode-vs-pool: steps timed per run")
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="print the results table of an existing rollout_engine.json and exit")
     args = parser.parse_args(argv)
@@ -618,6 +700,16 @@ def main(argv=None) -> int:
                 "page_size", "steps_per_schedule", "hf_rows", "threads"):
         if settings[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
+    if args.decode_vs_pool:
+        if args.micro:
+            settings.update(max_slots=4, page_size=4, decode_live_tokens=8, decode_steps=2, rounds=1)
+        for key in ("max_slots", "page_size", "decode_live_tokens", "decode_steps", "rounds"):
+            if settings[key] < 1:
+                raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
+        report = decode_step_vs_pool(settings)
+        stem = "rollout_engine_decode_vs_pool" + ("_micro" if args.micro else "")
+        common.write_json(os.path.join(args.out, f"{stem}.json"), report)
+        return 0
     if settings["warmup"] < 1:
         raise ConfigError(f"--warmup must be >= 1 (the JAX sides compile in it); got {settings['warmup']}")
     try:  # the engine's own validation, as one line

@@ -20,7 +20,6 @@ its prefill until its last row is admitted.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import jax
@@ -29,9 +28,9 @@ import numpy as np
 from flax import nnx
 
 from respo_jax.distributed import to_host
-from respo_jax.exported_programs import ProgramCache
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.paged_kernels import check_paged_attention
+from respo_jax.sharding import axis_size
 from respo_jax.sampling import model_step
 from respo_jax.sampling.engine_state import GenerateOutput, Layout, init_state, place_state
 from respo_jax.sampling.paged_cache import pages_for
@@ -132,20 +131,6 @@ def abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
 
 
-def engine_programs(programs: ProgramCache | None):
-    """(prefill_prompts, admit_rows, decode_segment): as jitted in `model_step`, or kept in `programs` (a
-    later launch reads them instead of tracing them, `respo_jax.exported_programs`; used only where
-    `ProgramCache.usable()`)."""
-    if programs is None or not programs.usable():
-        return model_step.prefill_prompts, model_step.admit_rows, model_step.decode_segment
-    return (programs.jit(model_step.prefill_prompts.__wrapped__, "prefill_prompts", static_argnums=(0,),
-                         static_argnames=("chunk", "step"), donate_argnums=(2,)),
-            programs.jit(model_step.admit_rows.__wrapped__, "admit_rows", static_argnums=(0,),
-                         static_argnames=("params",), donate_argnums=(2,)),
-            programs.jit(model_step.decode_segment.__wrapped__, "decode_segment", static_argnums=(0,),
-                         static_argnames=("params", "impl", "interpret"), donate_argnums=(2,)))
-
-
 def finish(state, prompt_lengths, *, rows: int, num_samples: int) -> GenerateOutput:
     """The outputs in `generate`'s format: `rows` rows (filler rows dropped); with routing, each prompt's
     routing repeated for its rows and the left-padded layout's mask (`prompt_lengths`: [num_prompts])."""
@@ -179,11 +164,10 @@ class Engine:
       engine: the schedule (`scheduler`), slots, segment length, pages, pool, attention kernel,
         prompt bucket and prefill chunking; the pages hold the model's compute dtype.
       return_routing: record MoE routing.
-      programs: where the prefill, admission and decode programs are kept (`engine_programs`).
     """
 
     def __init__(self, model, lengths: Sequence[int], params: SamplingParams, engine: EngineConfig,
-                 return_routing: bool = False, programs: ProgramCache | None = None):
+                 return_routing: bool = False):
         cfg = model.config
         check_paged_attention(engine.paged_attention_impl, interpret=engine.paged_attention_interpret,
                               platform=qwen3.kernels.platform(cfg.mesh), head_dim=cfg.head_dim,
@@ -198,18 +182,21 @@ class Engine:
         # A static batch runs each wave of rows to its end in one segment, over every slot.
         self.steps = params.max_new_tokens if self.static else engine.steps_per_schedule
         bucket = padded_prompt_length(longest, engine.prompt_bucket, engine.prompt_buckets)
-        shards = math.prod(cfg.mesh.shape[a] for a in cfg.rules.mesh_axes("batch"))
+        shards = axis_size(cfg.mesh, cfg.rules.mesh_axes("batch"))
         rows = len(lengths) * params.num_samples
         slots = engine_slots(engine.max_slots, rows, shards)
         # Sized by the bucket, not the prompts: the shapes of a call follow its bucket only.
         num_pages = pool_pages(engine, bucket=bucket, max_new_tokens=params.max_new_tokens, slots=slots,
                                num_layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
-                               head_dim=cfg.head_dim, itemsize=jnp.dtype(cfg.dtype).itemsize)
-        sizes = model_step.prefill_counts(min(slots, len(lengths)), shards)
+                               head_dim=cfg.head_dim, itemsize=jnp.dtype(cfg.dtype).itemsize, shards=shards)
+        self.shards = shards
+        # A prefill's prompts lie in the blocks of their shards: up to a shard's slots (or every prompt)
+        # in one block.
+        sizes = model_step.prefill_counts(shards * min(slots // shards, len(lengths)), shards)
         if rows <= slots:
             sizes = sizes[-1:]  # every prompt starts in the first schedule (a smaller prefill is padded)
         self.prefill_sizes = sizes
-        self.layout = Layout(slots=slots, num_pages=num_pages, page_size=engine.page_size,
+        self.layout = Layout(slots=slots, shards=shards, num_pages=num_pages, page_size=engine.page_size,
                              max_pages=pages_for(bucket + params.max_new_tokens, engine.page_size),
                              rows=-(-rows // shards) * shards, max_new_tokens=params.max_new_tokens, logit_rows=sizes[-1] + 1,
                              num_prompts=len(lengths), bucket=bucket, routing=bool(return_routing),
@@ -221,7 +208,6 @@ class Engine:
         self.params = dataclasses.replace(params, seed=0)  # the seed is traced (EngineState.seed)
         self.pad_token_id = params.pad_token_id
         self.num_samples = params.num_samples
-        self.programs = engine_programs(programs)
 
     # -- the device programs, each followed by the state's placement ------------------------------------
 
@@ -233,29 +219,38 @@ class Engine:
                                 pad_token_id=self.pad_token_id))
 
     def _prefill(self, call, state, arrays, step: int):
-        return self._place(call(self.programs[0], self.graphdef, self.model_state, state, *arrays,
+        return self._place(call(model_step.prefill_prompts, self.graphdef, self.model_state, state, *arrays,
                                 chunk=self.engine.prefill_chunk_size, step=step))
 
     def _admit(self, call, state, arrays):
-        return self._place(call(self.programs[1], self.graphdef, self.model_state, state, *arrays,
+        return self._place(call(model_step.admit_rows, self.graphdef, self.model_state, state, *arrays,
                                 params=self.params))
 
     def _decode(self, call, state, page_table, run_slots):
-        state, flags = call(self.programs[2], self.graphdef, self.model_state, state, page_table, run_slots,
-                            np.int32(self.steps), params=self.params, impl=self.engine.paged_attention_impl,
+        state, flags = call(model_step.decode_segment, self.graphdef, self.model_state, state, page_table,
+                            run_slots, np.int32(self.steps), params=self.params,
+                            impl=self.engine.paged_attention_impl,
                             interpret=self.engine.paged_attention_interpret)
         return self._place(state), flags
 
     # -- host arrays ---------------------------------------------------------------------------------------
 
     def _prefill_arrays(self, prompts, prefills, count: int, logit_row_of: dict):
-        """The host arrays of `prefill_prompts` for `prefills` (`Prefill`s) padded to `count` prompts."""
-        layout = self.layout
-        input_ids, positions, mask, _ = left_pad([prompts[p.prompt] for p in prefills], layout.bucket, count)
+        """The host arrays of `prefill_prompts` for `prefills` (`Prefill`s) padded to `count` prompts:
+        the prompts of shard s first in block s of `count / shards` rows."""
+        layout, block = self.layout, count // self.shards
+        placed = [[p for p in prefills if p.shard == shard] for shard in range(self.shards)]
+        prefills = [None] * count
+        for shard, group in enumerate(placed):
+            prefills[shard * block: shard * block + len(group)] = group
+        padded = [left_pad([prompts[p.prompt] for p in group], layout.bucket, block)[:3] for group in placed]
+        input_ids, positions, mask = (np.concatenate(arrays) for arrays in zip(*padded))
         pages = np.full((count, pages_for(layout.bucket, layout.page_size)), layout.num_pages, np.int32)
         logit_rows = np.full(count, layout.logit_rows, np.int32)  # filler, steps before the last: dropped
         index = np.full(count, layout.num_prompts, np.int32)
         for i, prefill in enumerate(prefills):
+            if prefill is None:
+                continue
             pages[i, : len(prefill.pages)] = prefill.pages
             index[i] = prefill.prompt
             if prefill.last:
@@ -263,15 +258,15 @@ class Engine:
         return input_ids, positions, mask, pages, logit_rows, index
 
     def _admission_arrays(self, admissions, ids, budgets, logit_row_of: dict):
-        """The host arrays of `admit_rows` for `admissions` padded to the slot count (filler: out of
-        bounds)."""
+        """The host arrays of `admit_rows` for `admissions`, entry i for slot i (filler: out of bounds)."""
         layout = self.layout
         n, scratch = layout.slots, layout.num_pages
         slot, row = np.full(n, n, np.int32), np.full(n, layout.rows, np.int32)
         row_id, prompt_len, budget = np.zeros(n, np.uint32), np.zeros(n, np.int32), np.ones(n, np.int32)
         copy_from, copy_to = np.full(n, scratch, np.int32), np.full(n, scratch, np.int32)
         logit_row = np.zeros(n, np.int32)
-        for i, adm in enumerate(admissions):
+        for adm in admissions:
+            i = adm.slot
             slot[i], row[i], row_id[i] = adm.slot, adm.row, ids[adm.row]
             prompt_len[i], budget[i] = self.lengths[adm.prompt], budgets[adm.row]
             logit_row[i] = logit_row_of[adm.prompt]
@@ -288,7 +283,7 @@ class Engine:
         sched = Scheduler(self.lengths, self.num_samples, budgets, max_new_tokens=layout.max_new_tokens,
                           max_slots=layout.slots, steps_per_schedule=self.steps, page_size=layout.page_size,
                           num_pages=layout.num_pages, max_prompt_len=layout.bucket,
-                          prefill_chunk=self.engine.prefill_chunk_size, static=self.static)
+                          prefill_chunk=self.engine.prefill_chunk_size, static=self.static, shards=self.shards)
         state = self._init(call)
         logit_rows = _LogitRows(layout.logit_rows, self.num_samples)
         while not sched.finished:
@@ -298,7 +293,8 @@ class Engine:
                 for prefill in group:
                     if prefill.last:
                         logit_rows.take(prefill.prompt)
-                count = model_step.padded_count(len(group), self.prefill_sizes)
+                busiest = max(sum(p.shard == shard for p in group) for shard in range(self.shards))
+                count = model_step.padded_count(busiest * self.shards, self.prefill_sizes)
                 arrays = self._prefill_arrays(prompts, group, count, logit_rows.row_of)
                 state = self._prefill(call, state, arrays, step)
             if plan.admissions:

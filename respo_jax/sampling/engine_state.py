@@ -8,8 +8,10 @@ under the model's mesh and every program ends with `constrain_state`: the same N
 field whatever program produced it.
 
 Shardings (`respo_jax.sharding.ShardingRules` logical names). The page pools split their kv heads like
-the attention weights (`PAGE_AXES`; pages and their tokens whole); the slots, and the rows of the
-outputs, split over the `batch` axes (both padded to a multiple); the
+the attention weights and their shards over the `batch` axes (`PAGE_AXES`): the slots split over the
+same axes in contiguous blocks, and the slots of block s hold pages of shard s only (local page ids),
+so each device holds its own slots' pages; the rows of the outputs split over the `batch` axes too
+(slots and rows padded to a multiple); the
 prompts' last logits and routing are replicated (they are read by whichever slot admits a row).
 """
 
@@ -22,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from respo_jax.models.qwen3.paged_attention import PAGE_AXES
+from respo_jax.models.qwen3.paged_attention import PAGE_AXES, pool_shape
 
 
 @struct.dataclass
@@ -57,8 +59,9 @@ class GenerateOutput:
 class EngineState:
     """Device state of the engine (slot fields are those of the row in the slot).
 
-    k_pages, v_pages: [layers, kv_heads, num_pages + 1, page_size, head_dim] (the last page: scratch);
-    page_table: [slots, max_pages] int32; row, row_id, prompt_len, budget, generated (tokens so far),
+    k_pages, v_pages: [kv_heads, shards, layers, num_pages + 1, page_size, head_dim] (`PagedKVCache`;
+    the last page of each shard: its scratch page); page_table: [slots, max_pages] int32, local page ids
+    of the slot's shard; row, row_id, prompt_len, budget, generated (tokens so far),
     last_token: [slots] int32 (row_id uint32); done: [slots] bool (True for a free slot); captured:
     [slots] bool, the routing of the row's last token is recorded (routing runs only; True when free);
     seed: [2] uint32 (low, high word); prompt_logits: [logit_rows, vocab] float32, the last prompt
@@ -105,10 +108,10 @@ class Layout:
     """The static shapes of one engine call (hashable: a static argument of `init_state`).
 
     slots: decode slots (a multiple of the batch shards); max_pages: page-table width; num_pages,
-    page_size: the pool (plus one scratch page); rows: output rows (padded like the slots);
+    page_size: each batch shard's pool (plus one scratch page); rows: output rows (padded like the slots);
     max_new_tokens; logit_rows: prompts whose logits are held at once; num_prompts, bucket: the
     prompts and their padded length; routing: record MoE routing (prompt and generated tokens);
-    entropy: record each token's sampling entropy.
+    entropy: record each token's sampling entropy; shards: the batch shards.
     """
 
     slots: int
@@ -122,6 +125,7 @@ class Layout:
     bucket: int
     routing: bool
     entropy: bool = False
+    shards: int = 1
 
 
 def constrain_state(state: EngineState, cfg) -> EngineState:
@@ -172,8 +176,7 @@ def init_state(graphdef, model_state, seed, *, layout: Layout, pad_token_id: int
     """The empty state (every slot free, every page-table entry the scratch page) of a call with
     `layout`, created in its shardings. `seed`: [2] uint32."""
     cfg = nnx.merge(graphdef, model_state).config
-    pool = (cfg.num_hidden_layers, cfg.num_key_value_heads, layout.num_pages + 1, layout.page_size,
-            cfg.head_dim)
+    pool = pool_shape(cfg, shards=layout.shards, num_pages=layout.num_pages, page_size=layout.page_size)
     slots, rows, new = layout.slots, layout.rows, layout.max_new_tokens
     zeros = functools.partial(jnp.zeros, (slots,), jnp.int32)
     routing = prompt_routing = None

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from respo_jax.exported_programs import ProgramCache
 from respo_jax.sampling.engine import Engine, check_call
 from respo_jax.sampling.engine_state import GenerateOutput
 from respo_jax.sampling.params import EngineConfig, SamplingParams
@@ -44,19 +43,17 @@ def compile_generate(
     *,
     return_routing: bool = False,
     engine: EngineConfig = EngineConfig(),
-    programs: ProgramCache | None = None,
 ) -> None:
     """Compile, without running, the programs `generate` runs for `num_prompts` prompts whose longest
     is `prompt_len` tokens (every prefill size, admission and decode width), so the later call finds
     them compiled.
 
     Why: a trainer knows the prompt buckets its data can need before its first rollout; compiling
-    them then keeps compilation out of the run's later iterations (`RLTrainer.compile_ahead`).
-    `programs` as in `generate`."""
+    them then keeps compilation out of the run's later iterations (`RLTrainer.compile_ahead`)."""
     if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1 or num_prompts < 1:
         raise ValueError(f"need prompt_len >= 1 and num_prompts >= 1, got {prompt_len} and {num_prompts}")
     check_call(model, [[0] * prompt_len] * num_prompts, params, return_routing, None, None, engine)
-    Engine(model, [prompt_len] * num_prompts, params, engine, return_routing, programs).compile()
+    Engine(model, [prompt_len] * num_prompts, params, engine, return_routing).compile()
 
 
 def generate(
@@ -68,7 +65,6 @@ def generate(
     engine: EngineConfig = EngineConfig(),
     row_ids: Sequence[int] | None = None,
     row_max_new_tokens: Sequence[int] | None = None,
-    programs: ProgramCache | None = None,
 ) -> GenerateOutput:
     """Sample `params.num_samples` continuations of every prompt.
 
@@ -86,18 +82,15 @@ def generate(
         row's own budget (vLLM's per-request max_tokens; None: max_new_tokens for every row). A row
         stops at its budget as at an EOS: pad tokens and log-prob 0 after it. A row's draws do not
         depend on its budget, so a shorter budget gives a prefix of the longer one's sample.
-      programs: a `respo_jax.exported_programs.ProgramCache` keeping the engine's programs
-        (`engine.engine_programs`): a later launch reads them instead of tracing them. Its key must pin
-        the model (the trainer's does); None: plain `jax.jit`.
     The sampler runs under the model config's `mesh` and `rules` (`respo_jax.sharding`), as the
     trainer does: decode slots and output rows split over the `batch` axes (padded with filler to a
-    multiple of those axes' size), the page pools by their kv heads, and the parameters stay where they
-    are. In a run of several processes every process passes the same arguments; the outputs are global
-    arrays split like the batch.
+    multiple of those axes' size), the page pools by their kv heads and over the `batch` axes with the
+    slots that use them, and the parameters stay where they are. In a run of several processes every
+    process passes the same arguments; the outputs are global arrays split like the batch.
     Returns:
       GenerateOutput with rows in prompt-major order (`len(prompts) * num_samples` rows).
     """
     prompts, ids, budgets = check_call(model, prompts, params, return_routing, row_ids, row_max_new_tokens,
                                        engine)
-    run = Engine(model, [len(p) for p in prompts], params, engine, return_routing, programs)
+    run = Engine(model, [len(p) for p in prompts], params, engine, return_routing)
     return run.run(prompts, ids, budgets)

@@ -8,7 +8,12 @@ model's own forward (`Qwen3ForCausalLM.forward` over a `qwen3.PagedKVCache` of t
   out of bounds and are dropped): a row's first token from its prompt's logits, its own copy of the
   prompt's partial page.
 - `decode_segment`: a `lax.while_loop` of at most `EngineConfig.steps_per_schedule` steps over the
-  occupied slots padded to one of a few widths, with no host sync per token.
+  occupied slots padded to one of a few widths, with no host sync per token. The pools are the loop's
+  carry, donated and written in place (one copy of the pool in the program).
+
+Batch shards: every batch of these programs (prompts, admissions, decode slots) is laid out in the
+`shards` contiguous blocks of the batch axes, block s holding only rows whose pages are shard s's
+(`Scheduler` places them), so each device reads and writes only its own pages.
 
 Why batched: the host loop runs once per schedule and a trainer's rollout (32 prompts x G = 8 rows)
 takes a fraction of a second, so a dispatch per prompt or per row would cost more than the decoding.
@@ -38,10 +43,20 @@ import jax.numpy as jnp
 from flax import nnx
 
 from respo_jax.models import qwen3
+from respo_jax.models.qwen3.paged_attention import copy_pages
 from respo_jax.sampling.engine_state import EngineState, constrain_state, is_eos, row_keys
 from respo_jax.sampling.logits_processing import sample
 from respo_jax.sampling.params import SamplingParams
 from respo_jax.sampling.scheduler import prefill_steps
+
+
+def paged_cache(state: EngineState, page_table: jax.Array, cfg, impl: str = "gather",
+                interpret: bool = False) -> qwen3.PagedKVCache:
+    """The state's pools as the forward's cache, with `page_table` [batch, max_pages] (local page ids of
+    each row's shard), split over the model's mesh; `impl` / `interpret`: the attention kernel and whether
+    it runs in the Pallas interpreter."""
+    return qwen3.PagedKVCache(state.k_pages, state.v_pages, page_table, impl=impl, interpret=interpret,
+                              mesh=cfg.mesh, rules=cfg.rules)
 
 
 def prefill_counts(max_prompts: int, shards: int) -> tuple[int, ...]:
@@ -71,7 +86,8 @@ def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positi
     attends over the pages its earlier pieces (earlier steps included) wrote.
 
     input_ids, positions, attention_mask: [P, bucket] int32, left-padded (`engine.left_pad`; filler
-    rows hold one token); pages: [P, pages_for(bucket)] int32 pool pages of each prompt's tokens in
+    rows hold one token; split over the batch axes, each prompt in the block of the shard holding its
+    pages); pages: [P, pages_for(bucket)] int32 local pool pages of each prompt's tokens in
     order (the scratch page past the prompt's own, and everywhere for filler); logit_rows: [P] int32
     rows of `state.prompt_logits` to write the last token's logits to (at the last step); prompt_index:
     [P] int32 the prompts' indices (routing). Filler entries of both are out of bounds: dropped. All but
@@ -84,7 +100,7 @@ def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positi
     cfg = model.config
     pieces = prefill_steps(input_ids.shape[1], chunk)[step]
     begin, end = pieces[0][0], pieces[-1][1]
-    cache = qwen3.PagedKVCache(state.k_pages, state.v_pages, pages)
+    cache = paged_cache(state, pages, cfg)
     routing = state.prompt_routing is not None
     routed = []
     for start, stop in pieces:  # static unroll: few pieces
@@ -106,13 +122,13 @@ def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positi
 @functools.partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("state",))
 def admit_rows(graphdef, model_state, state: EngineState, slot, row, row_id, prompt_len, budget, copy_from,
                copy_to, logit_row, *, params: SamplingParams) -> EngineState:
-    """Start each row `row[i]` in `slot[i]` (all arrays [slots]; filler entries have `slot` and `row`
-    out of bounds and copy the scratch page onto itself): copy page `copy_from` to `copy_to` (its own
-    copy of the prompt's partial page, all layers), draw its first token from its prompt's logits
+    """Start each row `row[i]` in `slot[i]` (all arrays [slots], entry i for slot i, so split over the
+    batch axes like the slots; filler entries have `slot` and `row` out of bounds and copy the scratch
+    page onto itself): copy page `copy_from` to `copy_to` (local ids of the slot's shard: its own copy
+    of the prompt's partial page, all layers), draw its first token from its prompt's logits
     (`state.prompt_logits[logit_row]`) with the key of step 0 of row id `row_id`."""
     cfg = nnx.merge(graphdef, model_state).config
-    k_pages = state.k_pages.at[:, :, copy_to].set(state.k_pages[:, :, copy_from])
-    v_pages = state.v_pages.at[:, :, copy_to].set(state.v_pages[:, :, copy_from])
+    k_pages, v_pages = copy_pages(state.k_pages, state.v_pages, copy_from, copy_to, cfg.mesh, cfg.rules)
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys(state, row_id), 0)
     token, logprob, *entropy = sample(keys, state.prompt_logits[logit_row], params.temperature, params.top_k,
                                       params.top_p, params.return_entropy)
@@ -142,7 +158,7 @@ def _feed(model, state: EngineState, feed: jax.Array, impl: str, interpret: bool
     (logits [slots, vocab] float32, the state with the pools written, routing [num_moe_layers, slots,
     top_k] int32 or None)."""
     position = jnp.maximum(state.prompt_len + state.generated - 1, 0)[:, None]
-    cache = qwen3.PagedKVCache(state.k_pages, state.v_pages, state.page_table, impl=impl, interpret=interpret)
+    cache = paged_cache(state, state.page_table, model.config, impl, interpret)
     out = model.forward(state.last_token[:, None], position, feed[:, None], cache,
                         return_routing=state.routing is not None)
     state = state.replace(k_pages=out.cache.k_pages, v_pages=out.cache.v_pages)

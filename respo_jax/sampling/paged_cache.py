@@ -14,6 +14,11 @@ is deterministic (always the lowest-numbered free page), so every process takes 
 
 Page `num_pages` (one past the pool) is a scratch page: free slots' page tables point at it, so a
 fixed-shape decode step may write a free slot's K/V there without touching a live page.
+
+Shards. On a mesh the pool is split over the batch axes with the slots (`qwen3.PagedKVCache`): each
+of `shards` batch shards has a pool of its own (`num_pages` pages and a scratch page, ids 0 ..
+num_pages local to the shard) and its own contiguous block of slots, and a slot's pages are always
+its shard's. A prompt is held on one shard and its rows run in that shard's slots.
 """
 
 from __future__ import annotations
@@ -48,40 +53,56 @@ class PromptPages:
 
     tokens: int
     pages: tuple[int, ...]
+    shard: int = 0
 
 
 class PagedCache:
-    """Page pool, reference counts and per-slot page tables.
+    """Page pools (one per batch shard), reference counts and per-slot page tables.
 
     Attributes:
-      page_table: `[max_slots, max_pages]` int32; entry j of slot s is the pool page holding tokens
-        [j·page_size, (j+1)·page_size) of the slot's row (the scratch page `num_pages` where unused).
-      num_pages, page_size, scratch_page.
+      page_table: `[max_slots, max_pages]` int32; entry j of slot s is the page of the slot's shard
+        holding tokens [j·page_size, (j+1)·page_size) of the slot's row (the scratch page `num_pages`
+        where unused).
+      num_pages (per shard), page_size, scratch_page, shards (slot s in shard s // (max_slots / shards)).
     """
 
-    def __init__(self, num_pages: int, page_size: int, max_slots: int, max_pages: int):
-        self.num_pages, self.page_size = num_pages, page_size
+    def __init__(self, num_pages: int, page_size: int, max_slots: int, max_pages: int, shards: int = 1):
+        if max_slots % shards:
+            raise ValueError(f"{max_slots} slots do not split over {shards} batch shards")
+        self.num_pages, self.page_size, self.shards = num_pages, page_size, shards
         self.scratch_page = num_pages
+        self.slots_per_shard = max_slots // shards
         self.page_table = np.full((max_slots, max_pages), self.scratch_page, np.int32)
         self._held = np.zeros(max_slots, np.int64)       # pages in each slot's table
         self._reserved = np.zeros(max_slots, np.int64)   # pages a slot may still take
-        self._refcount = np.zeros(num_pages, np.int64)
-        self._free = list(range(num_pages))              # a heap: the lowest free page first
+        self._refcount = np.zeros((shards, num_pages), np.int64)
+        self._free = [list(range(num_pages)) for _ in range(shards)]  # heaps: the lowest free page first
 
     # -- accounting ------------------------------------------------------------------------------
 
     @property
     def pages_in_use(self) -> int:
-        """Pages holding tokens (taken, not returned)."""
-        return self.num_pages - len(self._free)
+        """Pages holding tokens (taken, not returned), over all shards."""
+        return self.shards * self.num_pages - sum(len(free) for free in self._free)
 
     @property
     def available(self) -> int:
-        """Free pages not promised to an admitted row."""
-        return len(self._free) - int(self._reserved.sum())
+        """Free pages not promised to an admitted row, over all shards."""
+        return sum(self.available_in(shard) for shard in range(self.shards))
 
-    def refcount(self, page: int) -> int:
-        return int(self._refcount[page])
+    def available_in(self, shard: int) -> int:
+        """Free pages of `shard` not promised to an admitted row of its slots."""
+        slots = self.slots_of(shard)
+        return len(self._free[shard]) - int(self._reserved[slots].sum())
+
+    def shard_of(self, slot: int) -> int:
+        return slot // self.slots_per_shard
+
+    def slots_of(self, shard: int) -> slice:
+        return slice(shard * self.slots_per_shard, (shard + 1) * self.slots_per_shard)
+
+    def refcount(self, page: int, shard: int = 0) -> int:
+        return int(self._refcount[shard, page])
 
     def pages_of(self, slot: int) -> tuple[int, ...]:
         return tuple(int(p) for p in self.page_table[slot, : self._held[slot]])
@@ -96,18 +117,19 @@ class PagedCache:
 
     # -- prompts ---------------------------------------------------------------------------------
 
-    def hold_prompt(self, tokens: int) -> PromptPages:
-        """Take the pages a prompt of `tokens` tokens is prefilled into (released by `release_prompt`)."""
+    def hold_prompt(self, tokens: int, shard: int = 0) -> PromptPages:
+        """Take the pages of `shard` a prompt of `tokens` tokens is prefilled into (released by
+        `release_prompt`)."""
         need = pages_for(tokens, self.page_size)
-        if need > self.available:
+        if need > self.available_in(shard):
             raise ValueError(f"a prompt of {tokens} tokens needs {need} pages; "
-                             f"{self.available} are available")
-        return PromptPages(tokens, tuple(self._take() for _ in range(need)))
+                             f"{self.available_in(shard)} are available")
+        return PromptPages(tokens, tuple(self._take(shard) for _ in range(need)), shard)
 
     def release_prompt(self, prompt: PromptPages) -> None:
         """Drop the prompt's own hold on its pages (rows attached to it keep theirs)."""
         for page in prompt.pages:
-            self._release(page)
+            self._release(page, prompt.shard)
 
     def attach(self, slot: int, prompt: PromptPages, row_tokens: int, take_partial: bool):
         """Start `slot`'s page table from `prompt`'s pages for a row of at most `row_tokens` tokens.
@@ -119,18 +141,22 @@ class PagedCache:
         """
         if self._held[slot] or self._reserved[slot]:
             raise ValueError(f"slot {slot} is in use")
+        shard = self.shard_of(slot)
+        if shard != prompt.shard:
+            raise ValueError(f"slot {slot} is in batch shard {shard}; the prompt's pages are shard "
+                             f"{prompt.shard}'s")
         if row_tokens > self.page_table.shape[1] * self.page_size:
             raise ValueError(f"a row of {row_tokens} tokens exceeds the page table "
                              f"({self.page_table.shape[1]} pages of {self.page_size})")
         cost = self.attach_cost(prompt.tokens, row_tokens, take_partial)
-        if cost > self.available:
+        if cost > self.available_in(shard):
             raise ValueError(f"slot {slot}: a row of {row_tokens} tokens needs {cost} more pages; "
-                             f"{self.available} are available")
+                             f"{self.available_in(shard)} are available")
         full = prompt.tokens // self.page_size
         partial = prompt.tokens % self.page_size != 0
         shared = prompt.pages[: full + (partial and take_partial)]
         for j, page in enumerate(shared):
-            self._refcount[page] += 1
+            self._refcount[shard, page] += 1
             self.page_table[slot, j] = page
         self._held[slot] = len(shared)
         copy = None
@@ -154,7 +180,7 @@ class PagedCache:
     def free_slot(self, slot: int) -> None:
         """Return the slot's pages (shared ones only when no other holder remains) and reservation."""
         for page in self.pages_of(slot):
-            self._release(page)
+            self._release(page, self.shard_of(slot))
         self.page_table[slot] = self.scratch_page
         self._held[slot] = 0
         self._reserved[slot] = 0
@@ -162,25 +188,25 @@ class PagedCache:
     def writable(self, slot: int, position: int) -> bool:
         """Whether the page holding token `position` of the slot is the slot's alone (decode may write)."""
         page = self.page_table[slot, position // self.page_size]
-        return page != self.scratch_page and self._refcount[page] == 1
+        return page != self.scratch_page and self._refcount[self.shard_of(slot), page] == 1
 
     # -- internals -------------------------------------------------------------------------------
 
     def _grow_one(self, slot: int) -> int:
-        page = self._take(reserved=True)
+        page = self._take(self.shard_of(slot), reserved=True)
         self._reserved[slot] -= 1
         self.page_table[slot, self._held[slot]] = page
         self._held[slot] += 1
         return page
 
-    def _take(self, reserved: bool = False) -> int:
-        if not self._free or (not reserved and self.available < 1):
+    def _take(self, shard: int, reserved: bool = False) -> int:
+        if not self._free[shard] or (not reserved and self.available_in(shard) < 1):
             raise ValueError("the page pool is exhausted")
-        page = heapq.heappop(self._free)
-        self._refcount[page] = 1
+        page = heapq.heappop(self._free[shard])
+        self._refcount[shard, page] = 1
         return page
 
-    def _release(self, page: int) -> None:
-        self._refcount[page] -= 1
-        if self._refcount[page] == 0:
-            heapq.heappush(self._free, page)
+    def _release(self, page: int, shard: int) -> None:
+        self._refcount[shard, page] -= 1
+        if self._refcount[shard, page] == 0:
+            heapq.heappush(self._free[shard], page)

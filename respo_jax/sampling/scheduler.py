@@ -25,21 +25,25 @@ import dataclasses
 from collections import deque
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from respo_jax.sampling.paged_cache import PagedCache, PromptPages, pages_for, pool_pages_for_bytes
+from respo_jax.sharding import axis_size
 
 
 @dataclasses.dataclass(frozen=True)
 class Prefill:
-    """Run step `step` of prompt `prompt`'s prefill (`tokens` tokens) into `pages` (in order); `last`:
-    the step that ends it (writes the last token's logits: its rows can be admitted)."""
+    """Run step `step` of prompt `prompt`'s prefill (`tokens` tokens) into `pages` (in order, local
+    ids of batch shard `shard`); `last`: the step that ends it (writes the last token's logits: its rows
+    can be admitted)."""
 
     prompt: int
     tokens: int
     pages: tuple[int, ...]
     step: int = 0
     last: bool = True
+    shard: int = 0
 
 
 def prefill_steps(bucket: int, chunk: int | None) -> list[list[tuple[int, int]]]:
@@ -103,13 +107,17 @@ class Scheduler:
       static: a static batch: rows are admitted only into an engine whose every slot is free (a batch
         of up to `max_slots` rows at once), each row's pages grown to its whole budget at admission; the
         engine decodes such a batch until its last row ends.
+      shards: the batch shards: `max_slots` slots in `shards` contiguous blocks, each with a pool of
+        `num_pages` pages of its own (`PagedCache`). A prompt is held on the shard with the most free
+        slots (then the most available pages, then the lowest index) and its rows run in that shard's
+        slots; a row whose shard has no free slot waits (no later row overtakes it).
     A row's cache holds its prompt and its response: `prompt + budget` tokens at most.
     """
 
     def __init__(self, prompt_lengths: Sequence[int], num_samples: int, budgets: Sequence[int], *,
                  max_new_tokens: int, max_slots: int, steps_per_schedule: int, page_size: int,
                  num_pages: int, max_prompt_len: int | None = None, prefill_chunk: int | None = None,
-                 static: bool = False):
+                 static: bool = False, shards: int = 1):
         self.prompt_lengths = [int(n) for n in prompt_lengths]
         self.num_samples = int(num_samples)
         budgets = np.asarray(budgets)
@@ -128,7 +136,7 @@ class Scheduler:
         self._last_step = len(prefill_steps(longest, prefill_chunk)) - 1
         self._prefilling: dict[int, int] = {}  # prompt -> its prefill's next step (started, not ended)
         max_pages = pages_for(longest + max_new_tokens, page_size)
-        self.cache = PagedCache(num_pages, page_size, max_slots, max_pages)
+        self.cache = PagedCache(num_pages, page_size, max_slots, max_pages, shards)
         for row in range(rows):
             alone = self._row_need(row, prompt_held=False, take_partial=self.num_samples == 1)
             if alone > num_pages:
@@ -163,25 +171,31 @@ class Scheduler:
         prefills, admissions = [], []
         for prompt, step in list(self._prefilling.items()):  # prefills started in earlier schedules
             prefills.append(self._prefill(prompt, step))
-        free_slots = [int(s) for s in np.flatnonzero(self.slot_row < 0)]
-        if self.static and len(free_slots) < len(self.slot_row):
-            free_slots = []  # a static batch is admitted whole, once the last one is done
-        while self._waiting and free_slots:
+        cache = self.cache
+        free = [[int(s) for s in np.flatnonzero(self.slot_row < 0) if cache.shard_of(s) == shard]
+                for shard in range(cache.shards)]
+        if self.static and np.any(self.slot_row >= 0):
+            free = [[] for _ in free]  # a static batch is admitted whole, once the last one is done
+        while self._waiting and any(free):
             row = self._waiting[0]
             prompt = row // self.num_samples
             if prompt in self._prefilling:
                 break  # its prefill goes on in the next schedules; no later row overtakes it
             last = self._pending[prompt] == 1
             held = prompt in self._prompts
-            if self._row_need(row, held, take_partial=last) > self.cache.available:
-                break  # wait for pages: a row is never dropped or truncated
+            need = self._row_need(row, held, take_partial=last)
+            shard = (self._prompts[prompt].shard if held else
+                     max(range(cache.shards), key=lambda s: (need <= cache.available_in(s), len(free[s]),
+                                                             cache.available_in(s), -s)))
+            if not free[shard] or need > cache.available_in(shard):
+                break  # wait for a slot and pages: a row is never dropped or truncated
             if not held:
-                self._prompts[prompt] = self.cache.hold_prompt(self.prompt_lengths[prompt])
+                self._prompts[prompt] = cache.hold_prompt(self.prompt_lengths[prompt], shard)
                 first = first_prefill_step(self.prompt_lengths[prompt], self.bucket, self.prefill_chunk)
                 prefills.append(self._prefill(prompt, first))
                 if prompt in self._prefilling:
                     break  # admitted once its last step ran (the pages it needs stay free: FIFO)
-            slot = free_slots.pop(0)
+            slot = free[shard].pop(0)
             copy = self.cache.attach(slot, self._prompts[prompt], self._row_tokens(row), take_partial=last)
             self._waiting.popleft()
             self._pending[prompt] -= 1
@@ -205,7 +219,8 @@ class Scheduler:
             self._prefilling.pop(prompt, None)
         else:
             self._prefilling[prompt] = step + 1
-        return Prefill(prompt, self.prompt_lengths[prompt], self._prompts[prompt].pages, step, last)
+        held = self._prompts[prompt]
+        return Prefill(prompt, self.prompt_lengths[prompt], held.pages, step, last, held.shard)
 
     @property
     def decoding(self) -> bool:
@@ -213,13 +228,18 @@ class Scheduler:
         return bool(np.any(self.slot_row >= 0))
 
     def decode_slots(self, widths: Sequence[int]) -> np.ndarray:
-        """The slots the next segment decodes: every occupied slot and the lowest free ones, as many as
-        the smallest of `widths` (ascending, the last one every slot) that holds the occupied ones:
-        `[width]` int32, ascending."""
-        occupied = np.flatnonzero(self.slot_row >= 0)
-        width = next(w for w in widths if w >= len(occupied))
-        free = np.flatnonzero(self.slot_row < 0)[: width - len(occupied)]
-        return np.sort(np.concatenate([occupied, free])).astype(np.int32)
+        """The slots the next segment decodes: the smallest of `widths` (ascending multiples of the
+        shards, the last one every slot) whose share per shard holds each shard's occupied slots; each
+        shard's share is its occupied slots and its lowest free ones, in shard order: `[width]` int32,
+        ascending (block s of the batch: shard s's slots)."""
+        per_shard = self.slot_row.reshape(self.cache.shards, -1)
+        busiest = int(np.max(np.sum(per_shard >= 0, axis=1)))
+        share = next(w for w in widths if w // self.cache.shards >= busiest) // self.cache.shards
+        picked = []
+        for shard, rows in enumerate(per_shard):
+            occupied, free = np.flatnonzero(rows >= 0), np.flatnonzero(rows < 0)[: share - np.sum(rows >= 0)]
+            picked.append(np.sort(np.concatenate([occupied, free])) + shard * len(rows))
+        return np.concatenate(picked).astype(np.int32)
 
     def retire(self, generated: Sequence[int], done: Sequence[bool]) -> list[int]:
         """Record the segment's result per slot (`generated`: tokens of the slot's row so far; `done`:
@@ -278,13 +298,31 @@ def segment_widths(engine, *, slots: int, rows: int, max_new_tokens: int, shards
 
 
 def pool_pages(engine, *, bucket: int, max_new_tokens: int, slots: int, num_layers: int, kv_heads: int,
-               head_dim: int, itemsize: int) -> int:
-    """Pages of the continuous engine's pool (its scratch page not counted), as `EngineConfig` sizes it:
-    `num_pages`; else the pages `kv_cache_bytes` holds; else `default_num_pages` for `slots` slots of
-    rows of `bucket` (the padded longest prompt) + `max_new_tokens` tokens (admission never waits)."""
+               head_dim: int, itemsize: int, shards: int = 1) -> int:
+    """Pages of each batch shard's pool (its scratch page not counted), as `EngineConfig` sizes the
+    whole pool, split evenly over `shards`: `num_pages` (floor, at least 1); else the pages
+    `kv_cache_bytes` / shards holds; else `default_num_pages` for `slots` slots of rows of `bucket`
+    (the padded longest prompt) + `max_new_tokens` tokens (admission never waits)."""
     if engine.num_pages is not None:
-        return engine.num_pages
+        return max(engine.num_pages // shards, 1)
     if engine.kv_cache_bytes is not None:
-        return pool_pages_for_bytes(engine.kv_cache_bytes, num_layers=num_layers, kv_heads=kv_heads,
+        return pool_pages_for_bytes(engine.kv_cache_bytes // shards, num_layers=num_layers, kv_heads=kv_heads,
                                     head_dim=head_dim, page_size=engine.page_size, itemsize=itemsize)
-    return default_num_pages([bucket], max_new_tokens, max_slots=slots, page_size=engine.page_size)
+    return default_num_pages([bucket], max_new_tokens, max_slots=slots // shards, page_size=engine.page_size)
+
+
+def pool_bytes_per_chip(engine, model_config, mesh, *, bucket: int, max_new_tokens: int, rows: int) -> int:
+    """Bytes of the engine's K and V page pools on each device of `mesh` for a call of `rows` rows of
+    prompts padded to `bucket` tokens (as `Engine` sizes it): each batch shard's pool (`pool_pages`, its
+    scratch page included), its kv heads split over the `kv_heads` axes of `model_config.rules`; the
+    pool / batch shards / kv-head shards. A function of the shapes alone (no device is touched)."""
+    rules = model_config.rules
+    shards = axis_size(mesh, rules.mesh_axes("batch"))
+    kv_heads = model_config.num_key_value_heads // axis_size(mesh, rules.mesh_axes("kv_heads"))
+    slots = engine_slots(engine.max_slots, rows, shards)
+    layers, head_dim = model_config.num_hidden_layers, model_config.head_dim
+    itemsize = jnp.dtype(model_config.dtype).itemsize
+    pages = pool_pages(engine, bucket=bucket, max_new_tokens=max_new_tokens, slots=slots, num_layers=layers,
+                       kv_heads=model_config.num_key_value_heads, head_dim=head_dim, itemsize=itemsize,
+                       shards=shards)
+    return 2 * layers * kv_heads * (pages + 1) * engine.page_size * head_dim * itemsize

@@ -89,7 +89,7 @@ def compile_bucket(trainer, model: nnx.Module, prompt_len: int) -> None:
     responses = np.full((rows, r.max_new_tokens), pad_id, np.int32)
     lengths = np.full(rows, r.max_new_tokens, np.int32)
     compile_generate(model, prompt_len, r.reuse * r.prompts_per_minibatch, trainer.sampling_params(0),
-                     engine=trainer.engine, return_routing=r.routing_replay, programs=trainer.programs)
+                     engine=trainer.engine, return_routing=r.routing_replay)
     routing = None
     if r.routing_replay:
         cfg = trainer.model_config

@@ -212,9 +212,8 @@ class RLTrainer:
         r = self.config.rollout
         prompts = [self.encode(rec) for rec in records]
         model = self.model() if params is None else nnx.merge(self.rollout_graphdef, params)
-        programs = self.programs if self.rollout_mesh is self.mesh else None
         out = generate(model, prompts, self.sampling_params(seed), engine=self.engine,
-                       return_routing=r.routing_replay, programs=programs)
+                       return_routing=r.routing_replay)
         # Every process gets every response (a gather across processes): the layout of the policy
         # batches (bucketed lengths, verl's balanced order), the metrics and the rollout file need them.
         out = self.placer.fetch(out)

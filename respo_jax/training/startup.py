@@ -35,9 +35,11 @@ def check_before_build(config: ExperimentConfig, mesh: Mesh, longest_prompt: int
     model_cfg = declared_model_config(config)
     config.rollout.check_kernel(platform=qwen3.kernels.platform(rollout_devices(config) or mesh),
                                 head_dim=model_cfg.head_dim)
+    # The engine's batch shards: the trainer mesh's (a rollout mesh of its own: checked as one pool).
+    shards = 1 if config.mesh.rollout_devices else axis_size(mesh, ShardingRules().mesh_axes("batch"))
     check_limits(config, model_cfg, longest_prompt,
                  device_memory_bytes([*mesh.devices.flat, *rollout_devices(config)]),
-                 trainer_devices=mesh.devices.size)
+                 trainer_devices=mesh.devices.size, batch_shards=shards)
 
 
 def check_mesh_fits(config: ExperimentConfig, model_cfg: qwen3.Qwen3Config, mesh: Mesh,

@@ -459,11 +459,14 @@ def _check_inputs(cfg: Qwen3Config, input_ids, positions, attention_mask, cache,
 
 def _check_paged_cache(cache: PagedKVCache, cfg: Qwen3Config, batch: int, positions) -> None:
     pool = cache.k_pages.shape
-    if (len(pool) != 5 or pool[:2] != (cfg.num_hidden_layers, cfg.num_key_value_heads)
-            or pool[4] != cfg.head_dim or cache.v_pages.shape != pool):
+    if (len(pool) != 6 or (pool[0], pool[2]) != (cfg.num_key_value_heads, cfg.num_hidden_layers)
+            or pool[5] != cfg.head_dim or cache.v_pages.shape != pool):
         raise ValueError(f"k_pages/v_pages have shape {pool}/{cache.v_pages.shape}; expected "
-                         f"({cfg.num_hidden_layers}, {cfg.num_key_value_heads}, pages, page_size, {cfg.head_dim}) "
-                         "([num_layers, kv_heads, num_pages + 1, page_size, head_dim])")
+                         f"({cfg.num_key_value_heads}, shards, {cfg.num_hidden_layers}, pages, page_size, "
+                         f"{cfg.head_dim}) ([kv_heads, shards, num_layers, num_pages + 1, page_size, "
+                         "head_dim])")
+    if batch % pool[1]:
+        raise ValueError(f"a batch of {batch} rows does not split over the pool's {pool[1]} shards")
     if cache.page_table.ndim != 2 or cache.page_table.shape[0] != batch:
         raise ValueError(f"page_table has shape {cache.page_table.shape}; expected ({batch}, max_pages)")
     if positions is None:
