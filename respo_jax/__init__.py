@@ -21,6 +21,8 @@ Modules:
   json_files, files  JSON reads that name file and line; file hashes and copies
   registry           the name -> spec registry behind `OBJECTIVES` and `REWARDS`
   compilation_cache  the persistent compilation cache's shared state (read-only, failed writes)
+  programs           the one jit wrapper (`Program`, `jit_program`) of the trainer's, the evaluation's and
+                     the engine's programs
   exported_programs  traced programs kept on disk beside the compilation cache for fast relaunches
   host_allocator     XLA:CPU host-memory settings applied at start-up
 """

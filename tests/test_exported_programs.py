@@ -15,7 +15,7 @@ import pytest
 from respo_jax.exported_programs import EXPORTED_DIR, ProgramCache, source_fingerprint
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
-from respo_jax.training.programs import jit_program
+from respo_jax.programs import jit_program
 from respo_jax.training.step import make_policy_step
 
 TRACES: list[str] = []  # what the functions below were traced for (tracing runs their Python)

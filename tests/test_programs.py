@@ -1,4 +1,4 @@
-"""The one jit wrapper of the training programs (`respo_jax.training.programs`)."""
+"""The one jit wrapper of the trainer's, the evaluation's and the engine's programs (`respo_jax.programs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from respo_jax.objectives import get_objective
-from respo_jax.training.programs import Program
+from respo_jax.programs import FROM_ARGUMENTS, Program
 from respo_jax.training.step import make_logprob_fn, make_policy_step
 
 
@@ -28,6 +28,44 @@ def test_a_program_without_shardings_runs_on_the_one_device_mesh():
     assert program.jitted is program.jitted  # one jit per program
 
 
+def test_a_program_compiles_once_per_static_argument_and_defaults_a_left_out_one():
+    traces = []
+
+    def scaled(x, scale: int = 2):
+        traces.append(scale)
+        return x * scale
+
+    program = Program(scaled, "scaled", FROM_ARGUMENTS, FROM_ARGUMENTS, static_argnums=(1,))
+    for args, kwargs, want in [((), {}, 2.0), ((), {"scale": 2}, 2.0), ((2,), {}, 2.0), ((3,), {}, 3.0)]:
+        np.testing.assert_array_equal(program(jnp.ones(3), *args, **kwargs), np.full(3, want))
+    assert traces == [2, 3]  # the default is the static argument 2: one trace for the first three calls
+
+
+def test_the_engines_programs_are_programs_with_the_state_donated():
+    """The rollout engine's programs go through the one wrapper: the state donated (the page pools
+    written in place), the graph definition and the configuration static, the shardings the arguments'
+    (placed on the model's mesh) and the body's constraints."""
+    import inspect
+
+    from respo_jax.sampling import engine, engine_state, model_step
+
+    programs = [model_step.prefill_prompts, model_step.admit_rows, model_step.decode_segment,
+                engine_state.init_state, engine._finish]
+    declared = {}
+    for program in programs:
+        assert isinstance(program, Program) and program.in_shardings is program.out_shardings is FROM_ARGUMENTS
+        names = list(inspect.signature(program.fun).parameters)
+        declared[program.name] = ([names[i] for i in program.static_argnums],
+                                  [names[i] for i in program.donate_argnums])
+    assert declared == {
+        "prefill_prompts": (["graphdef", "chunk", "step"], ["state"]),
+        "admit_rows": (["graphdef", "params"], ["state"]),
+        "decode_segment": (["graphdef", "params", "impl", "interpret"], ["state"]),
+        "init_state": (["graphdef", "layout", "pad_token_id"], []),
+        "finish": (["rows", "num_samples"], []),
+    }
+
+
 def test_the_step_builders_return_programs_for_the_one_wrapper():
     """What the trainer, the tests and the benchmarks call is the builders' `Program`, jitted by
     `jit_program` (the numbers are tests/test_training.py's and tests/test_exported_programs.py's)."""
@@ -43,16 +81,15 @@ def test_the_step_builders_return_programs_for_the_one_wrapper():
     assert step.in_shardings is None and logprobs.out_shardings is None  # the one-device mesh
 
 
-# Where `jax.jit` may still be called directly, and why: below `training` in the import graph (the
+# Where `jax.jit` may still be called directly, and why: below `programs` in the import graph (the
 # sharded creation of parameters and optimizer state, the objectives' analysis tools, the model's own
-# tests-and-notebooks helpers), the exported-program cache `jit_program` itself opts in to, and the
-# engine's model step (its programs are routed separately, in `respo_jax/sampling/`).
+# tests-and-notebooks helpers) and the exported-program cache `jit_program` itself opts in to. The
+# rollout engine's programs go through `jit_program` like the trainer's.
 JIT_ALLOWED = {
-    "respo_jax/training/programs.py": "the one wrapper",
+    "respo_jax/programs.py": "the one wrapper",
     "respo_jax/exported_programs.py": "the cache `jit_program` opts in to",
     "respo_jax/sharding.py": "creates parameters and optimizer state sharded; imported by programs.py",
     "respo_jax/objectives/gradient_weight.py": "an analysis tool of the leaf objectives package",
-    "respo_jax/sampling/": "the engine's model step",
 }
 
 
@@ -81,5 +118,5 @@ def test_training_eval_and_benchmarks_jit_only_through_jit_program():
                 if any(relative.startswith(allowed) for allowed in JIT_ALLOWED):
                     continue
                 found += [f"{relative}:{line}" for line in _direct_jits(os.path.join(root, relative))]
-    assert found == [], f"jax.jit outside respo_jax.training.programs.jit_program: {found}"
-    assert _direct_jits(os.path.join(root, "respo_jax/training/programs.py"))  # the scan sees a real jit
+    assert found == [], f"jax.jit outside respo_jax.programs.jit_program: {found}"
+    assert _direct_jits(os.path.join(root, "respo_jax/programs.py"))  # the scan sees a real jit

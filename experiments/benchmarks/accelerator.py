@@ -24,7 +24,7 @@ from experiments.benchmarks import matmul_peak, roofline, train_step
 from experiments.benchmarks.common import alternate, median, summarize
 from respo_jax.models import qwen3
 from respo_jax.sampling import EngineConfig, SamplingParams, generate
-from respo_jax.training.programs import Program
+from respo_jax.programs import Program
 
 
 def measured_bandwidth_gbs(megabytes: int = 1024, rounds: int = 5) -> float:

@@ -23,7 +23,7 @@ import sys
 import time
 
 from experiments.cli import ArgumentParser, run_cli
-from respo_jax.training.programs import Program
+from respo_jax.programs import Program
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 BASELINE = "token_chunks"

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.benchmarks.common import alternate, median, summarize
-from respo_jax.training.programs import Program
+from respo_jax.programs import Program
 
 # A size n is the n×n @ n×n matmul; (m, k, n) is [m, k] @ [k, n]. (4096, 512, 1536) is the small
 # config's MLP up-projection over its 8 × 512 tokens, the kind of GEMM its train step is made of.

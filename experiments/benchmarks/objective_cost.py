@@ -23,7 +23,7 @@ from experiments.benchmarks.common import alternate, median, speedup, summarize
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.training.step import make_optimizer, make_policy_step
-from respo_jax.training.programs import Program
+from respo_jax.programs import Program
 
 
 def _objective_grad_fn(objective) -> Callable:

@@ -26,7 +26,7 @@ from experiments.benchmarks import train_step
 from experiments.benchmarks.common import alternate, markdown_table, speedup, summarize
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.moe import expert_ffn, route
-from respo_jax.training.programs import Program
+from respo_jax.programs import Program
 
 SEQ_LENGTHS = (256, 512, 1024, 2048, 4096)
 POSITIONS_PER_STEP = 4096

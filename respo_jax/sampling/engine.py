@@ -30,6 +30,7 @@ from flax import nnx
 from respo_jax.distributed import to_host
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.paged_kernels import check_paged_attention
+from respo_jax.programs import FROM_ARGUMENTS, Program
 from respo_jax.sharding import axis_size
 from respo_jax.sampling import model_step
 from respo_jax.sampling.engine_state import GenerateOutput, Layout, init_state, place_state
@@ -131,7 +132,7 @@ def abstract(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
 
 
-def finish(state, prompt_lengths, *, rows: int, num_samples: int) -> GenerateOutput:
+def finish(state, prompt_lengths, rows: int, num_samples: int) -> GenerateOutput:
     """The outputs in `generate`'s format: `rows` rows (filler rows dropped); with routing, each prompt's
     routing repeated for its rows and the left-padded layout's mask (`prompt_lengths`: [num_prompts])."""
     def keep(a, axis=0):
@@ -149,7 +150,7 @@ def finish(state, prompt_lengths, *, rows: int, num_samples: int) -> GenerateOut
                           entropy=None if state.entropy is None else keep(state.entropy))
 
 
-_finish = jax.jit(finish, static_argnames=("rows", "num_samples"))
+_finish = Program(finish, "finish", FROM_ARGUMENTS, FROM_ARGUMENTS, static_argnums=(2, 3))
 
 
 class Engine:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from respo_jax.models.qwen3.paged_attention import PAGE_AXES, pool_shape
+from respo_jax.programs import FROM_ARGUMENTS, Program
 
 
 @struct.dataclass
@@ -171,8 +172,7 @@ def _declared_shardings(mesh, rules) -> dict:
     return {name: rules.sharding(mesh, axes) for name, axes in STATE_AXES.items()}
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "layout", "pad_token_id"))
-def init_state(graphdef, model_state, seed, *, layout: Layout, pad_token_id: int) -> EngineState:
+def _init_state(graphdef, model_state, seed, layout: Layout, pad_token_id: int) -> EngineState:
     """The empty state (every slot free, every page-table entry the scratch page) of a call with
     `layout`, created in its shardings. `seed`: [2] uint32."""
     cfg = nnx.merge(graphdef, model_state).config
@@ -196,6 +196,10 @@ def init_state(graphdef, model_state, seed, *, layout: Layout, pad_token_id: int
         entropy=jnp.zeros((rows, new), jnp.float32) if layout.entropy else None,
     )
     return constrain_state(state, cfg)
+
+
+# Created in its shardings (`constrain_state`), once per layout.
+init_state = Program(_init_state, "init_state", FROM_ARGUMENTS, FROM_ARGUMENTS, static_argnums=(0, 3, 4))
 
 
 def row_keys(state: EngineState, row_id: jax.Array) -> jax.Array:

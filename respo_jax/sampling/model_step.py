@@ -36,7 +36,6 @@ the segment's end), so a row is retired only once its routing is complete.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +43,7 @@ from flax import nnx
 
 from respo_jax.models import qwen3
 from respo_jax.models.qwen3.paged_attention import copy_pages
+from respo_jax.programs import FROM_ARGUMENTS, Program
 from respo_jax.sampling.engine_state import EngineState, constrain_state, is_eos, row_keys
 from respo_jax.sampling.logits_processing import sample
 from respo_jax.sampling.params import SamplingParams
@@ -78,9 +78,8 @@ def padded_count(count: int, sizes: tuple[int, ...]) -> int:
     raise ValueError(f"{count} prompts exceed the largest prefill batch {sizes[-1]}")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk", "step"), donate_argnames=("state",))
-def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positions, attention_mask, pages,
-                    logit_rows, prompt_index, *, chunk: int | None, step: int = 0) -> EngineState:
+def _prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positions, attention_mask, pages,
+                     logit_rows, prompt_index, chunk: int | None, step: int = 0) -> EngineState:
     """Step `step` of the prefill of P prompts: the model's forward over the step's pieces with the
     prompts' pages as its cache (`qwen3.PagedKVCache`), so each piece writes its K/V into the pages and
     attends over the pages its earlier pieces (earlier steps included) wrote.
@@ -119,9 +118,8 @@ def prefill_prompts(graphdef, model_state, state: EngineState, input_ids, positi
     return constrain_state(state, cfg)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("state",))
-def admit_rows(graphdef, model_state, state: EngineState, slot, row, row_id, prompt_len, budget, copy_from,
-               copy_to, logit_row, *, params: SamplingParams) -> EngineState:
+def _admit_rows(graphdef, model_state, state: EngineState, slot, row, row_id, prompt_len, budget, copy_from,
+                copy_to, logit_row, params: SamplingParams) -> EngineState:
     """Start each row `row[i]` in `slot[i]` (all arrays [slots], entry i for slot i, so split over the
     batch axes like the slots; filler entries have `slot` and `row` out of bounds and copy the scratch
     page onto itself): copy page `copy_from` to `copy_to` (local ids of the slot's shard: its own copy
@@ -213,10 +211,8 @@ SLOT_FIELDS = ("page_table", "row", "row_id", "prompt_len", "budget", "generated
                "captured")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "params", "impl", "interpret"),
-                   donate_argnames=("state",))
-def decode_segment(graphdef, model_state, state: EngineState, page_table, run_slots, steps, *,
-                   params: SamplingParams, impl: str, interpret: bool = False):
+def _decode_segment(graphdef, model_state, state: EngineState, page_table, run_slots, steps,
+                    params: SamplingParams, impl: str, interpret: bool = False):
     """At most `steps` (traced) decode steps of the slots `run_slots` ([width] int32, distinct: every
     occupied slot among them, `Scheduler.decode_slots`) with `page_table` [slots, max_pages], stopping
     early once none is live; with routing, then the capture of the done rows' last tokens. The other
@@ -243,3 +239,16 @@ def decode_segment(graphdef, model_state, state: EngineState, page_table, run_sl
                              for name in SLOT_FIELDS})
     state = constrain_state(state, model.config)
     return state, jnp.stack([state.generated, state.done.astype(jnp.int32)])
+
+
+# The engine's programs, each jitted once (`respo_jax.programs`): the graph definition, the prefill's
+# chunking and step, the sampling parameters and the attention kernel are static (one compile per engine
+# configuration and shape); the state is donated, so the page pools are written in place. Their
+# arguments come placed on the model's mesh and `constrain_state` fixes the state's layout, so the
+# shardings are the arguments'.
+prefill_prompts = Program(_prefill_prompts, "prefill_prompts", FROM_ARGUMENTS, FROM_ARGUMENTS,
+                          static_argnums=(0, 9, 10), donate_argnums=(2,))
+admit_rows = Program(_admit_rows, "admit_rows", FROM_ARGUMENTS, FROM_ARGUMENTS, static_argnums=(0, 11),
+                     donate_argnums=(2,))
+decode_segment = Program(_decode_segment, "decode_segment", FROM_ARGUMENTS, FROM_ARGUMENTS,
+                         static_argnums=(0, 6, 7, 8), donate_argnums=(2,))

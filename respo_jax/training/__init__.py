@@ -8,8 +8,7 @@ The loop and its steps
     minibatches     the N mini-batches of a rollout batch (consecutive or length-balanced)
     batch           policy-update batches: sequences, buckets, micro-batches (pure)
     batch_layout    a mini-batch laid out and placed for the update step
-    step            the jitted update, log-prob and supervised steps, as `Program`s
-    programs        the one jit wrapper of the training programs (`jit_program`)
+    step            the update, log-prob and supervised steps, as `Program`s (`respo_jax.programs`)
     iteration_metrics  the iteration's metrics record and rollout-file arrays
     async_rollouts  rollouts with bounded staleness on their own thread or mesh
     warmup          the supervised warm-up before RL

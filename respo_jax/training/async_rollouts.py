@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.sharding import axis_size
 from respo_jax.training.batch import batch_sharding
-from respo_jax.training.programs import Program, jit_program
+from respo_jax.programs import Program, jit_program
 from respo_jax.training.step import StepShardings, make_logprob_fn
 
 

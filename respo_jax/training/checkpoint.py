@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from respo_jax.distributed import sync_processes
 from respo_jax.files import file_sha256
 from respo_jax.runs import atomic_write_bytes, read_json
-from respo_jax.training.programs import Program, jit_program
+from respo_jax.programs import Program, jit_program
 from respo_jax.training.step import NonFiniteError, tree_all_finite
 from respo_jax.training.write_errors import free_space
 

@@ -17,7 +17,7 @@ from respo_jax.objectives import group_advantages
 from respo_jax.objectives.regularizers import adaptive_kl_coef, response_kl
 from respo_jax.training.config import ObjectiveConfig
 from respo_jax.training.placement import RowPlacer
-from respo_jax.training.programs import Program
+from respo_jax.programs import Program
 from respo_jax.training.rows import TrainingRows
 
 

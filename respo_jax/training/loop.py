@@ -50,7 +50,7 @@ from respo_jax.training.iteration_metrics import check_finite_steps, rl_record
 from respo_jax.training.minibatches import minibatch_rows
 from respo_jax.training.model_setup import build_mesh, build_model, rollout_placement
 from respo_jax.training.placement import RowPlacer
-from respo_jax.training.programs import Program, jit_program
+from respo_jax.programs import Program, jit_program
 from respo_jax.training.rows import SampledGroups, TrainingRows
 from respo_jax.training.scoring import ResponseScorer, raw_accuracy
 from respo_jax.training.shapes import ShapeTracker

@@ -27,7 +27,7 @@ from respo_jax.objectives.aggregation import aggregation_terms, safe_divide
 from respo_jax.objectives.off_policy_masks import mask_weights, masked_fraction
 from respo_jax.objectives.regularizers import Regularizers, kl_penalty
 from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches, split_rows
-from respo_jax.training.programs import Program
+from respo_jax.programs import Program
 
 
 class NonFiniteError(FloatingPointError):
@@ -110,7 +110,7 @@ def make_policy_step(
     decoupled: bool = False,
 ) -> Program:
     """Builds `step(params, opt_state, batch, microbatch_rows=None) -> (params, opt_state, metrics)` for
-    a `PolicyBatch` (one mini-batch), a `Program` (`respo_jax.training.programs`: jitted by
+    a `PolicyBatch` (one mini-batch), a `Program` (`respo_jax.programs`: jitted by
     `jit_program`, or at its first call).
 
     `objective` is any registered objective (`respo_jax.objectives.get_objective`), jitted together with
