@@ -53,7 +53,8 @@ def test_the_engines_programs_are_programs_with_the_state_donated():
                 engine_state.init_state, engine._finish]
     declared = {}
     for program in programs:
-        assert isinstance(program, Program) and program.in_shardings is program.out_shardings is FROM_ARGUMENTS
+        assert isinstance(program, Program)
+        assert program.in_shardings is program.out_shardings is FROM_ARGUMENTS
         names = list(inspect.signature(program.fun).parameters)
         declared[program.name] = ([names[i] for i in program.static_argnums],
                                   [names[i] for i in program.donate_argnums])
