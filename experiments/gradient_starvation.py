@@ -112,14 +112,15 @@ def prepare_base(config: StarvationConfig, show: bool = True, regime: str = "") 
                               f"{keys}); its cells would not be matched: choose another sweep.runs_dir "
                               "or delete that directory")
         return info
-    started = time.perf_counter()
     trainer = RLTrainer(experiment)
-    losses = [record["sft_loss"] for record in tqdm(
-        trainer.warmup(), total=experiment.warmup.steps, desc="base model warm-up", disable=not show)]
+    partial = base_dir + ".partial"
+    losses, seconds = warm_up_base(trainer, partial, wanted, show)
+    started = time.perf_counter()  # the evaluation and the save (the warm-up's own time: `seconds`)
     held_out = trainer.evaluation() or {}
     accuracy = held_out.get("greedy_accuracy")
-    partial = base_dir + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    shutil.rmtree(os.path.join(partial, run_dir.CHECKPOINT_DIR), ignore_errors=True)
+    if os.path.exists(os.path.join(partial, WARMUP_PROGRESS)):
+        os.remove(os.path.join(partial, WARMUP_PROGRESS))
     save_pretrained(trainer.model(), partial)
     weights = sorted(f for f in os.listdir(partial) if f.endswith(".safetensors"))
     info = {
@@ -128,13 +129,63 @@ def prepare_base(config: StarvationConfig, show: bool = True, regime: str = "") 
         .hexdigest(),
         "greedy_accuracy": accuracy,
         "sft_loss_last": float(np.mean(losses[-10:])) if losses else None,
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds + time.perf_counter() - started,
     }
     if config.run.eval_samples:
         info["held_out"] = held_out
+    if len(losses) >= 2 * LOSS_CURVE_STEPS:  # a long warm-up: its plateau, checked before any cell runs
+        info["sft_loss_curve"] = [float(np.mean(losses[i:i + LOSS_CURVE_STEPS]))
+                                  for i in range(0, len(losses), LOSS_CURVE_STEPS)]
     run_dir.atomic_write_json(os.path.join(partial, BASE_INFO), info)
     os.replace(partial, base_dir)
     return info
+
+
+WARMUP_PROGRESS = "warmup_progress.json"  # in base.partial/: the fingerprint, losses and seconds so far
+LOSS_CURVE_STEPS = 100  # base.json's "sft_loss_curve": the mean warm-up loss of each this many steps
+
+
+def warm_up_base(trainer, partial: str, wanted: dict, show: bool) -> tuple[list[float], float]:
+    """The base model's warm-up in `partial`/, resumable: (its per-step losses, its seconds of wall time).
+
+    A signal (SIGTERM, SIGINT: `respo_jax.training.preemption`) or run.checkpoint_every_minutes saves a
+    warm-up checkpoint (`respo_jax.training.warmup_checkpoint`) in partial/checkpoints with the losses so
+    far; a signal then raises Preempted. A rerun with the same fingerprint goes on from the newest intact
+    checkpoint, bit for bit; a partial of another fingerprint is discarded."""
+    from respo_jax.training import warmup_checkpoint
+
+    checkpoints = os.path.join(partial, run_dir.CHECKPOINT_DIR)
+    progress_path = os.path.join(partial, WARMUP_PROGRESS)
+    progress = run_dir.read_json(progress_path) if os.path.isfile(progress_path) else {}
+    start = None
+    if progress.get("config") == wanted:
+        start = warmup_checkpoint.restore(trainer, checkpoints)[1]
+    if start is None:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+    losses = list(progress.get("losses", []))[:start.step] if start else []
+    seconds = float(progress.get("seconds", 0.0)) if start else 0.0
+    steps = trainer.config.warmup.steps
+    clock, started = preemption.Clock(trainer.config.run.checkpoint_every_minutes), time.perf_counter()
+
+    def save() -> str:
+        kept = warmup_checkpoint.save(trainer, checkpoints, len(losses), "")
+        run_dir.atomic_write_json(progress_path, {"config": wanted, "losses": losses,
+                                                  "seconds": seconds + time.perf_counter() - started})
+        clock.reset()
+        return kept
+
+    with tqdm(trainer.warmup(start), total=steps, initial=start.step if start else 0,
+              desc="base model warm-up", disable=not show) as bar:
+        for record in bar:
+            losses.append(record["sft_loss"])
+            signum, due = preemption.stop_agreed(clock)
+            if signum or (due and record["step"] < steps):
+                kept = save()
+                if signum:
+                    raise preemption.Preempted(f"{preemption.signal_name(signum)} after base warm-up step "
+                                               f"{record['step']} of {steps}: {kept}", signum)
+    return losses, seconds + time.perf_counter() - started
 
 
 # A cell's config.json stores these paths relative to the working directory the sweep ran from (the
