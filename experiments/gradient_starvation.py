@@ -5,6 +5,8 @@
     python -m experiments.gradient_starvation --quick              # a reduced sweep in minutes
     python -m experiments.gradient_starvation sweep.seeds=0 sweep.reuse=1,32 optim.learning_rate=1e-3
     python -m experiments.gradient_starvation --report-only        # re-report the finished cells
+    python -m experiments.gradient_starvation --config experiments/configs/gradient_starvation_v3.py \
+        --pilot-report                                              # the third study's pilot decision
 
 Steps: (1) the shared base model — the supervised warm-up of `sweep.base_seed`, saved once in
 Hugging Face format under sweep.runs_dir/base; (2) every cell (`respo_jax.training.sweep`) trained by
@@ -60,6 +62,7 @@ BASE_INFO = "base.json"  # in the base model directory: the config that made it,
 CELL_INFO = "sweep_cell.json"  # in a finished cell: the cell and the base model it started from
 SUMMARY_JSON, SUMMARY_MD, FIGURE = "summary.json", "summary.md", "gradient_starvation.png"
 GRID_FIGURE, CONTROLS_FIGURE, LONG_FIGURE = "grid.png", "controls.png", "long_regime.png"  # second study
+PILOT_JSON, PILOT_MD = "decision.json", "decision.md"  # third study: the pilot's decision (--pilot-report)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -297,6 +300,42 @@ def run_cell(config: StarvationConfig, cell: Cell, base: dict) -> None:
 # Report (computed by experiments.starvation_summary, laid out by starvation_tables and starvation_figures)
 
 
+def report_markdown(summary: dict) -> str:
+    """summary.md: the first study's tables, the second study's, or (third study) the first study's with
+    the paired endpoint tables."""
+    if "selection" in summary:
+        return second_study_markdown(summary)
+    text = summary_markdown(summary)
+    if "paired" in summary:
+        from experiments.starvation_v3 import paired_markdown
+
+        text += "\n## Paired endpoints (cluster bootstrap over problems x seeds)\n\n" + paired_markdown(
+            summary["paired"])
+    return text
+
+
+def pilot_report(config: StarvationConfig) -> dict:
+    """The third study's pilot decision from its base model and finished GRPO cells (trains nothing):
+    decision.json and decision.md in sweep.out_dir (`experiments.starvation_v3.pilot_decision`)."""
+    from experiments.starvation_v3 import pilot_decision, pilot_markdown
+
+    if not os.path.isfile(os.path.join(config.base_dir, BASE_INFO)):
+        raise ConfigError(f"--pilot-report: no base model in {config.base_dir} (its warm-up has not "
+                          "finished)")
+    base = prepare_base(config, show=False)  # checks that it was made by this config
+    cells = [c for c in config.cells() if c.objective == "grpo"]
+    runs = {c.name: load_run(config.cell_dir(c)) for c in cells if finished(config, c, base)}
+    decision = pilot_decision(base, json_view(config.base_experiment().to_dict()), runs,
+                              [c.name for c in cells if c.name not in runs])
+    os.makedirs(config.sweep.out_dir, exist_ok=True)
+    texts = {PILOT_JSON: json.dumps(decision, indent=1) + "\n", PILOT_MD: pilot_markdown(decision)}
+    for name, text in texts.items():
+        atomic_write_bytes(os.path.join(config.sweep.out_dir, name), text.encode())
+        os.chmod(os.path.join(config.sweep.out_dir, name), 0o644)
+    print(pilot_markdown(decision))
+    return decision
+
+
 def _curves_of(summary: dict, keep) -> dict:
     """`summary` restricted to the cells `keep(cell)` accepts (for `starvation_figure`)."""
     return dict(summary, cells=[c for c in summary["cells"] if keep(c)])
@@ -311,7 +350,7 @@ def write_outputs(summary: dict, out_dir: str) -> list[str]:
     second = "selection" in summary
     paths = [os.path.join(out_dir, name) for name in (SUMMARY_JSON, SUMMARY_MD)]
     atomic_write_bytes(paths[0], (json.dumps(summary, indent=1) + "\n").encode())
-    atomic_write_bytes(paths[1], (second_study_markdown if second else summary_markdown)(summary).encode())
+    atomic_write_bytes(paths[1], report_markdown(summary).encode())
     figures = {FIGURE: lambda: starvation_figure(summary)}
     if second:
         settings = summary["settings"]
@@ -342,9 +381,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("--quick", action="store_true", help="the config file's get_quick_config()")
     parser.add_argument("--report-only", action="store_true", help="report the finished cells, train nothing")
+    parser.add_argument("--pilot-report", action="store_true",
+                        help="the pilot's decision from its base and finished GRPO cells; train nothing")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
     config = apply_overrides(load_sweep_config(args.config, args.quick), args.overrides)
+    if args.pilot_report:
+        configure_compilation_cache(config.compilation_cache_dir, key="sweep.compilation_cache")
+        return pilot_report(config)
     if args.report_only:  # reads the cells (a running sweep may go on) and writes only the report
         return _sweep(config, args.report_only)
     # One sweep per runs_dir (the base model and the cells are its files); each cell's training also
@@ -397,7 +441,7 @@ def _sweep(config: StarvationConfig, report_only: bool) -> dict:
         raise ConfigError(f"no finished cell in {os.path.join(config.sweep.runs_dir, 'cells')}")
     summary = summarize(config, bases, runs, best, selection)
     paths = write_outputs(summary, config.sweep.out_dir)
-    print((second_study_markdown if "selection" in summary else summary_markdown)(summary))
+    print(report_markdown(summary))
     print("\n".join(paths))
     return summary
 

@@ -199,3 +199,74 @@ def test_pilot_smoke_run_trains_the_tailcut_arm_and_stores_per_problem_outcomes(
     expected = np.where(adv < 0, w**3 * np.exp(2 * (1 - w)),
                         np.where((adv > 0) & (log_w < -1), vespo_pos, respo_pos))
     np.testing.assert_allclose(rollout["phi"], expected, rtol=2e-4, atol=1e-6)
+
+
+def _paired_runs():
+    """Hand-built runs of two arms x two seeds on the mixed task (random rewards and held-out samples),
+    their summary cell records, and the config they share."""
+    from respo_jax.eval.report.loading import Run
+    from respo_jax.training.config import ExperimentConfig, RolloutConfig, RunConfig, TaskConfig
+
+    task = TaskConfig(name="synthetic", difficulty="scratchpad_mixed", num_records=400)
+    rng = np.random.default_rng(3)
+    runs, cells = {}, []
+    for objective in ("vespo", "respo_vespo"):
+        for seed in (0, 1):
+            rollout = RolloutConfig(prompts_per_minibatch=12, group_size=4, reuse=1, max_new_tokens=193)
+            config = ExperimentConfig(task=task, rollout=rollout,
+                                      run=RunConfig(eval_problems=24, eval_samples=3, seed=seed)).to_dict()
+            rollouts = [{"iteration": np.int64(k), "policy_updates": np.int64(k),
+                         "group": np.repeat(np.arange(12), 4), "reward": rng.choice([-1.0, 1.0], size=48),
+                         "advantage": np.zeros(48), "log_w": np.zeros(48)} for k in (1, 2, 3)]
+            records = [{"phase": "rl", "iteration": 8, "policy_updates": 8},
+                       {"phase": "eval", "sampled_samples": 3,
+                        "sampled_correct": rng.integers(0, 4, size=24).tolist(),
+                        "greedy_correct": [0] * 24}]
+            name = f"{objective}_n1_seed{seed}"
+            runs[name] = Run(name, name, config, records, rollouts, None)
+            cells.append({"objective": objective, "reuse": 1, "seed": seed, "name": name,
+                          "late_mean": float(rng.uniform())})
+    return runs, cells, config
+
+
+def test_paired_endpoints_are_the_bootstrap_of_the_long_problem_scores(monkeypatch):
+    """The three endpoints of respo_vespo - vespo, each against a float64 transcription: the long groups'
+    correct share over the first quarter's batches (updates <= 2 of 8), the long held-out problems'
+    sampled outcomes, the late means; each passed to the paired cluster bootstrap over seeds x problems."""
+    from respo_jax.training.config import ExperimentConfig, config_from_dict
+    from respo_jax.training.tasks import load_task
+
+    from experiments.starvation_problems import rollout_problems
+    from experiments import starvation_v3
+    from experiments.starvation_v3 import BOOTSTRAP_SEED, paired_endpoints
+
+    monkeypatch.setattr(starvation_v3, "BOOTSTRAP_RESAMPLES", 500)  # the report's 10,000: the same code
+    runs, cells, config = _paired_runs()
+    experiment = config_from_dict(ExperimentConfig, config, validate=False)
+    batches = rollout_problems(experiment, 2)
+    held_long = np.array([12 <= operand_count(r["problem"]) <= 16 for r in load_task(experiment).held_out])
+    assert 0 < held_long.sum() < 24
+
+    def quarter(run):
+        return np.array([np.mean(run.rollouts[k]["reward"][run.rollouts[k]["group"] == g] > 0)
+                         for k in (0, 1) for g in range(12)
+                         if 12 <= operand_count(batches[k][g]["problem"]) <= 16])
+
+    def held(run):
+        correct = np.asarray(run.records[1]["sampled_correct"])[held_long]
+        return np.array([[1.0 if j < c else 0.0 for j in range(3)] for c in correct])
+
+    late = {c["name"]: c["late_mean"] for c in cells}
+    expected = {"long_first_quarter": quarter, "heldout_long_pass_at_1": held,
+                "late_mean": lambda run: np.array([late[run.path]])}
+    rows = paired_endpoints(cells, runs)
+    assert [(r["a"], r["b"], r["endpoint"]) for r in rows] == [
+        ("respo_vespo", "vespo", e) for e in ("long_first_quarter", "heldout_long_pass_at_1", "late_mean")]
+    for row in rows:
+        a = np.stack([expected[row["endpoint"]](runs[f"respo_vespo_n1_seed{s}"]) for s in (0, 1)])
+        b = np.stack([expected[row["endpoint"]](runs[f"vespo_n1_seed{s}"]) for s in (0, 1)])
+        assert row["seeds"] == [0, 1] and row["units"] == a.shape[1] > 0
+        reference = paired_cluster_bootstrap(a, b, num_resamples=500, seed=BOOTSTRAP_SEED)
+        assert row["difference"] == pytest.approx(a.mean() - b.mean(), abs=1e-12)
+        assert (row["difference"], row["se"], row["low"], row["high"]) == pytest.approx(tuple(reference))
+        assert (row["mean_a"], row["mean_b"]) == pytest.approx((a.mean(), b.mean()))

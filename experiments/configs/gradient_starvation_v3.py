@@ -37,6 +37,8 @@ from respo_jax.training.sweep import StarvationConfig, SweepConfig
 
 PILOT_CLIP_LIMIT, PILOT_TAIL_SHARE, TAIL_LOG_W = 0.01, 0.15, -1.0
 LONG_OPERANDS = (12, 16)  # the long problems: this many operands, bounds included
+# the primary contrasts (A, B) of the grid's paired endpoints (`experiments.starvation_v3`)
+PRIMARY_CONTRASTS = (("respo_vespo", "vespo"), ("respo_vespo", "respo_vespo_tailcut"))
 
 
 respo_vespo_phi = v2.respo_pos_vespo_neg_phi  # ReSPO's phi+ for A >= 0, VESPO's phi- for A < 0
