@@ -126,7 +126,8 @@ def test_sweep_runs_resumes_and_refuses_stale_cells(tmp_path, monkeypatch, capsy
     assert (tmp_path / "runs" / "base.partial" / "checkpoints" / "warmup" / "1").is_dir()
     monkeypatch.undo()
     summary = gs.main(tiny(tmp_path))
-    whole = gs.prepare_base(apply_overrides(gs.load_sweep_config(CONFIG), tiny(tmp_path / "whole")), show=False)
+    whole_config = apply_overrides(gs.load_sweep_config(CONFIG), tiny(tmp_path / "whole"))
+    whole = gs.prepare_base(whole_config, show=False)
     resumed = json.loads((tmp_path / "runs" / "base" / gs.BASE_INFO).read_text())
     assert resumed["sha256"] == whole["sha256"] and resumed["sft_loss_last"] == whole["sft_loss_last"]
     base_files = [sorted(os.listdir(p / "runs" / "base")) for p in (tmp_path, tmp_path / "whole")]
