@@ -5,6 +5,8 @@
     python -m experiments.gradient_starvation --quick              # a reduced sweep in minutes
     python -m experiments.gradient_starvation sweep.seeds=0 sweep.reuse=1,32 optim.learning_rate=1e-3
     python -m experiments.gradient_starvation --report-only        # re-report the finished cells
+    python -m experiments.gradient_starvation --config experiments/configs/gradient_starvation_v3.py \
+        --pilot-report                                              # the third study's pilot decision
 
 Steps: (1) the shared base model — the supervised warm-up of `sweep.base_seed`, saved once in
 Hugging Face format under sweep.runs_dir/base; (2) every cell (`respo_jax.training.sweep`) trained by
@@ -60,6 +62,7 @@ BASE_INFO = "base.json"  # in the base model directory: the config that made it,
 CELL_INFO = "sweep_cell.json"  # in a finished cell: the cell and the base model it started from
 SUMMARY_JSON, SUMMARY_MD, FIGURE = "summary.json", "summary.md", "gradient_starvation.png"
 GRID_FIGURE, CONTROLS_FIGURE, LONG_FIGURE = "grid.png", "controls.png", "long_regime.png"  # second study
+PILOT_JSON, PILOT_MD = "decision.json", "decision.md"  # third study: the pilot's decision (--pilot-report)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -112,14 +115,15 @@ def prepare_base(config: StarvationConfig, show: bool = True, regime: str = "") 
                               f"{keys}); its cells would not be matched: choose another sweep.runs_dir "
                               "or delete that directory")
         return info
-    started = time.perf_counter()
     trainer = RLTrainer(experiment)
-    losses = [record["sft_loss"] for record in tqdm(
-        trainer.warmup(), total=experiment.warmup.steps, desc="base model warm-up", disable=not show)]
+    partial = base_dir + ".partial"
+    losses, seconds = warm_up_base(trainer, partial, wanted, show)
+    started = time.perf_counter()  # the evaluation and the save (the warm-up's own time: `seconds`)
     held_out = trainer.evaluation() or {}
     accuracy = held_out.get("greedy_accuracy")
-    partial = base_dir + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    shutil.rmtree(os.path.join(partial, run_dir.CHECKPOINT_DIR), ignore_errors=True)
+    if os.path.exists(os.path.join(partial, WARMUP_PROGRESS)):
+        os.remove(os.path.join(partial, WARMUP_PROGRESS))
     save_pretrained(trainer.model(), partial)
     weights = sorted(f for f in os.listdir(partial) if f.endswith(".safetensors"))
     info = {
@@ -128,13 +132,63 @@ def prepare_base(config: StarvationConfig, show: bool = True, regime: str = "") 
         .hexdigest(),
         "greedy_accuracy": accuracy,
         "sft_loss_last": float(np.mean(losses[-10:])) if losses else None,
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds + time.perf_counter() - started,
     }
     if config.run.eval_samples:
         info["held_out"] = held_out
+    if len(losses) >= 2 * LOSS_CURVE_STEPS:  # a long warm-up: its plateau, checked before any cell runs
+        info["sft_loss_curve"] = [float(np.mean(losses[i:i + LOSS_CURVE_STEPS]))
+                                  for i in range(0, len(losses), LOSS_CURVE_STEPS)]
     run_dir.atomic_write_json(os.path.join(partial, BASE_INFO), info)
     os.replace(partial, base_dir)
     return info
+
+
+WARMUP_PROGRESS = "warmup_progress.json"  # in base.partial/: the fingerprint, losses and seconds so far
+LOSS_CURVE_STEPS = 100  # base.json's "sft_loss_curve": the mean warm-up loss of each this many steps
+
+
+def warm_up_base(trainer, partial: str, wanted: dict, show: bool) -> tuple[list[float], float]:
+    """The base model's warm-up in `partial`/, resumable: (its per-step losses, its seconds of wall time).
+
+    A signal (SIGTERM, SIGINT: `respo_jax.training.preemption`) or run.checkpoint_every_minutes saves a
+    warm-up checkpoint (`respo_jax.training.warmup_checkpoint`) in partial/checkpoints with the losses so
+    far; a signal then raises Preempted. A rerun with the same fingerprint goes on from the newest intact
+    checkpoint, bit for bit; a partial of another fingerprint is discarded."""
+    from respo_jax.training import warmup_checkpoint
+
+    checkpoints = os.path.join(partial, run_dir.CHECKPOINT_DIR)
+    progress_path = os.path.join(partial, WARMUP_PROGRESS)
+    progress = run_dir.read_json(progress_path) if os.path.isfile(progress_path) else {}
+    start = None
+    if progress.get("config") == wanted:
+        start = warmup_checkpoint.restore(trainer, checkpoints)[1]
+    if start is None:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+    losses = list(progress.get("losses", []))[:start.step] if start else []
+    seconds = float(progress.get("seconds", 0.0)) if start else 0.0
+    steps = trainer.config.warmup.steps
+    clock, started = preemption.Clock(trainer.config.run.checkpoint_every_minutes), time.perf_counter()
+
+    def save() -> str:
+        kept = warmup_checkpoint.save(trainer, checkpoints, len(losses), "")
+        run_dir.atomic_write_json(progress_path, {"config": wanted, "losses": losses,
+                                                  "seconds": seconds + time.perf_counter() - started})
+        clock.reset()
+        return kept
+
+    with tqdm(trainer.warmup(start), total=steps, initial=start.step if start else 0,
+              desc="base model warm-up", disable=not show) as bar:
+        for record in bar:
+            losses.append(record["sft_loss"])
+            signum, due = preemption.stop_agreed(clock)
+            if signum or (due and record["step"] < steps):
+                kept = save()
+                if signum:
+                    raise preemption.Preempted(f"{preemption.signal_name(signum)} after base warm-up step "
+                                               f"{record['step']} of {steps}: {kept}", signum)
+    return losses, seconds + time.perf_counter() - started
 
 
 # A cell's config.json stores these paths relative to the working directory the sweep ran from (the
@@ -246,6 +300,42 @@ def run_cell(config: StarvationConfig, cell: Cell, base: dict) -> None:
 # Report (computed by experiments.starvation_summary, laid out by starvation_tables and starvation_figures)
 
 
+def report_markdown(summary: dict) -> str:
+    """summary.md: the first study's tables, the second study's, or (third study) the first study's with
+    the paired endpoint tables."""
+    if "selection" in summary:
+        return second_study_markdown(summary)
+    text = summary_markdown(summary)
+    if "paired" in summary:
+        from experiments.starvation_v3 import paired_markdown
+
+        text += "\n## Paired endpoints (cluster bootstrap over problems x seeds)\n\n" + paired_markdown(
+            summary["paired"])
+    return text
+
+
+def pilot_report(config: StarvationConfig) -> dict:
+    """The third study's pilot decision from its base model and finished GRPO cells (trains nothing):
+    decision.json and decision.md in sweep.out_dir (`experiments.starvation_v3.pilot_decision`)."""
+    from experiments.starvation_v3 import pilot_decision, pilot_markdown
+
+    if not os.path.isfile(os.path.join(config.base_dir, BASE_INFO)):
+        raise ConfigError(f"--pilot-report: no base model in {config.base_dir} (its warm-up has not "
+                          "finished)")
+    base = prepare_base(config, show=False)  # checks that it was made by this config
+    cells = [c for c in config.cells() if c.objective == "grpo"]
+    runs = {c.name: load_run(config.cell_dir(c)) for c in cells if finished(config, c, base)}
+    decision = pilot_decision(base, json_view(config.base_experiment().to_dict()), runs,
+                              [c.name for c in cells if c.name not in runs])
+    os.makedirs(config.sweep.out_dir, exist_ok=True)
+    texts = {PILOT_JSON: json.dumps(decision, indent=1) + "\n", PILOT_MD: pilot_markdown(decision)}
+    for name, text in texts.items():
+        atomic_write_bytes(os.path.join(config.sweep.out_dir, name), text.encode())
+        os.chmod(os.path.join(config.sweep.out_dir, name), 0o644)
+    print(pilot_markdown(decision))
+    return decision
+
+
 def _curves_of(summary: dict, keep) -> dict:
     """`summary` restricted to the cells `keep(cell)` accepts (for `starvation_figure`)."""
     return dict(summary, cells=[c for c in summary["cells"] if keep(c)])
@@ -260,7 +350,7 @@ def write_outputs(summary: dict, out_dir: str) -> list[str]:
     second = "selection" in summary
     paths = [os.path.join(out_dir, name) for name in (SUMMARY_JSON, SUMMARY_MD)]
     atomic_write_bytes(paths[0], (json.dumps(summary, indent=1) + "\n").encode())
-    atomic_write_bytes(paths[1], (second_study_markdown if second else summary_markdown)(summary).encode())
+    atomic_write_bytes(paths[1], report_markdown(summary).encode())
     figures = {FIGURE: lambda: starvation_figure(summary)}
     if second:
         settings = summary["settings"]
@@ -291,9 +381,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a config file defining get_config()")
     parser.add_argument("--quick", action="store_true", help="the config file's get_quick_config()")
     parser.add_argument("--report-only", action="store_true", help="report the finished cells, train nothing")
+    parser.add_argument("--pilot-report", action="store_true",
+                        help="the pilot's decision from its base and finished GRPO cells; train nothing")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides")
     args = parser.parse_args(argv)
     config = apply_overrides(load_sweep_config(args.config, args.quick), args.overrides)
+    if args.pilot_report:
+        configure_compilation_cache(config.compilation_cache_dir, key="sweep.compilation_cache")
+        return pilot_report(config)
     if args.report_only:  # reads the cells (a running sweep may go on) and writes only the report
         return _sweep(config, args.report_only)
     # One sweep per runs_dir (the base model and the cells are its files); each cell's training also
@@ -346,7 +441,7 @@ def _sweep(config: StarvationConfig, report_only: bool) -> dict:
         raise ConfigError(f"no finished cell in {os.path.join(config.sweep.runs_dir, 'cells')}")
     summary = summarize(config, bases, runs, best, selection)
     paths = write_outputs(summary, config.sweep.out_dir)
-    print((second_study_markdown if "selection" in summary else summary_markdown)(summary))
+    print(report_markdown(summary))
     print("\n".join(paths))
     return summary
 

@@ -26,6 +26,9 @@ EARLY_FRACTION, LATE_FRACTION = 0.25, 0.25
 CURVE_KEYS = ("train_accuracy", "response_length")
 
 
+THIRD_STUDY_TASK = "scratchpad_mixed"  # the third study's task: its report adds the paired endpoints
+
+
 def json_view(obj):
     """`obj` as JSON reads it back (tuples as lists, keys as strings)."""
     return json.loads(json.dumps(obj))
@@ -239,6 +242,10 @@ def summarize(config: StarvationConfig, bases: dict, runs: dict[Cell, Run], best
     if s.learning_rates:
         summary.update(second_study(config, bases, groups, best or {}, selection or []))
         summary = add_per_seed(summary)
+    if config.task.difficulty == THIRD_STUDY_TASK:  # the mixed lengths: paired endpoints on long problems
+        from experiments.starvation_v3 import paired_endpoints
+
+        summary["paired"] = paired_endpoints(cells, {c.name: run for c, run in runs.items()})
     return summary
 
 

@@ -116,7 +116,24 @@ def test_sweep_config_is_validated_and_matched():
 
 @pytest.mark.slow
 def test_sweep_runs_resumes_and_refuses_stale_cells(tmp_path, monkeypatch, capsys):
+    # a SIGTERM in the base model's warm-up (after step 1 of 2) saves a warm-up checkpoint and exits 143;
+    # the rerun goes on from it to the base model an uninterrupted warm-up makes, bit for bit
+    from respo_jax.training import preemption
+
+    stop_agreed = preemption.stop_agreed  # a SIGTERM at the first step boundary (the only one with a clock)
+    monkeypatch.setattr(preemption, "stop_agreed",
+                        lambda clock=None: (15, False) if clock else stop_agreed(clock))
+    assert gs.cli(tiny(tmp_path)) == 143
+    assert "after base warm-up step 1 of 2" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "base.partial" / "checkpoints" / "warmup" / "1").is_dir()
+    monkeypatch.undo()
     summary = gs.main(tiny(tmp_path))
+    whole_config = apply_overrides(gs.load_sweep_config(CONFIG), tiny(tmp_path / "whole"))
+    whole = gs.prepare_base(whole_config, show=False)
+    resumed = json.loads((tmp_path / "runs" / "base" / gs.BASE_INFO).read_text())
+    assert resumed["sha256"] == whole["sha256"] and resumed["sft_loss_last"] == whole["sft_loss_last"]
+    base_files = [sorted(os.listdir(p / "runs" / "base")) for p in (tmp_path, tmp_path / "whole")]
+    assert base_files[0] == base_files[1] and gs.WARMUP_PROGRESS not in base_files[0]
     out = tmp_path / "out"
     for name in (gs.SUMMARY_JSON, gs.SUMMARY_MD, gs.FIGURE):
         assert (out / name).stat().st_size > 0

@@ -155,18 +155,21 @@ def test_long_positive_tail_share_counts_positives_to_long_problems_below_the_cu
 
 
 @pytest.mark.slow
-def test_pilot_smoke_run_trains_the_tailcut_arm_and_stores_per_problem_outcomes(tmp_path, monkeypatch):
-    """The quick config's tail-cut cell end to end (a few updates from a 4-step warm-up, not a result):
-    the cell's config stores its paths relative to the working directory, its eval records carry the
-    per-problem outcomes, and the rollout file's phi is the tail-cut kernel of its (log W, A)."""
+def test_pilot_smoke_run_trains_the_tailcut_arm_and_reports_paired_endpoints(tmp_path, monkeypatch):
+    """The quick config end to end (GRPO and the tail-cut arm, a few updates from a 4-step warm-up, not a
+    result): the cell's config stores its paths relative to the working directory, both arms sample the
+    same problems, its eval records carry the per-problem outcomes, the rollout file's phi is the tail-cut
+    kernel of its (log W, A); --report-only rewrites the same report, whose paired held-out endpoint is
+    the difference on the long problems; --pilot-report applies the rule to GRPO's cell."""
     import json
 
     from respo_jax.eval import load_rollout_files
+    from respo_jax.eval.report import load_run
 
     from respo_jax.training.config import ExperimentConfig, config_from_dict
     from respo_jax.training.loop import RLTrainer
 
-    from experiments.starvation_problems import rollout_problems
+    from experiments.starvation_problems import long_positive_tail_share, rollout_problems
 
     used = []  # the records of each rollout batch, as the trainer sampled them
     rollout = RLTrainer.rollout
@@ -177,17 +180,19 @@ def test_pilot_smoke_run_trains_the_tailcut_arm_and_stores_per_problem_outcomes(
 
     monkeypatch.setattr(RLTrainer, "rollout", logged)
     monkeypatch.chdir(tmp_path)
-    gs.main(["--config", CONFIG_V3, "--quick", "sweep.objectives=respo_vespo_tailcut",
-             "sweep.runs_dir=runs/v3", "sweep.out_dir=runs/v3/results"])
-    cell = tmp_path / "runs/v3/cells/respo_vespo_tailcut_n2_seed0"
+    args = ["--config", CONFIG_V3, "--quick", "sweep.runs_dir=runs/v3", "sweep.out_dir=runs/v3/results"]
+    summary = gs.main(args)
+    names = ("grpo_n2_seed0", "respo_vespo_tailcut_n2_seed0")
+    cells = {name: tmp_path / "runs/v3/cells" / name for name in names}
+    cell = cells["respo_vespo_tailcut_n2_seed0"]
     saved = json.loads((cell / "config.json").read_text())
     assert saved["model"]["checkpoint_dir"] == os.path.join("runs", "v3", "base")
-    # the problems rebuilt from the cell's config are those the trainer sampled
-    assert used and rollout_problems(config_from_dict(ExperimentConfig, saved, validate=False), 1) == used
-    evals = [r for r in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())
-             if r.get("phase") == "eval"]
-    assert len(evals) == 2
-    for record in evals:
+    # the problems rebuilt from the cell's config are those the trainer sampled, the same for both arms
+    assert len(used) == 2 and used[0] == used[1]
+    assert rollout_problems(config_from_dict(ExperimentConfig, saved, validate=False), 1) == used[:1]
+    evals = {name: [r for r in map(json.loads, (path / "metrics.jsonl").read_text().splitlines())
+                    if r.get("phase") == "eval"] for name, path in cells.items()}
+    for record in evals["respo_vespo_tailcut_n2_seed0"]:
         lists = ("greedy_correct", "sampled_correct", "problem_ids")
         assert [len(record[key]) for key in lists] == [8, 8, 8]
         assert np.mean(record["greedy_correct"]) == record["greedy_accuracy"]
@@ -199,3 +204,112 @@ def test_pilot_smoke_run_trains_the_tailcut_arm_and_stores_per_problem_outcomes(
     expected = np.where(adv < 0, w**3 * np.exp(2 * (1 - w)),
                         np.where((adv > 0) & (log_w < -1), vespo_pos, respo_pos))
     np.testing.assert_allclose(rollout["phi"], expected, rtol=2e-4, atol=1e-6)
+
+    # the paired report: the tail-cut arm against GRPO, each endpoint; held-out on the long problems
+    test = get_task("scratchpad_mixed").make_records(8, saved["task"]["seed"] + 7919, split="test")
+    assert [str(r["id"]) for r in test] == evals["grpo_n2_seed0"][-1]["problem_ids"]
+    long = np.array([12 <= operand_count(r["problem"]) <= 16 for r in test])
+    rows = {r["endpoint"]: r for r in summary["paired"]}
+    contrast = [("respo_vespo_tailcut", "grpo", 2)] * 3
+    assert [(r["a"], r["b"], r["reuse"]) for r in summary["paired"]] == contrast
+    held = rows["heldout_long_pass_at_1"]
+    final = {name: np.asarray(e[-1]["sampled_correct"], np.float64)[long] / 2 for name, e in evals.items()}
+    assert held["units"] == long.sum() > 0
+    assert held["difference"] == pytest.approx(np.mean(final["respo_vespo_tailcut_n2_seed0"]
+                                                       - final["grpo_n2_seed0"]), abs=1e-12)
+    results = tmp_path / "runs/v3/results"
+    written = {name: (results / name).read_bytes() for name in (gs.SUMMARY_JSON, gs.SUMMARY_MD)}
+    assert b"### Held-out sampled pass@1, 12-16 operands" in written[gs.SUMMARY_MD]
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    gs.main(args + ["--report-only"])
+    assert all((results / name).read_bytes() == text for name, text in written.items())
+
+    # the pilot's decision: the rule on GRPO's cell, and the base model's accuracy by length
+    decision = gs.main(args + ["--pilot-report"])
+    grpo = decision["cells"]["grpo_n2_seed0"]
+    metrics = (cells["grpo_n2_seed0"] / "metrics.jsonl").read_text().splitlines()
+    clip = [r["clip_fraction"] for r in map(json.loads, metrics) if r.get("phase") == "rl"]
+    assert grpo["clip_fraction"] == pytest.approx(np.mean(clip))
+    share, count = long_positive_tail_share(load_run(cells["grpo_n2_seed0"]))
+    assert (grpo["long_positive_tail_share"], grpo["long_positives"]) == (share, count)
+    assert grpo["accepted"] == _config_module().pilot_accepted(grpo["clip_fraction"], share)
+    assert decision["decision"] == ("accepted: grpo_n2_seed0" if grpo["accepted"] else "not accepted")
+    base = json.loads((tmp_path / "runs/v3/base" / gs.BASE_INFO).read_text())["held_out"]
+    by_length = decision["base_model"]["held_out"]
+    assert by_length["long"]["problems"] == long.sum() and by_length["short"]["problems"] == 8 - long.sum()
+    long_greedy = np.mean(np.asarray(base["greedy_correct"])[long])
+    assert by_length["long"]["greedy_accuracy"] == pytest.approx(long_greedy)
+    assert json.loads((results / gs.PILOT_JSON).read_text()) == decision
+    assert (results / gs.PILOT_MD).read_text().startswith("# Third study: pilot decision")
+
+
+def _paired_runs():
+    """Hand-built runs of two arms x two seeds on the mixed task (random rewards and held-out samples),
+    their summary cell records, and the config they share."""
+    from respo_jax.eval.report.loading import Run
+    from respo_jax.training.config import ExperimentConfig, RolloutConfig, RunConfig, TaskConfig
+
+    task = TaskConfig(name="synthetic", difficulty="scratchpad_mixed", num_records=400)
+    rng = np.random.default_rng(3)
+    runs, cells = {}, []
+    for objective in ("vespo", "respo_vespo"):
+        for seed in (0, 1):
+            rollout = RolloutConfig(prompts_per_minibatch=12, group_size=4, reuse=1, max_new_tokens=193)
+            config = ExperimentConfig(task=task, rollout=rollout,
+                                      run=RunConfig(eval_problems=24, eval_samples=3, seed=seed)).to_dict()
+            rollouts = [{"iteration": np.int64(k), "policy_updates": np.int64(k),
+                         "group": np.repeat(np.arange(12), 4), "reward": rng.choice([-1.0, 1.0], size=48),
+                         "advantage": np.zeros(48), "log_w": np.zeros(48)} for k in (1, 2, 3)]
+            records = [{"phase": "rl", "iteration": 8, "policy_updates": 8},
+                       {"phase": "eval", "sampled_samples": 3,
+                        "sampled_correct": rng.integers(0, 4, size=24).tolist(),
+                        "greedy_correct": [0] * 24}]
+            name = f"{objective}_n1_seed{seed}"
+            runs[name] = Run(name, name, config, records, rollouts, None)
+            cells.append({"objective": objective, "reuse": 1, "seed": seed, "name": name,
+                          "late_mean": float(rng.uniform())})
+    return runs, cells, config
+
+
+def test_paired_endpoints_are_the_bootstrap_of_the_long_problem_scores(monkeypatch):
+    """The three endpoints of respo_vespo - vespo, each against a float64 transcription: the long groups'
+    correct share over the first quarter's batches (updates <= 2 of 8), the long held-out problems'
+    sampled outcomes, the late means; each passed to the paired cluster bootstrap over seeds x problems."""
+    from respo_jax.training.config import ExperimentConfig, config_from_dict
+    from respo_jax.training.tasks import load_task
+
+    from experiments.starvation_problems import rollout_problems
+    from experiments import starvation_v3
+    from experiments.starvation_v3 import BOOTSTRAP_SEED, paired_endpoints
+
+    monkeypatch.setattr(starvation_v3, "BOOTSTRAP_RESAMPLES", 500)  # the report's 10,000: the same code
+    runs, cells, config = _paired_runs()
+    experiment = config_from_dict(ExperimentConfig, config, validate=False)
+    batches = rollout_problems(experiment, 2)
+    held_long = np.array([12 <= operand_count(r["problem"]) <= 16 for r in load_task(experiment).held_out])
+    assert 0 < held_long.sum() < 24
+
+    def quarter(run):
+        return np.array([np.mean(run.rollouts[k]["reward"][run.rollouts[k]["group"] == g] > 0)
+                         for k in (0, 1) for g in range(12)
+                         if 12 <= operand_count(batches[k][g]["problem"]) <= 16])
+
+    def held(run):
+        correct = np.asarray(run.records[1]["sampled_correct"])[held_long]
+        return np.array([[1.0 if j < c else 0.0 for j in range(3)] for c in correct])
+
+    late = {c["name"]: c["late_mean"] for c in cells}
+    expected = {"long_first_quarter": quarter, "heldout_long_pass_at_1": held,
+                "late_mean": lambda run: np.array([late[run.path]])}
+    rows = paired_endpoints(cells, runs)
+    assert [(r["a"], r["b"], r["endpoint"]) for r in rows] == [
+        ("respo_vespo", "vespo", e) for e in ("long_first_quarter", "heldout_long_pass_at_1", "late_mean")]
+    for row in rows:
+        a = np.stack([expected[row["endpoint"]](runs[f"respo_vespo_n1_seed{s}"]) for s in (0, 1)])
+        b = np.stack([expected[row["endpoint"]](runs[f"vespo_n1_seed{s}"]) for s in (0, 1)])
+        assert row["seeds"] == [0, 1] and row["units"] == a.shape[1] > 0
+        reference = paired_cluster_bootstrap(a, b, num_resamples=500, seed=BOOTSTRAP_SEED)
+        assert row["difference"] == pytest.approx(a.mean() - b.mean(), abs=1e-12)
+        assert (row["difference"], row["se"], row["low"], row["high"]) == pytest.approx(tuple(reference))
+        assert (row["mean_a"], row["mean_b"]) == pytest.approx((a.mean(), b.mean()))

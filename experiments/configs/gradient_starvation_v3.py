@@ -19,7 +19,9 @@ PRE-REGISTERED ACCEPTANCE RULE (decided on the pilot, before any report seed run
      operands) have log W < -1 inside App. E.3's window (the first half of the run's rollout batches).
 `pilot_accepted` is the rule as code; condition 2's share is
 `experiments.starvation_problems.long_positive_tail_share(run)` of GRPO's cell. If no setting passes after the levers (longer warm-up, operand
-range, N, step size) are tried, the study reports what was tried and stops there.
+range, N, step size) are tried, the study reports what was tried and stops there. `--pilot-report` applies
+the rule to the finished GRPO cells (decision.json and decision.md in sweep.out_dir, with the base model's
+accuracy by operand count); a lever changed is a new pilot setting, recorded in the pilot's README.
 
 `get_config()` is the pilot: GRPO at N in {32, 128}, lr 2.5e-5, the pilot seed 5 (the report seeds will
 be 0-4). `get_quick_config()` is a smoke run of a few iterations.
@@ -37,6 +39,8 @@ from respo_jax.training.sweep import StarvationConfig, SweepConfig
 
 PILOT_CLIP_LIMIT, PILOT_TAIL_SHARE, TAIL_LOG_W = 0.01, 0.15, -1.0
 LONG_OPERANDS = (12, 16)  # the long problems: this many operands, bounds included
+# the primary contrasts (A, B) of the grid's paired endpoints (`experiments.starvation_v3`)
+PRIMARY_CONTRASTS = (("respo_vespo", "vespo"), ("respo_vespo", "respo_vespo_tailcut"))
 
 
 respo_vespo_phi = v2.respo_pos_vespo_neg_phi  # ReSPO's phi+ for A >= 0, VESPO's phi- for A < 0
