@@ -138,7 +138,8 @@ def _with_shardings(tree, shardings):
     sharding of `shardings` (a prefix: one sharding per Variable or array)."""
     def one(sharding, x):
         if isinstance(x, nnx.Variable):
-            return x.replace(jax.ShapeDtypeStruct(x.value.shape, x.value.dtype, sharding=sharding))
+            value = x.get_value()
+            return x.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
     return jax.tree.map(one, shardings, tree)
