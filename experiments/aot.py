@@ -67,7 +67,8 @@ def markdown(report: dict) -> str:
              f"{(report['kv_cache_bytes'] or 0) / gib:.2f} GiB budget, "
              + (f"{report['kv_pool_bytes_per_chip'] / gib:.2f} GiB held per chip"
                 if report["kv_pool_bytes_per_chip"] is not None else "not compiled")
-             + f"; fits: **{'yes' if report['fits'] else 'no'}**", "",
+             + f"; fits: **{'yes' if report['fits'] else 'no'}**"
+             + ("" if report["complete"] else " (so far: not every program is compiled yet)"), "",
              "Bytes are per chip, from the compiler (`memory_analysis`); peak = arguments + outputs - aliased "
              "(donated) + temporaries + code. Collectives are the ops in the compiled HLO (one in a loop "
              "body counted once) with their result bytes. FLOPs are analytic (2 per weight a token multiplies "
@@ -112,12 +113,17 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as err:
         raise ConfigError(f"--topology {args.topology!r}: {err}") from None
     run = aot.AbstractRun(config, devices)
-    reports = aot.compile_run(run, chip, buckets)
-    report = aot.aot_report(run, args.topology, reports)
     out = args.out or os.path.join("aot", args.topology.replace(":", "_"))
     os.makedirs(out, exist_ok=True)
-    atomic_write_json(os.path.join(out, "aot.json"), report)
-    atomic_write_bytes(os.path.join(out, "aot.md"), markdown(report).encode())
+
+    def write(reports: list, complete: bool = False) -> dict:  # after each program: a long compile's so far
+        report = {**aot.aot_report(run, args.topology, reports), "complete": complete}
+        atomic_write_json(os.path.join(out, "aot.json"), report)
+        atomic_write_bytes(os.path.join(out, "aot.md"), markdown(report).encode())
+        return report
+
+    reports = aot.compile_run(run, chip, buckets, on_report=write)
+    report = write(reports, complete=True)
     for p in reports:
         print(f"{p.program}: peak {p.peak_bytes_per_chip / 2**30:.3f} GiB a chip "
               f"({'fits' if p.fits else 'does not fit'})", file=sys.stderr)

@@ -16,6 +16,7 @@ import dataclasses
 import math
 import re
 import types
+from typing import Callable
 
 import jax
 import numpy as np
@@ -219,11 +220,13 @@ class AbstractRun:
 
 
 def compile_run(run: AbstractRun, chip: TpuChip, prompt_buckets: list[int] | None = None,
-                held_out: bool = True) -> list[ProgramReport]:
+                held_out: bool = True, on_report: Callable[[list], None] | None = None) -> list[ProgramReport]:
     """Compiles every program of `run` for its mesh's devices (`prompt_buckets`: these prompt buckets'
     programs; None: every bucket up to `task.max_prompt_tokens`), the held-out evaluation's with
-    `held_out` and `run.eval_problems` > 0; each program's `ProgramReport` against `chip`. A program the
-    compiler refuses for memory is reported with `fits` False and the compiler's line as `error`."""
+    `held_out` and `run.eval_problems` > 0; each program's `ProgramReport` against `chip`, also passed
+    to `on_report` (the reports so far) as it is made. A program the compiler refuses for memory is
+    reported with `fits` False and the compiler's line as `error` (the rest of its bucket's engine, or
+    of its bucket, is then not compiled)."""
     config, reports = run.config, []
     buckets = prompt_buckets or run.shapes.prompt_buckets()
     chips = run.mesh.devices.size
@@ -240,10 +243,14 @@ def compile_run(run: AbstractRun, chip: TpuChip, prompt_buckets: list[int] | Non
                 if "RESOURCE_EXHAUSTED" not in message and "exceeds" not in message:
                     raise
                 reports.append(refused_report(label, message, flops))
+                if on_report is not None:
+                    on_report(reports)
                 raise _Refused() from None
             reports.append(program_report(label, compiled, chip, chips, flops, decode_steps(run, name)))
             if name == "engine_init" and not prefix:
                 run.kv_pool_bytes_per_chip = pool_bytes_per_chip(compiled.out_info)
+            if on_report is not None:
+                on_report(reports)
             return compiled
 
         return compile
