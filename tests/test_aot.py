@@ -112,8 +112,8 @@ def test_a_program_that_does_not_fit_is_one_line_and_the_report_is_written(tmp_p
     report = json.loads((out / "aot.json").read_text())
     assert {"topology", "chips", "hbm_bytes_per_chip", "kv_cache_bytes", "batch_shards",
             "kv_pool_bytes_per_chip", "fits", "programs"} <= set(report)
-    assert (report["topology"], report["chips"], report["hbm_bytes_per_chip"], report["fits"]) == \
-        ("v5e:2x2", 4, 16 * 2**30, False)
+    assert (report["topology"], report["chips"], report["hbm_bytes_per_chip"], report["fits"],
+            report["complete"]) == ("v5e:2x2", 4, 16 * 2**30, False, True)
     first = report["programs"][0]
     assert {"program", "argument_bytes", "output_bytes", "temp_bytes", "peak_bytes_per_chip", "fits",
             "collectives", "flops"} <= set(first)
