@@ -22,12 +22,13 @@ from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.limits import device_memory_bytes
 from respo_jax.training.model_setup import build_mesh
 
-# A tiny dense model whose arrays fill whole TPU tiles (head_dim 128: the paper models' and the Pallas
-# kernel's), so the compiler's per-chip bytes are the shapes' bytes.
-DENSE = ["model.overrides={\"hidden_size\": 128, \"intermediate_size\": 256, \"head_dim\": 128, "
-         "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"num_hidden_layers\": 2, "
-         "\"vocab_size\": 256}", "mesh.data=1", "mesh.fsdp=4", "run.eval_problems=0",
-         "rollout.kv_cache_bytes=16777216", "rollout.page_size=16"]
+# The toy MoE run with arrays that fill whole TPU tiles (head_dim 128: the paper models' and the Pallas
+# kernel's), so the compiler's per-chip bytes are the shapes' bytes, on v5e:2x2 with 4 expert chips.
+MOE = ["model.overrides={\"hidden_size\": 128, \"intermediate_size\": 256, \"head_dim\": 128, "
+       "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"moe_intermediate_size\": 128, "
+       "\"vocab_size\": 256}", "mesh.data=1", "mesh.expert=4", "run.eval_problems=0",
+       "rollout.kv_cache_bytes=16777216", "rollout.page_size=16"]
+MOE_CONFIG = "experiments/configs/toy_moe.py"
 
 
 def shard_bytes(tree) -> int:
@@ -41,19 +42,20 @@ def full_bytes(tree) -> int:
 
 
 @pytest.fixture(scope="module")
-def dense():
-    """The tiny dense run's programs at its smallest prompt bucket, compiled for v5e:2x2 with fsdp 4."""
+def moe():
+    """The toy MoE run's programs at its smallest prompt bucket, compiled for v5e:2x2 (one compile for
+    the tests below)."""
     devices = aot.topology_devices("v5e:2x2")
-    run = aot.AbstractRun(apply_overrides(load_config(aot_cli.DEFAULT_CONFIG), DENSE), devices)
+    run = aot.AbstractRun(apply_overrides(load_config(MOE_CONFIG), MOE), devices)
     bucket = run.shapes.prompt_buckets()[0]
     return run, bucket, {r.program.split("[")[0]: r for r in aot.compile_run(run, CHIPS["v5e"], [bucket])}
 
 
-def test_update_step_memory_report_is_the_sharded_state_and_batch(dense):
-    run, _, reports = dense
+def test_update_step_memory_report_is_the_sharded_state_and_batch(moe):
+    run, _, reports = moe
     step = reports["update_step"]
     state = shard_bytes(run.state.params) + shard_bytes(run.state.opt_state)
-    # every parameter and moment split over the 4 fsdp chips (the embedding's rows, the layers' embed)
+    # every parameter and moment split over the 4 chips (embed dims over (fsdp, expert), experts)
     assert state < 0.3 * (full_bytes(run.state.params) + full_bytes(run.state.opt_state))
     batch_rows = run.config.rollout.prompts_per_minibatch * run.config.rollout.group_size
     assert batch_rows % 4 == 0
@@ -65,16 +67,20 @@ def test_update_step_memory_report_is_the_sharded_state_and_batch(dense):
     assert state <= step.alias_bytes <= step.argument_bytes
     assert step.peak_bytes_per_chip == (step.argument_bytes + step.output_bytes - step.alias_bytes
                                         + step.temp_bytes + step.code_bytes)
-    assert step.fits and step.collectives["all-gather"]["count"] >= 1  # fsdp gathers the weights
-    cfg = run.model_config
+    assert step.fits and step.collectives["all-gather"]["count"] >= 1  # the split weights are gathered
+    # the MoE's tokens go to their experts' chips by ragged all-to-all (resolved for the TPU mesh)
+    assert run.model_config.moe_dispatch == "ragged_all_to_all"
+    assert step.collectives["ragged-all-to-all"]["count"] >= 1
+    cfg = run.model_config  # every layer is MoE: top-k experts and the router per token
     per_token = 2 * (cfg.hidden_size * cfg.vocab_size + cfg.num_hidden_layers * (
         cfg.hidden_size * cfg.head_dim * 2 * (cfg.num_attention_heads + cfg.num_key_value_heads)
-        + 3 * cfg.hidden_size * cfg.intermediate_size))
+        + 3 * cfg.hidden_size * cfg.moe_intermediate_size * cfg.num_experts_per_tok
+        + cfg.hidden_size * cfg.num_experts))
     assert aot.forward_flops(cfg, 10, 0) == 10 * per_token
 
 
-def test_engine_programs_hold_the_pool_the_config_sizes(dense):
-    run, bucket, reports = dense
+def test_engine_programs_hold_the_pool_the_config_sizes(moe):
+    run, bucket, reports = moe
     assert {"engine_init", "engine_prefill", "engine_admit", "engine_decode", "engine_finish"} <= set(reports)
     cfg, engine = run.model_config, run.engine
     pages = pool_pages(engine, bucket=bucket, max_new_tokens=run.config.rollout.max_new_tokens, slots=0,
@@ -82,7 +88,7 @@ def test_engine_programs_hold_the_pool_the_config_sizes(dense):
                        head_dim=cfg.head_dim, itemsize=np.dtype(cfg.dtype).itemsize)
     pool = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (pages + 1) * engine.page_size * cfg.head_dim \
         * np.dtype(cfg.dtype).itemsize
-    assert run.kv_pool_bytes_per_chip == pool  # K and V whole on every chip of an fsdp mesh (tensor = 1)
+    assert run.kv_pool_bytes_per_chip == pool  # K and V whole on every chip of the mesh (tensor = 1)
     init = reports["engine_init"]
     assert pool <= init.output_bytes < pool + 256 * 1024  # the state is the pool and a few small arrays
     decode = reports["engine_decode"]
@@ -90,24 +96,13 @@ def test_engine_programs_hold_the_pool_the_config_sizes(dense):
     assert decode.alias_bytes >= pool  # the state is donated
 
 
-def test_moe_update_step_exchanges_tokens_with_ragged_all_to_all():
-    devices = aot.topology_devices("v5e:2x2")
-    config = apply_overrides(load_config("experiments/configs/toy_moe.py"),
-                             ["mesh.data=1", "mesh.expert=4", "run.eval_problems=0"])
-    run = aot.AbstractRun(config, devices)
-    assert run.model_config.moe_dispatch == "ragged_all_to_all"  # resolved for the TPU mesh
-    reports = aot.compile_run(run, chip_of(devices[0].device_kind), run.shapes.prompt_buckets()[:1])
-    step = next(r for r in reports if r.program.startswith("update_step"))
-    assert step.collectives["ragged-all-to-all"]["count"] >= 1 and step.fits
-
-
 def test_a_program_that_does_not_fit_is_one_line_and_the_report_is_written(tmp_path, capsys):
     out = tmp_path / "aot"
-    status = aot_cli.cli(["--topology", "v5e:2x2", "--out", str(out), "--prompt-buckets", "16", *DENSE[:-2],
-                          "rollout.kv_cache_bytes=" + str(24 * 2**30), "rollout.page_size=16"])
+    status = aot_cli.cli(["--config", MOE_CONFIG, "--topology", "v5e:2x2", "--out", str(out),
+                          "--prompt-buckets", "32", *MOE[:-2], f"rollout.kv_cache_bytes={24 * 2**30}"])
     assert status == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("error: engine_init[prompt=16] does not fit v5e:2x2: needs ")
+    assert line.startswith("error: engine_init[prompt=32] does not fit v5e:2x2: needs ")
     assert "a v5e chip has 16.00 GiB of HBM" in line and "rollout.kv_cache_bytes" in line
     report = json.loads((out / "aot.json").read_text())
     assert {"topology", "chips", "hbm_bytes_per_chip", "kv_cache_bytes", "batch_shards",
@@ -117,9 +112,9 @@ def test_a_program_that_does_not_fit_is_one_line_and_the_report_is_written(tmp_p
     first = report["programs"][0]
     assert {"program", "argument_bytes", "output_bytes", "temp_bytes", "peak_bytes_per_chip", "fits",
             "collectives", "flops"} <= set(first)
-    assert first["program"] == "engine_init[prompt=16]" and not first["fits"]
+    assert first["program"] == "engine_init[prompt=32]" and not first["fits"]
     assert first["peak_bytes_per_chip"] > 16 * 2**30
-    assert "engine_init[prompt=16]" in (out / "aot.md").read_text()
+    assert "engine_init[prompt=32]" in (out / "aot.md").read_text()
 
 
 def test_mesh_splits_a_physical_axis_only_when_asked():
