@@ -74,7 +74,8 @@ def markdown(report: dict) -> str:
              "body counted once) with their result bytes. FLOPs are analytic (2 per weight a token multiplies "
              "by plus 4·layers·heads·head_dim per attended key; update step: 3 forwards, 4 with remat), "
              "over all chips; the bound is a lower bound on one call: max(FLOPs per chip / peak bf16 FLOP/s, "
-             "bytes that must cross HBM per chip / HBM bandwidth).", "",
+             "bytes that must cross HBM per chip / HBM bandwidth), those bytes being the arguments and outputs "
+             "once and, in a decode segment, the parameters again at every step after the first.", "",
              "| program | arguments GiB | outputs GiB | temps GiB | code MiB | peak GiB | fits | collectives "
              "(count, MiB) | analytic TFLOPs | bound ms |",
              "|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]

@@ -31,12 +31,6 @@ MOE = ["model.overrides={\"hidden_size\": 128, \"intermediate_size\": 256, \"hea
 MOE_CONFIG = "experiments/configs/toy_moe.py"
 
 
-def shard_bytes(tree) -> int:
-    """Bytes of a tree of sharded abstract arrays that each chip holds."""
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
-               for x in jax.tree.leaves(tree))
-
-
 def full_bytes(tree) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
@@ -54,7 +48,7 @@ def moe():
 def test_update_step_memory_report_is_the_sharded_state_and_batch(moe):
     run, _, reports = moe
     step = reports["update_step"]
-    state = shard_bytes(run.state.params) + shard_bytes(run.state.opt_state)
+    state = aot.bytes_per_chip(run.state.params) + aot.bytes_per_chip(run.state.opt_state)
     # every parameter and moment split over the 4 chips (embed dims over (fsdp, expert), experts)
     assert state < 0.3 * (full_bytes(run.state.params) + full_bytes(run.state.opt_state))
     batch_rows = run.config.rollout.prompts_per_minibatch * run.config.rollout.group_size
@@ -92,8 +86,13 @@ def test_engine_programs_hold_the_pool_the_config_sizes(moe):
     init = reports["engine_init"]
     assert pool <= init.output_bytes < pool + 256 * 1024  # the state is the pool and a few small arrays
     decode = reports["engine_decode"]
-    assert decode.argument_bytes >= pool + shard_bytes(run.state.params)
+    assert decode.argument_bytes >= pool + aot.bytes_per_chip(run.state.params)
     assert decode.alias_bytes >= pool  # the state is donated
+    # the bound's HBM term: arguments and outputs once, the parameters again at every further step
+    params = aot.bytes_per_chip(run.state.params)
+    moved = decode.argument_bytes + decode.output_bytes + (engine.steps_per_schedule - 1) * params
+    assert decode.bound_seconds == pytest.approx(max(moved / CHIPS["v5e"].hbm_bytes_per_second,
+                                                     decode.flops / 4 / CHIPS["v5e"].peak_bf16_flops))
 
 
 def test_a_program_that_does_not_fit_is_one_line_and_the_report_is_written(tmp_path, capsys):

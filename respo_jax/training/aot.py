@@ -184,6 +184,7 @@ class AbstractRun:
         graphdef, params = nnx.split(model)
         param_sh = state_shardings(params, self.mesh, self.rules)
         params = _with_shardings(params, param_sh)
+        self.param_bytes_per_chip = bytes_per_chip(params)
         opt = config.optim
         updates_per_step = r.reuse if opt.schedule_per == "rollout" else 1
         tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm,
@@ -246,7 +247,8 @@ def compile_run(run: AbstractRun, chip: TpuChip, prompt_buckets: list[int] | Non
                 if on_report is not None:
                     on_report(reports)
                 raise _Refused() from None
-            reports.append(program_report(label, compiled, chip, chips, flops, decode_steps(run, name)))
+            reread = max(decode_steps(run, name) - 1, 0) * run.param_bytes_per_chip
+            reports.append(program_report(label, compiled, chip, chips, flops, reread))
             if name == "engine_init" and not prefix:
                 run.kv_pool_bytes_per_chip = pool_bytes_per_chip(compiled.out_info)
             if on_report is not None:
@@ -272,11 +274,16 @@ def compile_run(run: AbstractRun, chip: TpuChip, prompt_buckets: list[int] | Non
     return reports
 
 
-def pool_bytes_per_chip(state) -> int:
-    """Bytes of an engine state's K/V page pools (`EngineState.k_pages`, `v_pages`, abstract) that each
-    chip holds, from their shardings."""
+def bytes_per_chip(tree) -> int:
+    """Bytes of a tree of abstract sharded arrays that each chip holds, from their shardings."""
     return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
-               for x in (state.k_pages, state.v_pages))
+               for x in jax.tree.leaves(tree))
+
+
+def pool_bytes_per_chip(state) -> int:
+    """Bytes of an engine state's K/V page pools (`EngineState.k_pages`, `v_pages`, abstract) each chip
+    holds."""
+    return bytes_per_chip((state.k_pages, state.v_pages))
 
 
 class _Refused(Exception):
@@ -311,15 +318,16 @@ def analytic_flops(run: AbstractRun, name: str, prompt_len: int) -> float | None
 
 
 def program_report(name: str, compiled, chip: TpuChip, chips: int, flops: float | None,
-                   steps: int = 0) -> ProgramReport:
-    """`ProgramReport` of a compiled program (`compiled.memory_analysis()` is per chip). `steps`: decode
-    steps per call, each reading the parameters again (the HBM term of the bound)."""
+                   reread_bytes: int = 0) -> ProgramReport:
+    """`ProgramReport` of a compiled program (`compiled.memory_analysis()` is per chip). The bound's HBM
+    term: the arguments read and the outputs written once, and `reread_bytes` more (a decode segment
+    reads its parameters again at every step after the first)."""
     memory = compiled.memory_analysis()
     argument, output = int(memory.argument_size_in_bytes), int(memory.output_size_in_bytes)
     temp, code = int(memory.temp_size_in_bytes), int(memory.generated_code_size_in_bytes)
     alias = int(memory.alias_size_in_bytes)
     peak = argument + output - alias + temp + code
-    moved = argument + output + max(steps - 1, 0) * argument
+    moved = argument + output + reread_bytes
     bound = max((flops or 0.0) / chips / chip.peak_bf16_flops, moved / chip.hbm_bytes_per_second)
     return ProgramReport(program=name, argument_bytes=argument, output_bytes=output, temp_bytes=temp,
                          code_bytes=code, alias_bytes=alias, peak_bytes_per_chip=peak,
