@@ -82,6 +82,7 @@ ENTRY_POINTS = {
     "experiments.async_staleness": "experiments.async_staleness",
     "experiments.mesh_equivalence": "experiments.mesh_equivalence",
     "experiments.crash_suite": "experiments.crash_suite",
+    "experiments.aot": "experiments.aot",
     "experiments.benchmarks": "experiments.benchmarks.__main__",
     "experiments.benchmarks.decode_vs_transformers": "experiments.benchmarks.decode_vs_transformers",
     "experiments.benchmarks.lm_head": "experiments.benchmarks.lm_head",
@@ -164,6 +165,12 @@ def _train_config(namespace):
     return load_config(namespace.config)
 
 
+def _aot_config(namespace):
+    from respo_jax.training.aot import without_data
+
+    return without_data(load_config(namespace.config))
+
+
 def _eval_config(namespace):
     from respo_jax.eval.config import EvalConfig
 
@@ -184,6 +191,7 @@ CONFIGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "experiments.gradient_starvation": _sweep_config,
     "experiments.async_staleness": _train_config,
     "experiments.mesh_equivalence": _train_config,
+    "experiments.aot": _aot_config,
 }
 
 

@@ -88,19 +88,23 @@ def configure_host_allocator(jax_dispatch: bool = True) -> dict:
 
 def expected_platform() -> str:
     """The platform JAX will run on ("cpu", "gpu", "tpu"), decided without starting JAX (the allocator
-    must be configured before): the first of `JAX_PLATFORMS` when set, else "cpu" unless a GPU or TPU
-    plugin is installed."""
+    must be configured before): the first of `JAX_PLATFORMS` when set, else "cpu" unless a GPU plugin
+    is installed or a TPU is attached. libtpu alone says nothing: it is installed to compile for TPU
+    topologies on a CPU host (`experiments.aot`), where JAX runs on the CPU; a TPU host has its chips'
+    device files (/dev/accel*, or /dev/vfio/<n> on v5e and later)."""
+    import glob
     import importlib.util
     import os
 
     chosen = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
     if chosen:
         return "gpu" if chosen in ("cuda", "rocm", "gpu") else chosen
-    plugins = (("jax_cuda13_plugin", "gpu"), ("jax_cuda12_plugin", "gpu"), ("jax_rocm7_plugin", "gpu"),
-               ("jax_rocm60_plugin", "gpu"), ("libtpu", "tpu"))
-    for module, platform_name in plugins:
-        if importlib.util.find_spec(module) is not None:
-            return platform_name
+    plugins = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_rocm7_plugin", "jax_rocm60_plugin")
+    if any(importlib.util.find_spec(module) is not None for module in plugins):
+        return "gpu"
+    if importlib.util.find_spec("libtpu") is not None and (glob.glob("/dev/accel*") or
+                                                          glob.glob("/dev/vfio/[0-9]*")):
+        return "tpu"
     return "cpu"
 
 

@@ -63,15 +63,18 @@ class MeshConfig:
     data: pure data parallelism (parameters replicated); fsdp: data parallelism with parameters,
     gradients and optimizer state sharded (ZeRO-3); tensor: Megatron-style splitting of heads, MLP and
     vocabulary; expert: expert parallelism (MoE experts split, tokens exchanged by all-to-all).
+    allow_split_physical_axes: let one physical axis of a TPU torus span several mesh axes (e.g. fsdp 8
+    x expert 8 on a 4x4x4 slice), which `make_mesh` otherwise refuses.
     """
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
     expert: int = 1
+    allow_split_physical_axes: bool = False
 
     def __post_init__(self):
-        sizes = dataclasses.asdict(self)
+        sizes = {name: getattr(self, name) for name in MESH_AXES}
         bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool)
                or (v < 1 and v != -1)}
         if bad:
@@ -102,12 +105,19 @@ class MeshConfig:
 
 def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh with axes ``(data, fsdp, tensor, expert)`` over ``devices`` (default: all devices, of
-    every process). Axis types are ``Auto``: shardings are declared at jit boundaries and by logical
-    constraints, the compiler propagates the rest."""
+    every process; or a TPU topology's, `jax.experimental.topologies`, to compile for it ahead). Axis
+    types are ``Auto``: shardings are declared at jit boundaries and by logical constraints, the compiler
+    propagates the rest. The devices are laid out along the physical torus (`mesh_utils`), splitting a
+    physical axis over several mesh axes only with ``config.allow_split_physical_axes``."""
+    from jax.experimental import mesh_utils
+
     devices = list(jax.devices() if devices is None else devices)
     sizes = config.axis_sizes(len(devices))
-    return jax.make_mesh(sizes, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    if not config.allow_split_physical_axes:
+        return jax.make_mesh(sizes, MESH_AXES, axis_types=axis_types, devices=devices)
+    grid = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 # ---------------------------------------------------------------------------------------------- rules

@@ -45,6 +45,12 @@ _flags = os.environ.get("XLA_FLAGS", "").split()
 os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in FAST_COMPILE_FLAGS if f.split("=")[0] not in
                                              {g.split("=")[0] for g in _flags}])
 
+# libtpu (the test extra) is installed for tests/test_aot.py, which compiles for TPU topologies; no test
+# runs on a TPU. Without these, every JAX process would start libtpu as a backend (its warnings, ~125 MB)
+# and hold libtpu's lock file, aborting a topology compile in the other xdist worker or a subprocess.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
 collect_ignore = [] if EIGHT_DEVICES in os.environ["XLA_FLAGS"] else ["multi_device"]
 
 

@@ -19,6 +19,9 @@ class MeshSection(_Section):
     fsdp: int = 1  # devices on the fsdp axis (parameters and optimizer state split)
     tensor: int = 1  # devices on the tensor axis (heads, MLP and vocabulary split)
     expert: int = 1  # devices on the expert axis (MoE experts split, all-to-all dispatch)
+    # Let one physical axis of a TPU torus span several mesh axes (e.g. fsdp 8 x expert 8 on v5p:4x4x4),
+    # which the mesh builder otherwise refuses; the exchanges of those axes then share the torus links.
+    allow_split_physical_axes: bool = False
     # Devices of a rollout mesh of their own (the last ones; the trainer's mesh takes the others), with
     # rollout.async_steps >= 1; 0 (the default): the sampler runs on the trainer's mesh.
     rollout_devices: int = 0
@@ -41,7 +44,8 @@ class MeshSection(_Section):
     def mesh_config(self):
         from respo_jax.sharding import MeshConfig
 
-        return MeshConfig(data=self.data, fsdp=self.fsdp, tensor=self.tensor, expert=self.expert)
+        return MeshConfig(data=self.data, fsdp=self.fsdp, tensor=self.tensor, expert=self.expert,
+                          allow_split_physical_axes=self.allow_split_physical_axes)
 
     def axis_sizes(self, device_count: int) -> tuple[int, int, int, int]:
         """(data, fsdp, tensor, expert) for `device_count` devices; ConfigError when they do not fit."""

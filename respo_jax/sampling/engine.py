@@ -20,7 +20,7 @@ its prefill until its last row is admitted.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -311,31 +311,36 @@ class Engine:
         return _finish(state, np.asarray(self.lengths, np.int32), rows=len(self.lengths) * self.num_samples,
                        num_samples=self.num_samples)
 
-    def compile(self) -> None:
+    def compile(self, compile: Callable | None = None) -> None:
         """Compile, without running, every program `run` runs for prompts of this call's bucket: the
         state's creation, the prefill at each padded prompt count and step, the admission, the decode
-        segment at each of its widths and the output's assembly, so `run` compiles nothing."""
-        layout, call = self.layout, _compiled
-        state = self._init(call)
+        segment at each of its widths and the output's assembly, so `run` compiles nothing.
+        `compile(name, lowered) -> compiled` compiles each (default `lowered.compile()`; an ahead-of-time
+        report keeps them, `respo_jax.training.aot`)."""
+        layout = self.layout
+        compile = compile or (lambda name, lowered: lowered.compile())
+
+        def named(name: str):  # the program's outputs as abstract values (`abstract`), for the next one
+            return lambda program, *args, **kwargs: jax.tree.map(
+                abstract, compile(name, program.lower(*args, **kwargs)).out_info)
+
+        state = self._init(named("engine_init"))
         for count in self.prefill_sizes:
             for step in range(len(prefill_steps(layout.bucket, self.engine.prefill_chunk_size))):
-                state = self._prefill(call, state, self._prefill_arrays([], (), count, {}), step)
+                state = self._prefill(named(f"engine_prefill[prompts={count},step={step}]"), state,
+                                      self._prefill_arrays([], (), count, {}), step)
         zeros = np.zeros(layout.num_prompts * self.num_samples, np.int64)
-        state = self._admit(call, state, self._admission_arrays((), zeros, zeros, {}))
+        state = self._admit(named("engine_admit"), state, self._admission_arrays((), zeros, zeros, {}))
         table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
         for width in self.decode_widths:
-            state, _ = self._decode(call, state, table, np.arange(width, dtype=np.int32))
-        call(_finish, state, np.asarray(self.lengths, np.int32), rows=layout.num_prompts * self.num_samples,
-             num_samples=self.num_samples)
+            state, _ = self._decode(named(f"engine_decode[width={width}]"), state, table,
+                                    np.arange(width, dtype=np.int32))
+        named("engine_finish")(_finish, state, np.asarray(self.lengths, np.int32),
+                               rows=layout.num_prompts * self.num_samples, num_samples=self.num_samples)
 
 
 def _run(program, *args, **kwargs):
     return program(*args, **kwargs)
-
-
-def _compiled(program, *args, **kwargs):
-    """Compile `program` for these arguments; its outputs as abstract values (`abstract`)."""
-    return jax.tree.map(abstract, program.lower(*args, **kwargs).compile().out_info)
 
 
 class _LogitRows:

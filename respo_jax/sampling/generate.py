@@ -26,7 +26,7 @@ is at most the row's budget.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from respo_jax.sampling.engine import Engine, check_call
 from respo_jax.sampling.engine_state import GenerateOutput
@@ -43,17 +43,19 @@ def compile_generate(
     *,
     return_routing: bool = False,
     engine: EngineConfig = EngineConfig(),
+    compile: Callable | None = None,
 ) -> None:
     """Compile, without running, the programs `generate` runs for `num_prompts` prompts whose longest
     is `prompt_len` tokens (every prefill size, admission and decode width), so the later call finds
     them compiled.
 
     Why: a trainer knows the prompt buckets its data can need before its first rollout; compiling
-    them then keeps compilation out of the run's later iterations (`RLTrainer.compile_ahead`)."""
+    them then keeps compilation out of the run's later iterations (`RLTrainer.compile_ahead`).
+    `compile(name, lowered) -> compiled` as in `Engine.compile`."""
     if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1 or num_prompts < 1:
         raise ValueError(f"need prompt_len >= 1 and num_prompts >= 1, got {prompt_len} and {num_prompts}")
     check_call(model, [[0] * prompt_len] * num_prompts, params, return_routing, None, None, engine)
-    Engine(model, [prompt_len] * num_prompts, params, engine, return_routing).compile()
+    Engine(model, [prompt_len] * num_prompts, params, engine, return_routing).compile(compile)
 
 
 def generate(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from typing import Callable
 
 import jax
 import numpy as np
@@ -82,14 +83,17 @@ def compile_ahead(trainer) -> int:
     return buckets
 
 
-def compile_bucket(trainer, model: nnx.Module, prompt_len: int) -> None:
-    """`compile_ahead` of one prompt bucket of `prompt_len` tokens."""
+def compile_bucket(trainer, model: nnx.Module, prompt_len: int, compile: Callable | None = None) -> None:
+    """`compile_ahead` of one prompt bucket of `prompt_len` tokens. `compile(name, lowered) -> compiled`
+    compiles each program (default `lowered.compile()`; `respo_jax.training.aot` keeps them)."""
+    compile = compile or (lambda name, lowered: lowered.compile())
     config, r, pad_id = trainer.config, trainer.config.rollout, trainer.tokenizer.pad_id
     rows = r.prompts_per_minibatch * r.group_size
     responses = np.full((rows, r.max_new_tokens), pad_id, np.int32)
     lengths = np.full(rows, r.max_new_tokens, np.int32)
     compile_generate(model, prompt_len, r.reuse * r.prompts_per_minibatch, trainer.sampling_params(0),
-                     engine=trainer.engine, return_routing=r.routing_replay)
+                     engine=trainer.engine, return_routing=r.routing_replay,
+                     compile=compile)
     routing = None
     if r.routing_replay:
         cfg = trainer.model_config
@@ -100,9 +104,9 @@ def compile_bucket(trainer, model: nnx.Module, prompt_len: int) -> None:
                                                np.zeros(rows, np.float32), routing, sampler_logp)
     state, objective = trainer.state, config.objective
     if trainer.old_logprobs_source == "recompute" or objective.uses_reference or objective.decoupled:
-        trainer.old_logprobs.lower(state.params, batch, micro).compile()
+        compile("log_pi_old", trainer.old_logprobs.lower(state.params, batch, micro))
     if objective.uses_reference:  # the update's batches carry the reference's log-probs
         batch = batch.replace(ref_logp=batch.old_logp)
     if objective.decoupled:  # and the behaviour policy's
         batch = batch.replace(behaviour_logp=batch.old_logp)
-    trainer.policy_step.lower(state.params, state.opt_state, batch, micro).compile()
+    compile("update_step", trainer.policy_step.lower(state.params, state.opt_state, batch, micro))

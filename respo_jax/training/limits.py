@@ -25,6 +25,7 @@ from respo_jax.models import qwen3
 from respo_jax.models.qwen3.kernels import platform
 from respo_jax.sampling.params import padded_prompt_length
 from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages
+from respo_jax.tpu_chips import chip_of
 from respo_jax.training.async_rollouts import reshard_transient_copies
 from respo_jax.training.config import ConfigError, ExperimentConfig
 
@@ -79,8 +80,9 @@ def _check_reference(config: ExperimentConfig, model_cfg, cache_bytes: int, memo
 
 
 def device_memory_bytes(devices) -> int | None:
-    """The memory of `devices` in all: each accelerator's `bytes_limit`; on CPU the host's RAM (once per
-    process). None when it cannot be told."""
+    """The memory of `devices` in all: each accelerator's `bytes_limit`, or for a TPU that reports none
+    (a topology's device compiled for ahead) its chip's HBM (`respo_jax.tpu_chips`; ValueError for a
+    TPU kind the table lacks); on CPU the host's RAM (once per process). None when it cannot be told."""
     devices = list(devices)
     if devices and platform(devices) == "cpu":
         try:
@@ -93,10 +95,13 @@ def device_memory_bytes(devices) -> int | None:
         try:
             stats = device.memory_stats() or {}
         except Exception:  # noqa: BLE001 (backends without memory statistics raise various types)
+            stats = {}
+        if "bytes_limit" in stats:
+            total += int(stats["bytes_limit"])
+        elif device.platform == "tpu":
+            total += chip_of(device.device_kind).hbm_bytes
+        else:
             return None
-        if "bytes_limit" not in stats:
-            return None
-        total += int(stats["bytes_limit"])
     return total
 
 

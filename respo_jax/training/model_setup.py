@@ -17,23 +17,27 @@ from respo_jax.sharding import ShardingRules, make_mesh
 from respo_jax.training.config import ConfigError, ExperimentConfig
 
 
-def build_mesh(config: ExperimentConfig) -> jax.sharding.Mesh:
-    """The run's (data, fsdp, tensor, expert) mesh (`config.mesh`) over every device of every process
-    (but the rollout mesh's, `trainer_devices`);
+def build_mesh(config: ExperimentConfig, devices: list | None = None) -> jax.sharding.Mesh:
+    """The run's (data, fsdp, tensor, expert) mesh (`config.mesh`) over `devices` (None: every device of
+    every process, but the rollout mesh's, `trainer_devices`; or a TPU topology's to compile ahead);
     in a single process, explicit sizes multiplying to fewer devices use the first ones (e.g. a
     one-device run on a host with eight). ConfigError when the sizes do not fit the devices."""
-    devices = trainer_devices(config)
+    devices = trainer_devices(config, devices)
     sizes = [getattr(config.mesh, axis) for axis in ("data", "fsdp", "tensor", "expert")]
     if -1 not in sizes and math.prod(sizes) < len(devices) and jax.process_count() == 1:
         devices = devices[:math.prod(sizes)]
     config.mesh.axis_sizes(len(devices))  # a ConfigError naming the mesh keys
-    return make_mesh(config.mesh.mesh_config(), devices)
+    try:
+        return make_mesh(config.mesh.mesh_config(), devices)
+    except (ValueError, NotImplementedError) as err:  # e.g. mesh axes that would split a physical axis
+        raise ConfigError(f"mesh: {str(err).splitlines()[0]} (mesh.allow_split_physical_axes=true allows "
+                          "splitting one)") from None
 
 
-def trainer_devices(config: ExperimentConfig) -> list:
-    """The devices of the trainer's mesh: all of them, or those `mesh.rollout_devices` leaves (the first
-    ones; ConfigError when it leaves none)."""
-    devices, split = jax.devices(), config.mesh.rollout_devices
+def trainer_devices(config: ExperimentConfig, devices: list | None = None) -> list:
+    """The devices of the trainer's mesh: all of `devices` (None: `jax.devices()`), or those
+    `mesh.rollout_devices` leaves (the first ones; ConfigError when it leaves none)."""
+    devices, split = list(jax.devices() if devices is None else devices), config.mesh.rollout_devices
     if split and split >= len(devices):
         raise ConfigError(f"mesh.rollout_devices={split}: expected fewer than the {len(devices)} devices, "
                           "so the trainer keeps some")
