@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from experiments.cli import ArgumentParser, load_config, run_cli, run_failures
 from experiments.starvation_figures import controls_figure, grid_figure, starvation_figure
-from experiments.starvation_summary import cell_window, json_view, selection_score, summarize
+from experiments.starvation_summary import THIRD_STUDY_TASK, cell_window, json_view, selection_score, summarize
 from experiments.starvation_tables import second_study_markdown, summary_markdown
 from respo_jax.eval.report import ReportError, load_run
 from respo_jax.files import file_sha256
@@ -440,6 +440,10 @@ def _sweep(config: StarvationConfig, report_only: bool) -> dict:
     if not runs:
         raise ConfigError(f"no finished cell in {os.path.join(config.sweep.runs_dir, 'cells')}")
     summary = summarize(config, bases, runs, best, selection)
+    if config.task.difficulty == THIRD_STUDY_TASK:  # the mixed lengths: paired endpoints on long problems
+        from experiments.starvation_v3 import paired_endpoints
+
+        summary["paired"] = paired_endpoints(summary["cells"], {c.name: run for c, run in runs.items()})
     paths = write_outputs(summary, config.sweep.out_dir)
     print(report_markdown(summary))
     print("\n".join(paths))

@@ -242,10 +242,6 @@ def summarize(config: StarvationConfig, bases: dict, runs: dict[Cell, Run], best
     if s.learning_rates:
         summary.update(second_study(config, bases, groups, best or {}, selection or []))
         summary = add_per_seed(summary)
-    if config.task.difficulty == THIRD_STUDY_TASK:  # the mixed lengths: paired endpoints on long problems
-        from experiments.starvation_v3 import paired_endpoints
-
-        summary["paired"] = paired_endpoints(cells, {c.name: run for c, run in runs.items()})
     return summary
 
 

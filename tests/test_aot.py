@@ -15,6 +15,7 @@ import pytest
 from experiments import aot as aot_cli
 from experiments.cli import load_config
 from respo_jax.host_allocator import expected_platform
+from respo_jax.sampling import compile_generate
 from respo_jax.sampling.scheduler import pool_pages
 from respo_jax.tpu_chips import CHIPS, chip_of
 from respo_jax.training import aot
@@ -77,12 +78,15 @@ def test_engine_programs_hold_the_pool_the_config_sizes(moe):
     run, bucket, reports = moe
     assert {"engine_init", "engine_prefill", "engine_admit", "engine_decode", "engine_finish"} <= set(reports)
     cfg, engine = run.model_config, run.engine
+    shards = 4  # the pool is split over the batch axes (data, fsdp, expert): one shard per chip here
+    assert run.batch_shards == shards
     pages = pool_pages(engine, bucket=bucket, max_new_tokens=run.config.rollout.max_new_tokens, slots=0,
                        num_layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
-                       head_dim=cfg.head_dim, itemsize=np.dtype(cfg.dtype).itemsize)
+                       head_dim=cfg.head_dim, itemsize=np.dtype(cfg.dtype).itemsize, shards=shards)
     pool = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (pages + 1) * engine.page_size * cfg.head_dim \
         * np.dtype(cfg.dtype).itemsize
-    assert run.kv_pool_bytes_per_chip == pool  # K and V whole on every chip of the mesh (tensor = 1)
+    # each chip holds its own shard's pages (the pool / batch shards), never a replica of the whole pool
+    assert run.kv_pool_bytes_per_chip == pool <= engine.kv_cache_bytes // shards
     init = reports["engine_init"]
     assert pool <= init.output_bytes < pool + 256 * 1024  # the state is the pool and a few small arrays
     decode = reports["engine_decode"]
@@ -98,7 +102,7 @@ def test_engine_programs_hold_the_pool_the_config_sizes(moe):
 def test_a_program_that_does_not_fit_is_one_line_and_the_report_is_written(tmp_path, capsys):
     out = tmp_path / "aot"
     status = aot_cli.cli(["--config", MOE_CONFIG, "--topology", "v5e:2x2", "--out", str(out),
-                          "--prompt-buckets", "32", *MOE[:-2], f"rollout.kv_cache_bytes={24 * 2**30}"])
+                          "--prompt-buckets", "32", *MOE[:-2], f"rollout.kv_cache_bytes={4 * 24 * 2**30}"])  # 24 GiB a chip
     assert status == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: engine_init[prompt=32] does not fit v5e:2x2: needs ")
@@ -136,3 +140,27 @@ def test_tpu_memory_comes_from_the_chip_and_the_platform_from_the_devices(monkey
     assert jax.devices()[0].platform == "cpu"
     with pytest.raises(ConfigError, match="--topology 'v5e:3x3'"):
         aot.topology_devices("v5e:3x3")
+
+
+def test_the_pallas_tpu_kernel_compiles_inside_shard_map_on_four_chips():
+    """The engine's decode with the Pallas TPU kernel, sharded over 4 chips (the pool split over the batch
+    axes, attention inside shard_map), compiles for v5e:2x2 and runs the kernel (a Mosaic custom call)."""
+    devices = aot.topology_devices("v5e:2x2")
+    run = aot.AbstractRun(apply_overrides(load_config(MOE_CONFIG), [*MOE, "rollout.paged_attention_impl=pallas_tpu"]),
+                          devices)
+    compiled = {}
+
+    def keep(name, lowered):
+        compiled[name] = lowered.compile()
+        return compiled[name]
+
+    r = run.config.rollout
+    compile_generate(run.model(), run.shapes.prompt_buckets()[0], r.reuse * r.prompts_per_minibatch,
+                     run.sampling_params(0), engine=run.engine, compile=keep)
+    def kernel_calls(program) -> int:  # the paged-attention kernel's Mosaic calls (the MoE has its own)
+        return sum("tpu_custom_call" in line and "paged_attention" in line for line in program.as_text().splitlines())
+
+    decode = [program for name, program in compiled.items() if name.startswith("engine_decode")]
+    assert decode and all(kernel_calls(program) >= 1 for program in decode)
+    prefill = [program for name, program in compiled.items() if name.startswith("engine_prefill")]
+    assert prefill and not any(kernel_calls(program) for program in prefill)  # a prefill gathers its pages

@@ -26,7 +26,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.sampling import SamplingParams, compile_generate
-from respo_jax.sharding import ShardingRules, optimizer_state_shardings, state_shardings
+from respo_jax.programs import jit_program
+from respo_jax.sharding import ShardingRules, axis_size, optimizer_state_shardings, state_shardings
 from respo_jax.tpu_chips import TpuChip, chip_of
 from respo_jax.training import compile_ahead, startup
 from respo_jax.training.batch import batch_sharding
@@ -34,7 +35,6 @@ from respo_jax.training.batch_layout import BatchLayout
 from respo_jax.training.config import ConfigError, ExperimentConfig, derive
 from respo_jax.training.model_setup import build_mesh, build_model
 from respo_jax.training.placement import RowPlacer
-from respo_jax.programs import jit_program
 from respo_jax.training.shapes import ShapeTracker
 from respo_jax.training.step import StepShardings, make_logprob_fn, make_optimizer, make_policy_step
 
@@ -194,7 +194,7 @@ class AbstractRun:
                                            opt_state=_with_shardings(jax.eval_shape(tx.init, params), opt_sh))
         self.shardings = StepShardings(params=param_sh, opt_state=opt_sh, batch=batch_sharding(self.mesh, self.rules),
                                        replicated=NamedSharding(self.mesh, PartitionSpec()))
-        self.batch_shards = startup.batch_shards(self.mesh, self.rules)
+        self.batch_shards = axis_size(self.mesh, self.rules.mesh_axes("batch"))
         self.layout = BatchLayout(r, 0, AbstractPlacer(self.shardings.batch), self.batch_shards, 1)
         self.correction = objective.correction()
         self.engine = r.engine_config()
