@@ -424,6 +424,9 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
+    # programs an earlier test of this worker compiled under another cache setting are dropped from
+    # memory first, so every program this run uses is in this run's compilation cache (see below)
+    jax.clear_caches()
     summary = main(TINY + [f"run.out_dir={tmp_path}", "objective.name=grpo"])
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in records if r["phase"] == "rl"]
