@@ -23,6 +23,10 @@ from respo_jax.training.config import ConfigError, apply_overrides
 from respo_jax.training.limits import device_memory_bytes
 from respo_jax.training.model_setup import build_mesh
 
+
+# TPU compiles (libtpu): in the full suite, not the fast path.
+pytestmark = pytest.mark.slow
+
 # The toy MoE run with arrays that fill whole TPU tiles (head_dim 128: the paper models' and the Pallas
 # kernel's), so the compiler's per-chip bytes are the shapes' bytes, on v5e:2x2 with 4 expert chips.
 MOE = ["model.overrides={\"hidden_size\": 128, \"intermediate_size\": 256, \"head_dim\": 128, "

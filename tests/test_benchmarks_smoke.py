@@ -340,6 +340,7 @@ def test_moe_implementations_agree_and_ratios_are_consistent():
     assert point["ragged_dot"]["speedup_vs_ragged"] == 1.0
 
 
+@pytest.mark.slow  # the accelerator benchmark end to end: in the full suite, not the fast path
 def test_accelerator_mode_runs_on_cpu_with_a_tiny_preset():
     result = accelerator.run(preset="tiny", batch=2, seq=16, decode_batches=(1,), prompt_len=4, new_tokens=(2, 4),
                              matmul_sizes=(64,), bandwidth_mb=4, rounds=1, dtype="float32")

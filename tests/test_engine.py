@@ -300,6 +300,7 @@ def test_moe_tokens_equal_the_reference_and_routing_teacher_forcing(moe_model, t
         np.testing.assert_array_equal(prompt_routing[:, r, bucket - m:], forced[:, r, :m])
 
 
+@pytest.mark.slow  # compiles every program of a run: in the full suite, not the fast path
 def test_compile_generate_compiles_every_program_ahead(moe_model):
     # Routing capture, a pool that makes admission wait, prefills of 1 and 2 prompts: every program of a
     # call with these shapes is compiled ahead, so the call compiles nothing.
