@@ -155,6 +155,7 @@ def test_an_async_run_does_not_depend_on_the_threads_timing(synchronous_run):
     assert rl[0]["log_w_mean"] == sync[0]["log_w_mean"] and rl[1]["log_w_mean"] != sync[1]["log_w_mean"]
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 def test_the_decoupled_objective_runs_async_and_is_the_coupled_one_without_staleness():
     """Without staleness π_prox is the behaviour policy (weight 1): decoupled = coupled; with k = 1 the
     decoupled run's ratio is against π_prox, so its log W holds the drift of the iteration's own updates,

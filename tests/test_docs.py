@@ -233,6 +233,7 @@ def test_readme_is_a_front_page_opening_with_the_two_commands():
 
 # ------------------------------------------------------------------------------------- the site builds
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 def test_sphinx_site_builds_with_warnings_as_errors(tmp_path):
     """`sphinx-build -W` into a fresh directory, the notebooks rendered as stored (not executed)."""
     out = tmp_path / "html"

@@ -268,6 +268,7 @@ def moe_model():
     return qwen3.init_model(qwen3.Qwen3Config.preset("tiny-moe", initializer_range=0.3), 1)
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_moe_tokens_equal_the_reference_and_routing_teacher_forcing(moe_model, temperature):
     # The routed experts of every prompt and generated token, in generate's format: rows that end at an

@@ -224,6 +224,7 @@ def test_pass_at_1_is_the_mean_over_problems_with_a_calibrated_standard_error():
     assert 0.92 <= hits / 800 <= 0.975
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 def test_evaluate_held_out_scores_greedy_and_sampled_responses_per_problem():
     """On a random tiny model: at a vanishing top-p each sample is the greedy response (same scores, per
     problem); at T = 1, top-p 1 the samples differ from it; pass@1 is the table's `pass_at_1`."""

@@ -208,8 +208,11 @@ def test_every_byte_of_a_compile_ahead_record_is_verified():
     missing or added byte makes the next start compile ahead again (and rewrite it)."""
     from respo_jax.training import compilation
 
-    cache = jax.config.jax_compilation_cache_dir
+    # the session's cache (an earlier in-process run with run.compilation_cache_dir=none may have
+    # turned JAX's off in this worker)
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     assert cache, "the test session sets JAX_COMPILATION_CACHE_DIR (tests/conftest.py)"
+    assert compilation.configure_compilation_cache(cache) == cache
     key = f"test-{os.getpid()}-{random.randrange(2**31)}"
     path = os.path.join(cache, compilation.COMPILED_AHEAD_DIR, key)
     try:

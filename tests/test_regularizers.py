@@ -270,6 +270,7 @@ def test_the_regularized_step_is_exact_under_micro_batching(objective, mask):
             np.testing.assert_allclose(float(metrics[key]), float(one_metrics[key]), rtol=1e-5, err_msg=key)
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 def test_the_kl_and_entropy_gradients_are_those_of_the_dense_model():
     """The step's gradient with kl_coef and entropy_coef minus the plain step's is the gradient of
     (kl_coef · Σ agg(k3) − entropy_coef · Σ agg(H)) / D computed from the model's dense logits."""

@@ -187,6 +187,7 @@ def _teacher_forced_routing(model, rows: list[list[int]]) -> np.ndarray:
     return np.asarray(jm.forward(model, ids, attention_mask=mask, return_routing=True).routing)
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 def test_same_seed_same_samples_other_seed_other_samples_chunking_changes_nothing(moe, moe_sampled):
     model, first = moe[1], moe_sampled
     again = generate(model, PROMPTS, MOE_PARAMS, return_routing=True, engine=STATIC)

@@ -423,6 +423,7 @@ def test_checkpoint_round_trip(tmp_path):
         restore_checkpoint(str(tmp_path / "missing"), zeros, s.opt_state)
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 def test_main_writes_metrics_curves_and_checkpoint(tmp_path):
     # programs an earlier test of this worker compiled under another cache setting are dropped from
     # memory first, so every program this run uses is in this run's compilation cache (see below)
@@ -793,6 +794,7 @@ def test_a_shared_prompt_gives_each_rows_log_probs_entropy_and_gradient():
     np.testing.assert_allclose(np.asarray(got_entropy), np.asarray(want_entropy), rtol=0, atol=2e-5)
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 def test_a_policy_step_over_shared_prompts_is_the_step_over_the_rows_with_micro_batches_too():
     graphdef, params, batch = _grouped_batch()
     tx = optax.adamw(1e-3, eps=1e-4)

@@ -86,6 +86,9 @@ def handling() -> Iterator[None]:
         if _state["active"] == 0 and not _state["held"]:
             for signum, previous in _state["previous"].items():
                 signal.signal(signum, previous)
+            # the flag belongs to the block: a later program in this process (a notebook's next run)
+            # starts without it
+            _state["signal"] = None
 
 
 def handle_from_start() -> None:
