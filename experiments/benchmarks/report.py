@@ -133,10 +133,26 @@ def _runs(payloads: list[tuple[str, dict]]) -> str:
 def blocks(results_dir: str = RESULTS) -> dict[str, str]:
     """The generated blocks' text, by name, from the result files in `results_dir`."""
     race = [(os.path.basename(p), _load(p)) for p in result_files("rl_iteration*.json", results_dir)]
-    rollout = [(os.path.basename(p), _load(p)) for p in result_files("rollout_engine*.json", results_dir)]
+    files = [(os.path.basename(p), _load(p)) for p in result_files("rollout_engine*.json", results_dir)]
+    rollout = [(name, p) for name, p in files if "decode_step_vs_pool" not in p]
     race_text = race_headline(race) + "\n\n" + _runs(race) if race else "No race result files."
     rollout_text = rollout_cases(rollout) + "\n\n" + _runs(rollout) if rollout else "No rollout result files."
+    pools = [(name, p["decode_step_vs_pool"]) for name, p in files if "decode_step_vs_pool" in p]
+    if pools:
+        rollout_text += "\n\n" + decode_vs_pool(pools)
     return {"race": race_text, "rollout": rollout_text}
+
+
+def decode_vs_pool(payloads: list[tuple[str, dict]]) -> str:
+    """One line per decode-vs-pool file: the median decode step at each pool size (the same live tokens
+    and slots), which stays flat when attention reads only the live pages."""
+    lines = []
+    for name, d in payloads:
+        steps = ", ".join(f"×{c['multiple']} ({c['pool_bytes'] / 2**20:,.0f} MiB): {c['step_ms_median']:.1f} ms"
+                          for c in d["cases"])
+        lines.append(f"- Decode step against the pool's size, {d['live_tokens']} live tokens in each of "
+                     f"{d['slots']} slots: {steps} (`{name}`: `{d['command']}`)")
+    return "\n".join(lines)
 
 
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
