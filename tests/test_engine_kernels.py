@@ -35,6 +35,7 @@ def case(request):
     return request.param, model, reference, generate(model, PROMPTS, PARAMS, engine=EngineConfig(**ENGINE))
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 @pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])
 def test_the_pallas_kernels_in_the_interpreter_sample_as_gather_and_the_reference(case, impl):
     dtype, model, reference, gather = case

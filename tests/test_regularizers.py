@@ -250,6 +250,7 @@ def _with_reference(batch, seed=1):
     ("gspo", {"kind": "deepseek_v32", "delta": 0.02}),  # seq-mean-token-mean
     ("respo", {"kind": "geometric", "low": 0.97, "high": 1.03}),
 ])
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 def test_the_regularized_step_is_exact_under_micro_batching(objective, mask):
     """KL + entropy + mask: micro-batches of 4 rows (the last padded) apply the one-shot gradient and
     report its metrics; each mask removes some but not all tokens here."""

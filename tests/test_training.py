@@ -623,6 +623,7 @@ TINY_MODEL = ('model.overrides={"num_hidden_layers": 1, "hidden_size": 16, "inte
               '"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}')
 
 
+@pytest.mark.slow  # over 9 s: in the full suite, not the fast path
 @pytest.mark.parametrize("scheduler", ["continuous", "static"])
 def test_log_pi_old_from_the_sampler_is_the_recomputed_one_to_float32_round_off(scheduler):
     """`rollout.old_logprobs="sampler"` (both engines): the same responses are drawn, the sampler's
