@@ -15,3 +15,15 @@ experiment configs they read.
   configs/            the config files (each says what differs from its base)
   benchmarks/         the benchmark suite (`python -m experiments.benchmarks`)
 """
+
+import importlib.util as _util
+import os as _os
+
+from respo_jax.host_allocator import expected_platform as _expected_platform
+
+# A CPU host with libtpu installed (the test extra: it compiles for TPU topologies, `experiments.aot`)
+# and no TPU attached: JAX runs on the CPU either way, but would also start libtpu as a backend in every
+# process (its warnings, ~125 MB, and a lock file on which a second such process aborts). The entry
+# points keep JAX on the CPU there; a JAX_PLATFORMS set by the user wins.
+if "JAX_PLATFORMS" not in _os.environ and _util.find_spec("libtpu") is not None and _expected_platform() == "cpu":
+    _os.environ["JAX_PLATFORMS"] = "cpu"

@@ -98,3 +98,25 @@ def test_a_refused_setting_raises(monkeypatch):
     monkeypatch.setattr(host_allocator.ctypes, "CDLL", lambda *a, **k: types.SimpleNamespace(mallopt=refuse))
     with pytest.raises(RuntimeError, match="M_MMAP_MAX"):
         host_allocator.configure_host_allocator()
+
+
+def test_entry_points_keep_jax_off_an_installed_libtpu_without_a_tpu(monkeypatch):
+    """`import experiments` (every `python -m experiments.*`) sets JAX_PLATFORMS=cpu where libtpu is
+    installed and no TPU is attached (JAX would otherwise start libtpu in every process); nothing where
+    libtpu is absent or a TPU is attached, and never over the user's own JAX_PLATFORMS."""
+    import importlib.util
+
+    root = ROOT
+    code = "import os, experiments; print(os.environ.get('JAX_PLATFORMS'))"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = root
+    got = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.strip()
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)  # the conftest's; the host's own answer
+    on_cpu = host_allocator.expected_platform() == "cpu"
+    expected = "cpu" if importlib.util.find_spec("libtpu") is not None and on_cpu else "None"
+    assert got == expected
+    env["JAX_PLATFORMS"] = "cpu,tpu"
+    got = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.strip()
+    assert got == "cpu,tpu"
