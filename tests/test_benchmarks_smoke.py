@@ -147,6 +147,16 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     assert result["second_launch_vs_median"] == pytest.approx(jax_side["second_launch_first_s"] / jax_side["median_s"])
     assert result["cold_first_vs_trl_first"] == pytest.approx(jax_side["first_s"] / trl_side["first_s"])
     assert result["rss_ratio_trl_over_jax"] == pytest.approx(trl_side["peak_rss_mib"] / jax_side["peak_rss_mib"])
+    # Where respo-jax's time went: the phases and the rest add up to each iteration's wall and CPU time,
+    # and the trainer's own rollout clock encloses the rollout's phase.
+    for wall_s, phases in zip(jax_side["times_s"], jax_side["phases"]):
+        assert set(phases["wall_s"]) == set(phases["cpu_s"]) == {"rollout", "old_logprobs", "updates", "other"}
+        assert sum(phases["wall_s"].values()) == pytest.approx(wall_s, rel=1e-9)
+        assert all(v > 0 for k, v in phases["wall_s"].items() if k != "other") and phases["wall_s"]["other"] >= 0
+        assert all(v >= 0 for k, v in phases["cpu_s"].items() if k != "other")
+    for rollout_s, phases in zip(jax_side["rollout_seconds"], jax_side["phases"]):
+        assert phases["wall_s"]["rollout"] <= rollout_s < phases["wall_s"]["rollout"] + 0.05
+    assert jax_side["phase_median_s"]["wall_s"]["updates"] == jax_side["phases"][1]["wall_s"]["updates"]
 
     # The race table file, generated whole from that JSON (no hand-written document is edited).
     def number(x):
@@ -195,6 +205,14 @@ def test_rl_iteration_summary_reports_the_sampler_mode_beside_the_headline():
     assert result["jax"]["old_logprobs"] == "recompute" and result["jax_sampler"]["old_logprobs"] == "sampler"
     assert result["rss_ratio_trl_over_jax"] == 2.0 and result["cold_first_vs_trl_first"] == 9.0 / 5.0
     assert (result["jax"]["cache_entries_written"], result["jax_sampler"]["cache_entries_written"]) == (3, 2)
+    assert result["jax"]["phase_median_s"] is None  # records without phase clocks
+    clocks = [{"wall_s": {"rollout": t / 2, "updates": t / 4, "other": t / 4}, "cpu_s": {"rollout": t}}
+              for t in (1.0, 2.0, 6.0, 4.0)]
+    for record, phases in zip(first["jax"].records, clocks):
+        record["phases"] = phases
+    medians = rl_iteration.summary(rl_iteration.RaceCase(1, iterations=4), first, {}, records, {})["jax"]
+    assert medians["phase_median_s"] == {"wall_s": {"rollout": 2.0, "updates": 1.0, "other": 1.0},
+                                         "cpu_s": {"rollout": 4.0}}
     row = race_table.race_table([result]).splitlines()[-1]
     assert "| 10 | 3.00× | 2 | 6.00× | n/a | 1.80× |" in row and row.endswith("| 500 / 490 / 1,000 |")
     alone = rl_iteration.summary(rl_iteration.RaceCase(32, iterations=4),

@@ -37,6 +37,9 @@ alternate iteration by iteration (one waits idle on its pipe while the other run
 and their process's peak RSS; the headline is the median of the per-iteration time ratios over the
 iterations after the first.
 
+Where a respo-jax side's time goes is recorded with it: per iteration the wall and process CPU seconds
+(both of its threads) of the rollout, log π_old, the N updates and the rest (`PhaseClock`).
+
 What a researcher waits for at the start is reported twice per side. The first launch's first iteration
 is cold: respo-jax's persistent compilation cache (`run.compilation_cache_dir`) is a directory created
 empty for the race, never the user's. After the race each side is launched again, alone, with the same
@@ -163,6 +166,47 @@ def prompt_stream(config, count: int) -> list[dict]:
 # ----------------------------------------------------------------------------------------------- sides
 
 
+# An RL iteration's phases as the trainer runs them (`RLTrainer.iteration`), each the method that runs it.
+PHASES = (("rollout", "next_rollout"), ("old_logprobs", "with_old_logprobs"), ("updates", "update"))
+
+
+class PhaseClock:
+    """Wall and process CPU seconds (all threads) of each phase of a trainer's iterations: the rollout
+    with its rewards, log π_old (a forward pass per mini-batch, or the sampler's), the N updates, and
+    `other` (the rest of the iteration: advantages, metrics, the first iteration's compile-ahead).
+
+    Each phase's method is wrapped on the trainer instance; log π_old is waited for before its clock
+    stops (the updates read it next, so nothing runs later than it would), the rollout and the updates
+    end on the host already. `take(wall_s, cpu_s)` returns one iteration's
+    {"wall_s": {phase: s}, "cpu_s": {phase: s}} and starts the next."""
+
+    def __init__(self, trainer):
+        self.totals = {}
+        for phase, method in PHASES:
+            setattr(trainer, method, self._timed(phase, getattr(trainer, method)))
+
+    def _timed(self, phase: str, method):
+        import jax
+
+        def timed(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            out = jax.block_until_ready(method(*args, **kwargs))
+            spent = self.totals.setdefault(phase, [0.0, 0.0])
+            spent[0] += time.perf_counter() - wall
+            spent[1] += time.process_time() - cpu
+            return out
+
+        return timed
+
+    def take(self, wall_s: float, cpu_s: float) -> dict:
+        out = {"wall_s": {}, "cpu_s": {}}
+        for i, (key, whole) in enumerate((("wall_s", wall_s), ("cpu_s", cpu_s))):
+            out[key] = {phase: self.totals.get(phase, [0.0, 0.0])[i] for phase, _ in PHASES}
+            out[key]["other"] = whole - sum(out[key].values())
+        self.totals = {}
+        return out
+
+
 def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_dir: str, cache_dir: str,
               old_logprobs: str = "recompute") -> None:
     from respo_jax.host_allocator import configure_host_allocator, host_allocator_settings
@@ -174,12 +218,15 @@ def _jax_side(conn, case: RaceCase, checkpoint: str, data_dir: str, tokenizer_di
     config = trainer_config(case, checkpoint, data_dir, tokenizer_dir, cache_dir, old_logprobs)
     configure_compilation_cache(config.run.compilation_cache_dir)  # as experiments/train.py does
     trainer = RLTrainer(config)
+    clock = PhaseClock(trainer)
     conn.send(("ok", {"host_allocator": host_allocator_settings(), "peak_rss_mib": peak_rss_mib(),
                       "pid": os.getpid()}))
     while conn.recv() == "iterate":
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         record = trainer.iteration()
-        conn.send(("ok", {"wall_s": time.perf_counter() - started, "peak_rss_mib": peak_rss_mib(),
+        wall_s = time.perf_counter() - started
+        conn.send(("ok", {"wall_s": wall_s, "peak_rss_mib": peak_rss_mib(),
+                          "phases": clock.take(wall_s, time.process_time() - cpu),
                           **{k: record[k] for k in ("compiles", "compile_seconds", "compile_cache_hits",
                                                     "rollout_seconds", "response_length", "score", "loss")}}))
 
@@ -345,6 +392,17 @@ def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER
     return summary(case, first, second, records, entries)
 
 
+def _phase_medians(records: list[dict]) -> dict | None:
+    """{"wall_s" | "cpu_s": {phase: median over `records`}} of the records' `phases`; None without."""
+    from experiments.benchmarks.common import median
+
+    phases = [r["phases"] for r in records if r.get("phases")]
+    if not phases:
+        return None
+    return {clock: {phase: median([p[clock][phase] for p in phases]) for phase in phases[0][clock]}
+            for clock in ("wall_s", "cpu_s")}
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return None if numerator is None or denominator is None else numerator / denominator
 
@@ -359,7 +417,9 @@ def summary(case: RaceCase, first: dict[str, Side], second: dict[str, Side], rec
     Top level: `speedup` (median of the per-iteration TRL / respo-jax ratios after the first, log π_old
     recomputed on both sides), `speedup_sampler_logprobs` (the same with the `jax_sampler` side),
     `second_launch_vs_median`, `cold_first_vs_trl_first` and `rss_ratio_trl_over_jax` (of the `jax`
-    side; None where a side or a launch did not run)."""
+    side; None where a side or a launch did not run). A respo-jax side also has `phases` (per
+    iteration, `PhaseClock.take`'s wall and CPU seconds of the rollout, log π_old, the updates and the
+    rest) and `phase_median_s` (their medians over the iterations after the first)."""
     from experiments.benchmarks.common import median
 
     out = {"case": dataclasses.asdict(case), "model": case.model, "threads": THREADS,
@@ -382,8 +442,9 @@ def summary(case: RaceCase, first: dict[str, Side], second: dict[str, Side], rec
             continue
         jax_records, jax_side = first[kind].records, out[kind]
         jax_side["old_logprobs"] = JAX_SIDES[kind]
-        for key in ("compiles", "compile_seconds", "compile_cache_hits", "rollout_seconds"):
-            jax_side[key] = [r[key] for r in jax_records]
+        for key in ("compiles", "compile_seconds", "compile_cache_hits", "rollout_seconds", "phases"):
+            jax_side[key] = [r.get(key) for r in jax_records]
+        jax_side["phase_median_s"] = _phase_medians(jax_records[1:])
         after_two = jax_records[2:]
         jax_side["compile_fraction_after_two"] = (
             sum(r["compile_seconds"] for r in after_two) / sum(r["wall_s"] for r in after_two) if after_two else None)
