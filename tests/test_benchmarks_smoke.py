@@ -471,19 +471,25 @@ def test_vllm_side_request_and_absent_venv(tmp_path):
     from experiments.benchmarks import rollout_engine, vllm_side, vllm_worker
 
     rows, budgets = [[1] * 20, [2] * 5], np.array([30, 3])
-    settings = {"page_size": 16, "seed": 3, "threads": 2, "warmup": 1, "rounds": 2}
+    settings = {"page_size": 16, "seed": 3, "threads": 2, "warmup": 1, "rounds": 2, "max_slots": 64}
     model = rollout_engine.WIDE_MODEL
     request = rollout_engine.vllm_request("ckpt", "tok", rows, budgets, settings, model, 60)
     token_bytes = 8 * 2 * 8 * 64 * 4
     pages = -(-(20 + 30) // 32) + -(-(5 + 3) // 32)  # vLLM's CPU attention: blocks of a multiple of 32
     assert request["kv_cache_gib"] == max(1, math.ceil(pages * 32 * token_bytes / 2**30)) == 1
     assert request["budgets"] == [30, 3] and request["prompts"] == rows and request["block_size"] == 32
+    assert request["max_num_seqs"] == 2  # the engine's slots, at most the rows
     json.dumps(request)  # JSON on the worker's stdin, nothing else
     # vLLM's peak blocks, every row admitted at once: a prompt's full blocks shared by its G rows.
     assert rollout_engine.vllm_peak_blocks([32], 1, [100], 32) == 1 + 4  # 132 tokens: 5 blocks
     assert rollout_engine.vllm_peak_blocks([32], 3, [100, 1, 1], 32) == 1 + 4  # the short rows freed by then
     assert rollout_engine.vllm_peak_blocks([32], 3, [1, 1, 1], 32) == 1 + 3  # one own block each
     assert rollout_engine.vllm_peak_blocks([40, 8], 2, [30, 3, 1, 60], 32) == 1 + 4
+    # One row at a time (max_seqs 1): the largest single row, its prompt's full block included.
+    assert rollout_engine.vllm_peak_blocks([32], 3, [100, 1, 1], 32, max_seqs=1) == 1 + 4
+    assert rollout_engine.vllm_peak_blocks([40, 8], 2, [30, 3, 1, 60], 32, max_seqs=1) == 3  # 40+30 or 8+60
+    # Two at a time: rows 0 and 3 overlap (row 0 at 70 tokens: 2 blocks of its own, row 3 at 34: 2).
+    assert rollout_engine.vllm_peak_blocks([40, 8], 2, [30, 3, 1, 60], 32, max_seqs=2) == 1 + 2 + 2
     assert vllm_worker.RESULT_PREFIX == vllm_side.RESULT_PREFIX
     assert vllm_side.unavailable(str(tmp_path / "none")) == (
         f"vLLM side skipped: no venv at {tmp_path / 'none'} "

@@ -200,6 +200,26 @@ def test_the_tail_decodes_only_the_occupied_slots_width(model, sampled, monkeypa
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(wide.logprobs), atol=2e-5)
 
 
+def test_decode_reads_a_page_table_cut_to_the_live_pages(model, sampled, monkeypatch):
+    # Parts of one token (every cut a quarter of the table): a segment's table holds only the pages its
+    # rows hold, narrower while they are short; the samples are the reference's.
+    from respo_jax.sampling import scheduler
+
+    params, _, want = sampled
+    tables = []
+
+    def logged(*args, **kwargs):
+        tables.append(args[3].shape)  # page_table [slots, pages]
+        return program(*args, **kwargs)
+
+    program = model_step.decode_segment
+    monkeypatch.setattr(model_step, "decode_segment", logged)
+    monkeypatch.setattr(scheduler, "DECODE_PAGE_PART_TOKENS", 1)
+    assert_same(generate(model, PROMPTS, params, engine=ENGINE), want)
+    widest = max(pages for _, pages in tables)  # pages_for(bucket + NEW, 4)
+    assert min(pages for _, pages in tables) < widest and len({pages for _, pages in tables}) > 1
+
+
 def test_a_long_prompts_prefill_is_spread_over_schedules_while_rows_decode(model, sampled, monkeypatch):
     # prefill_chunk_size=2: the 11-token prompt (bucket 16) takes 6 prefill steps, one per schedule,
     # started when a slot frees; the rows in the other slots decode between its steps. Same samples.

@@ -11,7 +11,7 @@ import pytest
 from respo_jax.sampling import EngineConfig, SamplingParams
 from respo_jax.sampling.paged_cache import PagedCache, pool_pages_for_bytes
 from respo_jax.sampling.scheduler import (Scheduler, decode_widths, default_num_pages, first_prefill_step,
-                                         prefill_steps, segment_widths)
+                                         page_widths, prefill_steps, segment_widths)
 
 
 def _prompt_value(prompt: int, position: int) -> int:
@@ -65,6 +65,7 @@ def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps
         busiest = max(busiest, len(live))
         width = sched.decode_slots(decode_widths(max_slots, 1, shards))
         assert set(live) <= set(width) and len(set(width)) == len(width)
+        cut = sched.decode_pages(width, page_widths(plan.page_table.shape[1], page_size, part_tokens=1))
         assert all(shard_of(slot) == i for i, block in enumerate(np.split(width, shards)) for slot in block)
         for slot in live:  # one segment of decode steps
             row = int(sched.slot_row[slot])
@@ -74,6 +75,7 @@ def _simulate(prompt_lengths, num_samples, lengths, budgets, *, max_slots, steps
                     break
                 position = prompt_len + generated[slot] - 1  # the K/V of the token fed now
                 assert sched.cache.writable(slot, position), "decode writes only pages the row owns"
+                assert position // page_size < cut, "the segment's cut table holds every page it writes"
                 page = sched.cache.page_table[slot, position // page_size]
                 pool[shard_of(slot), page, position % page_size] = _row_value(row, position)
                 generated[slot] += 1
@@ -147,6 +149,23 @@ def test_samples_share_the_prompts_full_pages_and_copy_its_partial_page():
     assert len({tables[s, 2] for s in range(3, 6)}) == 3
     sched.retire([10, 3, 3, 3, 3, 3], [False] * 6)  # row 0 reached its budget
     assert sched.cache.refcount(first.pages[0]) == 2
+
+
+def test_page_widths_cut_the_table_in_parts():
+    assert page_widths(129, 16) == (33, 65, 97, 129)  # quarters, rounded up; the last: every page
+    assert page_widths(48, 16) == (48,)  # 768 tokens: no part of 512 tokens to cut off
+    assert page_widths(64, 16) == (32, 64) and page_widths(48, 16, part_tokens=1) == (12, 24, 36, 48)
+    assert page_widths(3, 4, part_tokens=1) == (1, 2, 3)  # fewer pages than parts: no duplicates
+    sched = Scheduler([5, 5], 1, [40, 3], max_new_tokens=40, max_slots=2, steps_per_schedule=4, page_size=4,
+                      num_pages=20)
+    sched.schedule()  # both rows admitted, pages for 5 + 4 tokens: 3 each
+    widths = page_widths(sched.cache.page_table.shape[1], 4, part_tokens=1)  # 12 pages: (3, 6, 9, 12)
+    assert sched.decode_pages(np.arange(2), widths) == 3 and sched.decode_pages(np.array([], int), widths) == 3
+    sched.retire(np.array([4, 3]), np.array([False, True]))
+    for _ in range(3):  # row 0 grows to 5 + 16 tokens: 6 pages
+        sched.schedule()
+        sched.retire(np.array([4 * (_ + 2), 0]), np.array([False, False]))
+    assert sched.decode_pages(np.arange(2), widths) == 6
 
 
 def test_decode_widths_and_the_slots_a_segment_decodes():

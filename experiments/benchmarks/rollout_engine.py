@@ -34,8 +34,8 @@ compile there; the compilation is reported separately, and the timed rounds must
   (`experiments.benchmarks.vllm_side`; skipped with one line when that venv is absent), one request
   per row with its own `max_tokens` and `ignore_eos` (as vLLM's throughput benchmark replays a length
   distribution), prefix caching on, blocks of `--page-size` tokens rounded up to a multiple of 32 (its
-  CPU attention's), a KV cache holding every row at once,
-  the same number of threads; its rounds run in one process after the others' (its own warm-up first).
+  CPU attention's), at most `--max-slots` requests decoded at once (`max_num_seqs`, the continuous
+  engine's slots), a KV cache holding every row at once, the same number of threads; its rounds run in one process after the others' (its own warm-up first).
 - transformers (on request: `--sides ... transformers`): `generate_batch`'s engine
   (`ContinuousBatchingManager`, `attn_implementation="sdpa"`, what "paged|sdpa" means since
   transformers 5.23), PyTorch CPU with as many threads as XLA's pool
@@ -45,8 +45,8 @@ compile there; the compilation is reported separately, and the timed rounds must
 Reported per side: `useful_tokens_per_s` (tokens inside each row's budget / median seconds), `seconds`,
 `peak_rss_mb` (MiB), `peak_kv_bytes` (the JAX sides: the pages in use at the scheduler's peak × bytes
 per page, replayed with the engine's own `Scheduler` for that side's schedule, next to the allocated
-pool `pool_kv_bytes`; vLLM: its blocks in use at the peak with every row admitted at once and prompt
-blocks shared (`vllm_peak_blocks`), next to the cache it allocated, `pool_kv_bytes`; transformers: the
+pool `pool_kv_bytes`; vLLM: its blocks in use at the peak with up to `--max-slots` rows at once and
+prompt blocks shared (`vllm_peak_blocks`), next to the cache it allocated, `pool_kv_bytes`; transformers: the
 paged cache it allocates); top level
 `speedup_vs_vllm`, `speedup_vs_static`, `kv_bytes_vs_static`, `speedup_vs_transformers` (quotients of
 the continuous side's values over the other side's) and `samples_identical` (the static and continuous
@@ -360,27 +360,39 @@ def ratios(report: dict) -> dict:
             "speedup_vs_transformers": quotient("useful_tokens_per_s", "transformers")}
 
 
-def vllm_peak_blocks(prompt_lengths, num_samples: int, budgets, block: int) -> int:
-    """vLLM's KV blocks in use at their peak when every row is admitted at once (its KV cache holds
-    them all) and decodes a token a step until its budget: each prompt's full blocks once (prefix
-    caching shares them among its `num_samples` rows), each row's partial prompt block and its
-    response's blocks of its own. `budgets`: `[rows]`, prompt-major."""
+def vllm_peak_blocks(prompt_lengths, num_samples: int, budgets, block: int, max_seqs: int | None = None) -> int:
+    """vLLM's KV blocks in use at their peak when at most `max_seqs` rows (None: every row) run at once,
+    admitted in order as others finish, each decoding a token a step until its budget: the full blocks
+    of each prompt with a running row once (prefix caching shares them among its `num_samples` rows),
+    each running row's partial prompt block and its response's blocks of its own. `budgets`: `[rows]`,
+    prompt-major."""
     budgets = np.asarray(budgets, np.int64)
-    prompts = np.repeat(np.asarray(prompt_lengths, np.int64), num_samples)
-    shared = int(np.sum(np.asarray(prompt_lengths, np.int64) // block))
+    lengths = np.asarray(prompt_lengths, np.int64)
+    prompts = np.repeat(lengths, num_samples)
+    rows = len(budgets)
+    max_seqs = rows if max_seqs is None else max_seqs
+    generated = np.zeros(rows, np.int64)
+    running = np.zeros(rows, bool)
+    waiting = 0
     peak = 0
-    for step in range(int(budgets.max(initial=0)) + 1):
-        live = budgets >= step  # a row's blocks are freed once it has its budget
-        tokens = prompts + np.minimum(step, budgets)
-        own = -(-tokens // block) - prompts // block
-        peak = max(peak, shared + int(np.sum(np.where(live, own, 0))))
-    return peak
+    while True:
+        while waiting < rows and running.sum() < max_seqs:  # admitted in order, its first step next
+            running[waiting] = True
+            waiting += 1
+        if not running.any():
+            return peak
+        shared = int(np.sum((lengths // block)[np.unique(np.flatnonzero(running) // num_samples)]))
+        generated = np.where(running, generated + 1, generated)
+        own = -(-(prompts + generated) // block) - prompts // block
+        peak = max(peak, shared + int(np.sum(np.where(running, own, 0))))
+        running &= generated < budgets  # a row's blocks are freed once it has its budget
 
 
 def vllm_request(checkpoint: str, tokenizer_dir: str, rows: list[list[int]], budgets, settings: dict,
                  model: dict, max_model_len: int) -> dict:
     """The vLLM worker's request (`vllm_worker.py`): every row with its budget, a KV cache (whole GiB)
-    that holds every row's prompt and budget at once, the benchmark's threads, seed and rounds. Its
+    that holds every row's prompt and budget at once, the benchmark's threads, seed and rounds, at most
+    `--max-slots` requests decoded at once (`max_num_seqs`: the continuous engine's slots). Its
     blocks: `--page-size` rounded up to a multiple of `VLLM_BLOCK_MULTIPLE` (its CPU attention's)."""
     token_bytes = kv_bytes_per_token(model, 4)
     page = -(-settings["page_size"] // VLLM_BLOCK_MULTIPLE) * VLLM_BLOCK_MULTIPLE
@@ -388,6 +400,7 @@ def vllm_request(checkpoint: str, tokenizer_dir: str, rows: list[list[int]], bud
     return {"checkpoint": checkpoint, "tokenizer": tokenizer_dir, "prompts": rows,
             "budgets": [int(b) for b in budgets], "seed": settings["seed"], "threads": settings["threads"],
             "block_size": page, "kv_cache_gib": max(1, -(-pages * page * token_bytes // 2**30)),
+            "max_num_seqs": min(settings["max_slots"], len(rows)),
             "max_model_len": max_model_len, "warmup": settings["warmup"], "rounds": settings["rounds"]}
 
 
@@ -451,7 +464,8 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
                 request = vllm_request(checkpoint, tokenizer_dir, rows, budgets, settings, model, longest)
                 result = vllm_side.run_worker(settings["vllm_venv"], request)
                 block = request["block_size"]
-                peak = vllm_peak_blocks([len(p) for p in prompts], group, budgets, block)
+                peak = vllm_peak_blocks([len(p) for p in prompts], group, budgets, block,
+                                        request["max_num_seqs"])
                 records["vllm"] = [{**r, "peak_kv_bytes": peak * block * kv_bytes_per_token(model, 4),
                                     "pool_kv_bytes": result["kv_cache_bytes"]} for r in result["rounds"]]
                 sides["vllm"] = SimpleNamespace(load={"vllm": result["vllm"], "torch": result["torch"],

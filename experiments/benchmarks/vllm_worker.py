@@ -5,7 +5,8 @@ and calls `main()` (it is not one of the project's entry points).
 
 Request (JSON on stdin): checkpoint (a Hugging Face directory), tokenizer, prompts (`[rows]` lists of
 token ids), budgets (`[rows]` new tokens each), seed, threads, block_size, kv_cache_gib, max_model_len,
-warmup and rounds (generations of the whole workload; the first `warmup` untimed).
+max_num_seqs (the most requests decoded at once: the continuous engine's slots), warmup and rounds
+(generations of the whole workload; the first `warmup` untimed).
 Result (JSON on stdout, on the line that starts with `RESULT_PREFIX`): vllm and torch versions, per
 round `wall_s`, `useful_tokens` and `generated_tokens`, `peak_rss_mb` (this process: vLLM's engine runs
 in it) and `kv_cache_bytes` (the KV blocks vLLM allocated: blocks × block_size × bytes per token).
@@ -53,7 +54,7 @@ def main() -> int:
     torch.set_num_threads(threads)
     llm = vllm.LLM(model=request["checkpoint"], tokenizer=request["tokenizer"], dtype="float32",
                    seed=request["seed"], enable_prefix_caching=True, block_size=request["block_size"],
-                   max_model_len=request["max_model_len"], max_num_seqs=len(request["budgets"]))
+                   max_model_len=request["max_model_len"], max_num_seqs=int(request["max_num_seqs"]))
     with open(os.path.join(request["checkpoint"], "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     prompts = [{"prompt_token_ids": list(p)} for p in request["prompts"]]

@@ -36,7 +36,8 @@ from respo_jax.sampling import model_step
 from respo_jax.sampling.engine_state import GenerateOutput, Layout, init_state, place_state
 from respo_jax.sampling.paged_cache import pages_for
 from respo_jax.sampling.params import EngineConfig, SamplingParams, padded_prompt_length
-from respo_jax.sampling.scheduler import Scheduler, engine_slots, pool_pages, prefill_steps, segment_widths
+from respo_jax.sampling.scheduler import (Scheduler, engine_slots, page_widths, pool_pages, prefill_steps,
+                                          segment_widths)
 
 
 def check_call(model, prompts, params, return_routing: bool, row_ids, row_max_new_tokens, engine):
@@ -204,6 +205,13 @@ class Engine:
                              entropy=params.return_entropy)
         self.decode_widths = (slots,) if self.static else segment_widths(
             engine, slots=slots, rows=rows, max_new_tokens=params.max_new_tokens, shards=shards)
+        # A static batch, or a call whose rows all end in the first segment, decodes in one segment: its
+        # rows' every page. The Pallas kernels read only a row's live pages whatever the table's width
+        # (and take widths of whole blocks).
+        one_segment = self.static or (rows <= slots and self.steps >= params.max_new_tokens)
+        cut = not one_segment and engine.paged_attention_impl == "gather"
+        self.page_widths = (page_widths(self.layout.max_pages, engine.page_size) if cut else
+                            (self.layout.max_pages,))
         self.graphdef, self.model_state = nnx.split(model)
         self.seed = np.array([params.seed & 0xFFFFFFFF, params.seed >> 32], np.uint32)
         self.params = dataclasses.replace(params, seed=0)  # the seed is traced (EngineState.seed)
@@ -305,7 +313,9 @@ class Engine:
                     logit_rows.admitted(adm.prompt)
             if not sched.decoding:
                 continue  # a long prompt's prefill goes on, no row runs yet
-            state, flags = self._decode(call, state, plan.page_table, sched.decode_slots(self.decode_widths))
+            slots = sched.decode_slots(self.decode_widths)
+            pages = sched.decode_pages(slots, self.page_widths)
+            state, flags = self._decode(call, state, plan.page_table[:, :pages], slots)
             generated, done = to_host(flags)  # the one sync of a segment, the same flags in every process
             sched.retire(generated, done.astype(bool))
         return _finish(state, np.asarray(self.lengths, np.int32), rows=len(self.lengths) * self.num_samples,
@@ -331,10 +341,13 @@ class Engine:
                                       self._prefill_arrays([], (), count, {}), step)
         zeros = np.zeros(layout.num_prompts * self.num_samples, np.int64)
         state = self._admit(named("engine_admit"), state, self._admission_arrays((), zeros, zeros, {}))
-        table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
         for width in self.decode_widths:
-            state, _ = self._decode(named(f"engine_decode[width={width}]"), state, table,
-                                    np.arange(width, dtype=np.int32))
+            for pages in self.page_widths:
+                cut = f",pages={pages}" if len(self.page_widths) > 1 else ""
+                name = f"engine_decode[width={width}{cut}]"
+                state, _ = self._decode(named(name), state,
+                                        np.full((layout.slots, pages), layout.num_pages, np.int32),
+                                        np.arange(width, dtype=np.int32))
         named("engine_finish")(_finish, state, np.asarray(self.lengths, np.int32),
                                rows=layout.num_prompts * self.num_samples, num_samples=self.num_samples)
 

@@ -8,7 +8,8 @@ model's own forward (`Qwen3ForCausalLM.forward` over a `qwen3.PagedKVCache` of t
   out of bounds and are dropped): a row's first token from its prompt's logits, its own copy of the
   prompt's partial page.
 - `decode_segment`: a `lax.while_loop` of at most `EngineConfig.steps_per_schedule` steps over the
-  occupied slots padded to one of a few widths, with no host sync per token. The pools are the loop's
+  occupied slots padded to one of a few widths, their page table cut to the pages they hold (one of a
+  few cuts, `scheduler.page_widths`), with no host sync per token. The pools are the loop's
   carry, donated and written in place (one copy of the pool in the program).
 
 Batch shards: every batch of these programs (prompts, admissions, decode slots) is laid out in the
@@ -214,13 +215,18 @@ SLOT_FIELDS = ("page_table", "row", "row_id", "prompt_len", "budget", "generated
 def _decode_segment(graphdef, model_state, state: EngineState, page_table, run_slots, steps,
                     params: SamplingParams, impl: str, interpret: bool = False):
     """At most `steps` (traced) decode steps of the slots `run_slots` ([width] int32, distinct: every
-    occupied slot among them, `Scheduler.decode_slots`) with `page_table` [slots, max_pages], stopping
+    occupied slot among them, `Scheduler.decode_slots`) with `page_table` [slots, pages], stopping
     early once none is live; with routing, then the capture of the done rows' last tokens. The other
     slots (free) are untouched. Returns (state, flags [2, slots] int32: each slot's generated tokens
-    and done flag)."""
+    and done flag).
+
+    `pages` may be fewer than the state's `max_pages`: the first columns, enough for every position the
+    segment reads or writes (`Scheduler.decode_pages`). Attention gathers and scores only those pages,
+    so a step's cost follows the longest live row, not the longest row a call may hold."""
     model = nnx.merge(graphdef, model_state)
-    full = state.replace(page_table=page_table)
-    state = full.replace(**{name: getattr(full, name)[run_slots] for name in SLOT_FIELDS})
+    full = state
+    state = full.replace(page_table=page_table[run_slots],
+                         **{name: getattr(full, name)[run_slots] for name in SLOT_FIELDS if name != "page_table"})
 
     def cond(carry):
         step, state = carry
@@ -235,8 +241,9 @@ def _decode_segment(graphdef, model_state, state: EngineState, page_table, run_s
         state = jax.lax.cond(jnp.any(state.done & ~state.captured),
                              lambda s: _capture(model, s, impl, interpret),
                              lambda s: s, state)
-    state = state.replace(**{name: getattr(full, name).at[run_slots].set(getattr(state, name))
-                             for name in SLOT_FIELDS})
+    state = state.replace(page_table=full.page_table,
+                          **{name: getattr(full, name).at[run_slots].set(getattr(state, name))
+                             for name in SLOT_FIELDS if name != "page_table"})
     state = constrain_state(state, model.config)
     return state, jnp.stack([state.generated, state.done.astype(jnp.int32)])
 

@@ -227,6 +227,13 @@ class Scheduler:
         """Some slot holds a row (a decode segment has work)."""
         return bool(np.any(self.slot_row >= 0))
 
+    def decode_pages(self, slots: np.ndarray, widths: Sequence[int]) -> int:
+        """The page-table columns the next segment of `slots` reads: the smallest of `widths` (ascending,
+        `page_widths`) that holds every page those slots' rows hold (grown for the segment by
+        `schedule`: every position the segment writes or reads)."""
+        held = int(np.max(np.sum(self.cache.page_table[slots] != self.cache.scratch_page, axis=1), initial=0))
+        return next(w for w in widths if w >= held)
+
     def decode_slots(self, widths: Sequence[int]) -> np.ndarray:
         """The slots the next segment decodes: the smallest of `widths` (ascending multiples of the
         shards, the last one every slot) whose share per shard holds each shard's occupied slots; each
@@ -285,6 +292,29 @@ def decode_widths(slots: int, min_slots: int, shards: int = 1) -> tuple[int, ...
         width //= 2
         widths.add(-(-width // shards) * shards)
     return tuple(sorted(widths))
+
+
+# A decode segment's page table is cut to the smallest of max_pages · k / parts (k = 1 .. parts, rounded
+# up) that holds its slots' pages, with parts = DECODE_PAGE_PARTS, fewer where a part would hold fewer
+# than DECODE_PAGE_PART_TOKENS tokens: one program per cut. Below that, attention over the whole table
+# costs little beside the LM head and another program is not worth its compilation.
+DECODE_PAGE_PARTS = 4
+DECODE_PAGE_PART_TOKENS = 512
+
+
+def page_widths(max_pages: int, page_size: int, parts: int | None = None,
+                part_tokens: int | None = None) -> tuple[int, ...]:
+    """The page-table widths a decode segment runs at (ascending): `max_pages` · k / n, rounded up, for
+    k = 1 .. n with n = `parts`, or fewer so that a part holds at least `part_tokens` tokens (one: the
+    whole table, every page a row can hold). None: `DECODE_PAGE_PARTS`, `DECODE_PAGE_PART_TOKENS`.
+
+    Why: attention over a slot's pages gathers and scores every column of the table it is given, so a
+    table as wide as the longest row a call may hold makes every step cost that row's length; cut to the
+    pages the segment's slots hold, a step costs what the longest live row holds, within 1 / n."""
+    parts = DECODE_PAGE_PARTS if parts is None else parts
+    part_tokens = DECODE_PAGE_PART_TOKENS if part_tokens is None else part_tokens
+    parts = max(1, min(parts, max_pages * page_size // max(part_tokens, 1)))
+    return tuple(sorted({-(-max_pages * k // parts) for k in range(1, parts + 1)}))
 
 
 def segment_widths(engine, *, slots: int, rows: int, max_new_tokens: int, shards: int = 1) -> tuple[int, ...]:

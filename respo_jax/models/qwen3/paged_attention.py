@@ -24,7 +24,8 @@ Layout: `[kv_heads, shards, layers, num_pages + 1, page_size, head_dim]` (`PAGE_
 
 Kernels (`PagedKVCache.impl`, the engine's `EngineConfig.paged_attention_impl`): "gather" runs
 everywhere (what the CPU tests run): it gathers only the pages a row's table names, from the pool in
-place, then runs the model's dense masked attention; "pallas_tpu" / "pallas_gpu" read the pages in place
+place, then runs masked attention over them (a decode step: `paged_kernels.gather_decode_attention`;
+a prefill: the model's dense masked attention); "pallas_tpu" / "pallas_gpu" read the pages in place
 on an accelerator (one query token per row: a decode step; a prefill gathers). The kernels themselves
 are `respo_jax.models.qwen3.paged_kernels`.
 """
@@ -40,7 +41,7 @@ from jax.sharding import Mesh
 
 from respo_jax.models.qwen3.attention import dot_product_attention
 from respo_jax.models.qwen3.paged_kernels import (  # noqa: F401  (re-exported: the kernels' old home)
-    PAGED_ATTENTION_IMPLS, check_paged_attention, gather_pages, paged_attention)
+    PAGED_ATTENTION_IMPLS, check_paged_attention, gather_decode_attention, gather_pages, paged_attention)
 from respo_jax.sharding import ShardingRules
 
 # Logical axes of the page pools [kv_heads, shards, layers, pages, page_size, head_dim]: kv heads split
@@ -159,6 +160,8 @@ class PagedKVCache:
             kv_heads, _, layers, pages, size, dim = k_pool.shape
             k_flat, v_flat = (pool.reshape(kv_heads, layers * pages, size, dim) for pool in (k_pool, v_pool))
             table = table + layer * pages
+            if impl == "gather" and q.shape[1] == 1:  # a decode step
+                return gather_decode_attention(q[:, 0], k_flat, v_flat, table, mask[:, 0], scale)[:, None]
             if impl == "gather":
                 keys, values = (gather_pages(pool[None], 0, table).astype(q.dtype)
                                 for pool in (k_flat, v_flat))

@@ -17,7 +17,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from respo_jax.models.qwen3.attention import dot_product_attention
 
 # Kernels of attention over pages: the platform each one runs on (None: every platform).
 PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
@@ -95,6 +94,32 @@ def gather_pages(pool: jax.Array, layer, page_table: jax.Array) -> jax.Array:
     return pages.transpose(0, 1, 3, 2, 4).reshape(b, n * size, kv, dim)
 
 
+def gather_decode_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_tables: jax.Array,
+                            mask: jax.Array, scale: float) -> jax.Array:
+    """Grouped-query attention of one new token per row over the pages its table names ("gather").
+
+    q: [batch, heads, head_dim]; k_pages, v_pages: [kv_heads, num_pages, page_size, head_dim];
+    page_tables: [batch, max_pages] int32 (ids in range); mask: [batch, max_pages · page_size] bool, the
+    keys each row sees -> [batch, heads, head_dim] in q's dtype. Scores and softmax in float32; a fully
+    masked row gets uniform weights (as `dot_product_attention`).
+
+    The pages are gathered as [kv_heads, batch, keys, head_dim], the pool's own order, so no transpose of
+    them is written; the scores are the gathered keys times the query ([keys, head_dim] @ [head_dim,
+    group] per kv head and row): on CPU the product in this orientation ran 4x faster than [group,
+    head_dim] @ [head_dim, keys], which reads the keys against their layout.
+    """
+    b, h, d = q.shape
+    kv = k_pages.shape[0]
+    keys, values = (jnp.take(pool, page_tables, axis=1, mode="clip").reshape(kv, b, -1, d).astype(q.dtype)
+                    for pool in (k_pages, v_pages))                     # [kv_heads, batch, keys, head_dim]
+    qg = q.reshape(b, kv, h // kv, d).transpose(1, 0, 2, 3)            # [kv_heads, batch, group, head_dim]
+    scores = jnp.einsum("kbtd,kbgd->kbtg", keys, qg, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask[None, :, :, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=2).astype(values.dtype)
+    out = jnp.einsum("kbtg,kbtd->kbgd", probs, values)
+    return out.transpose(1, 0, 2, 3).reshape(b, h, d)
+
+
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_tables: jax.Array,
                     lengths: jax.Array, *, scale: float, impl: str = "gather", interpret: bool = False
                     ) -> jax.Array:
@@ -122,9 +147,9 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_t
     check_paged_attention(impl, interpret=interpret)
     per_block = math.gcd(page_tables.shape[1], PAGES_PER_COMPUTE_BLOCK)
     if impl == "gather":
-        keys, values = (gather_pages(pool[None], 0, page_tables) for pool in (k_pages, v_pages))
-        visible = jnp.arange(keys.shape[1], dtype=jnp.int32)[None, :] < lengths[:, None]
-        return dot_product_attention(q[:, None], keys, values, visible[:, None, :], scale)[:, 0]
+        keys = page_tables.shape[1] * k_pages.shape[2]
+        visible = jnp.arange(keys, dtype=jnp.int32)[None, :] < lengths[:, None]
+        return gather_decode_attention(q, k_pages, v_pages, page_tables, visible, scale)
     if impl == "pallas_gpu":
         from jax.experimental.pallas.ops.gpu import paged_attention as kernel
 
