@@ -5,6 +5,8 @@ its pre-registered acceptance rule.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 
 import numpy as np
@@ -115,6 +117,21 @@ def test_pilot_config_validates_and_states_its_acceptance_rule():
     assert module.pilot_accepted(0.009, 0.15) and not module.pilot_accepted(0.01, 0.5)
     assert not module.pilot_accepted(0.0, 0.149) and not module.pilot_accepted(None, 0.5)
     assert "PRE-REGISTERED ACCEPTANCE RULE" in module.__doc__
+
+
+def test_pilot_settings_rebuild_the_committed_base_and_differ_only_in_the_warm_up():
+    """Setting 1 rebuilds the base model committed for it (its base.json's fingerprint); the current
+    setting changes the warm-up's length and the directories, nothing else."""
+    module = _config_module()
+    first, current = module.pilot_setting(1), gs.load_sweep_config(CONFIG_V3)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, first.base_dir, gs.BASE_INFO)) as fh:
+        assert json.load(fh)["config"] == gs.base_fingerprint(first)
+    assert (first.warmup.steps, current.warmup.steps) == (2000, 1100)
+    assert len({s.sweep.runs_dir for s in map(module.pilot_setting, module.PILOT_SETTINGS)}) == len(
+        module.PILOT_SETTINGS)
+    same = dataclasses.replace(current, warmup=first.warmup, sweep=first.sweep)
+    assert same == first
 
 
 def test_long_positive_tail_share_counts_positives_to_long_problems_below_the_cut():
