@@ -46,7 +46,8 @@ from tqdm import tqdm
 
 from experiments.cli import ArgumentParser, load_config, run_cli, run_failures
 from experiments.starvation_figures import controls_figure, grid_figure, starvation_figure
-from experiments.starvation_summary import THIRD_STUDY_TASK, cell_window, json_view, selection_score, summarize
+from experiments.starvation_summary import (THIRD_STUDY_TASK, cell_window, json_view, selection_score,
+                                            settings_view, summarize)
 from experiments.starvation_tables import second_study_markdown, summary_markdown
 from respo_jax.eval.report import ReportError, load_run
 from respo_jax.files import file_sha256
@@ -82,7 +83,7 @@ def load_sweep_config(path: str, quick: bool = False) -> StarvationConfig:
 def base_fingerprint(config: StarvationConfig, regime: str = "") -> dict:
     """The settings that define the base model and its held-out score: model, task, warm-up, its seed,
     the held-out problems and the generation cap (not the RL settings, which cells may vary)."""
-    view = json_view(config.base_experiment(regime).to_dict())
+    view = settings_view(config.base_experiment(regime))
     fingerprint = {"model": view["model"], "task": view["task"], "warmup": view["warmup"],
                    "run.seed": view["run"]["seed"], "run.eval_problems": view["run"]["eval_problems"],
                    "rollout.max_new_tokens": view["rollout"]["max_new_tokens"]}

@@ -34,6 +34,16 @@ def json_view(obj):
     return json.loads(json.dumps(obj))
 
 
+def settings_view(config) -> dict:
+    """The JSON view of a config (a StarvationConfig or ExperimentConfig) without the warm-up's operand
+    bounds where they are the task's (0): the settings a base model or summary made before that option
+    recorded, unchanged."""
+    view = json_view(dataclasses.asdict(config))
+    view["warmup"] = {k: v for k, v in view["warmup"].items()
+                      if v or k not in ("min_operands", "max_operands")}
+    return view
+
+
 def windows(policy_updates: int, block: int) -> dict:
     """The early-peak and late-mean windows in policy updates, and how the curves were blocked."""
     early, late = EARLY_FRACTION * policy_updates, LATE_FRACTION * policy_updates
@@ -234,7 +244,7 @@ def summarize(config: StarvationConfig, bases: dict, runs: dict[Cell, Run], best
                                      and c["seed"] != s.selection_seed]))
     missing = [c.name for c in config.cells(best) if c not in runs]
     summary = {
-        "settings": json_view(dataclasses.asdict(config)),
+        "settings": settings_view(config),
         "windows": window,
         "base_model": {k: bases[""][k] for k in ("sha256", "greedy_accuracy", "sft_loss_last")},
         "groups": groups, "cells": cells, "missing_cells": missing,

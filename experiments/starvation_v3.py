@@ -105,11 +105,18 @@ def _pct(value, digits: int = 1) -> str:
     return "–" if value is None else f"{100 * value:.{digits}f}%"
 
 
+def _range(setting: dict) -> str:
+    """The warm-up's operand bounds where set (absent or 0: the task's own), e.g. " (at most 11 operands)"."""
+    low, high = setting["warmup"].get("min_operands"), setting["warmup"].get("max_operands")
+    bounds = [f"at least {low}"] * bool(low) + [f"at most {high}"] * bool(high)
+    return f" ({' and '.join(bounds)} operands)" if bounds else ""
+
+
 def pilot_markdown(decision: dict) -> str:
     """decision.md: the rule, the base model's plateau and one row per GRPO cell."""
     s, base = decision["setting"], decision["base_model"]
     lines = [f"# Third study: pilot decision — {decision['decision']}", "", f"Rule: {decision['rule']}.", "",
-             f"Setting: task {s['task'].get('difficulty')}, warm-up {s['warmup']['steps']} steps, "
+             f"Setting: task {s['task'].get('difficulty')}, warm-up {s['warmup']['steps']} steps{_range(s)}, "
              f"lr {s['learning_rate']:g}, max_new_tokens {s['max_new_tokens']}.", "",
              "## Base model (the warm-up's plateau)", ""]
     curve = base.get("sft_loss_curve") or []

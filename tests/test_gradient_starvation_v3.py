@@ -5,6 +5,8 @@ its pre-registered acceptance rule.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 
 import numpy as np
@@ -117,6 +119,69 @@ def test_pilot_config_validates_and_states_its_acceptance_rule():
     assert "PRE-REGISTERED ACCEPTANCE RULE" in module.__doc__
 
 
+def test_pilot_settings_rebuild_the_committed_bases_and_differ_only_in_the_warm_up():
+    """Settings 1-3 rebuild the base models committed for them (their base.json's fingerprints, made
+    before the warm-up had an operand range); the current setting changes the warm-up (its operand range:
+    2-11 of the task's 2-16) and the directories, nothing else."""
+    module = _config_module()
+    first, current = module.pilot_setting(1), gs.load_sweep_config(CONFIG_V3)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for setting in map(module.pilot_setting, (1, 2, 3)):
+        with open(os.path.join(root, setting.base_dir, gs.BASE_INFO)) as fh:
+            assert json.load(fh)["config"] == gs.base_fingerprint(setting)
+    assert (first.warmup.steps, current.warmup.steps) == (2000, 2000)
+    assert first.warmup.operand_range(get_task("scratchpad_mixed")) == (2, 16)
+    assert current.warmup.operand_range(get_task(current.task.difficulty)) == (2, 11)
+    assert gs.base_fingerprint(current)["warmup"]["max_operands"] == 11
+    assert len({s.sweep.runs_dir for s in map(module.pilot_setting, module.PILOT_SETTINGS)}) == len(
+        module.PILOT_SETTINGS)
+    same = dataclasses.replace(current, warmup=first.warmup, sweep=first.sweep)
+    assert same == first
+
+
+def test_the_warm_up_stream_draws_only_from_its_operand_range_and_its_default_is_the_task_stream():
+    """`warmup.max_operands=11` on the 2-16-operand task: every warm-up problem is a training-split record
+    of the task's warm-up stream (rebuilt from its id) with 2-11 operands, each count about equally often
+    (the task draws the count uniformly); the default range is the task's and leaves the stream as it was
+    (the same records as without a range)."""
+    from respo_jax.training.config import WarmupConfig
+    from respo_jax.training.warmup import warmup_records
+
+    task = get_task("scratchpad_mixed")
+    ranged = WarmupConfig(max_operands=11).operand_range(task)
+    records = warmup_records(task, 0, np.random.default_rng(1), 2200, ranged)
+    counts = np.array([operand_count(r["problem"]) for r in records])
+    assert ranged == (2, 11) and len(records) == 2200 and counts.min() == 2 and counts.max() == 11
+    # uniform over the 10 counts: 220 each, binomial sd ~14
+    assert np.all(np.abs(np.bincount(counts, minlength=12)[2:] - 220) < 70)
+    for record in records[:200]:
+        seed, index = map(int, record["id"].split("-"))
+        assert seed == 1_000_003 and task.record(seed, index) == record
+        assert task.split_of(record["problem"]) == "train"
+    assert WarmupConfig(min_operands=5, max_operands=5).operand_range(task) == (5, 5)
+    fixed = get_task("scratchpad", min_operands=0)  # every problem has 6 operands
+    assert WarmupConfig().operand_range(fixed) == (6, 6)
+
+    default = WarmupConfig().operand_range(task)
+    assert default == (2, 16)
+    full = warmup_records(task, 0, np.random.default_rng(1), 300, default)
+    assert full == warmup_records(task, 0, np.random.default_rng(1), 300)
+    assert max(operand_count(r["problem"]) for r in full) == 16
+
+
+@pytest.mark.parametrize("override, field, message", [
+    ("warmup.max_operands=1", "warmup.max_operands", "an integer >= 2"),
+    ("warmup.max_operands=17", "warmup.max_operands", "inside the task's 2-16 operands"),
+    ("warmup.min_operands=12", "warmup.max_operands", "got 12-11"),
+])
+def test_a_warm_up_operand_range_outside_the_task_is_one_line_naming_it(override, field, message):
+    from respo_jax.training.config import ConfigError, apply_overrides
+
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(gs.load_sweep_config(CONFIG_V3), [override])
+    assert str(err.value).startswith(f"{field}=") and message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_long_positive_tail_share_counts_positives_to_long_problems_below_the_cut():
     """Two rollout batches of a hand-built run on the mixed task: only positives whose problem (rebuilt
     from the config) has 12-16 operands count, and the E.3 window (first half) keeps batch 1 only."""
@@ -165,6 +230,7 @@ def test_pilot_smoke_run_trains_the_tailcut_arm_and_reports_paired_endpoints(tmp
 
     from respo_jax.eval import load_rollout_files
     from respo_jax.eval.report import load_run
+    from respo_jax.training import warmup
 
     from respo_jax.training.config import ExperimentConfig, config_from_dict
     from respo_jax.training.loop import RLTrainer
@@ -179,6 +245,15 @@ def test_pilot_smoke_run_trains_the_tailcut_arm_and_reports_paired_endpoints(tmp
         return rollout(self, records, *args, **kwargs)
 
     monkeypatch.setattr(RLTrainer, "rollout", logged)
+    drawn = []  # the operand counts of the warm-up's problems (the quick config: at most 11)
+    records_of = warmup.warmup_records
+
+    def counted(*args, **kwargs):
+        records = records_of(*args, **kwargs)
+        drawn.extend(operand_count(r["problem"]) for r in records)
+        return records
+
+    monkeypatch.setattr(warmup, "warmup_records", counted)
     monkeypatch.chdir(tmp_path)
     args = ["--config", CONFIG_V3, "--quick", "sweep.runs_dir=runs/v3", "sweep.out_dir=runs/v3/results"]
     summary = gs.main(args)
@@ -186,6 +261,7 @@ def test_pilot_smoke_run_trains_the_tailcut_arm_and_reports_paired_endpoints(tmp
     cells = {name: tmp_path / "runs/v3/cells" / name for name in names}
     cell = cells["respo_vespo_tailcut_n2_seed0"]
     saved = json.loads((cell / "config.json").read_text())
+    assert len(drawn) == 4 * 8 and max(drawn) <= saved["warmup"]["max_operands"] == 11
     assert saved["model"]["checkpoint_dir"] == os.path.join("runs", "v3", "base")
     # the problems rebuilt from the cell's config are those the trainer sampled, the same for both arms
     assert len(used) == 2 and used[0] == used[1]
@@ -242,6 +318,7 @@ def test_pilot_smoke_run_trains_the_tailcut_arm_and_reports_paired_endpoints(tmp
     assert by_length["long"]["greedy_accuracy"] == pytest.approx(long_greedy)
     assert json.loads((results / gs.PILOT_JSON).read_text()) == decision
     assert (results / gs.PILOT_MD).read_text().startswith("# Third study: pilot decision")
+    assert "warm-up 4 steps (at most 11 operands)," in (results / gs.PILOT_MD).read_text()
 
 
 def _paired_runs():

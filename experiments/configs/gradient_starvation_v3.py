@@ -18,13 +18,16 @@ PRE-REGISTERED ACCEPTANCE RULE (decided on the pilot, before any report seed run
   2. >= 15% (PILOT_TAIL_SHARE) of its positive responses (A > 0) to long problems (LONG_OPERANDS: 12-16
      operands) have log W < -1 inside App. E.3's window (the first half of the run's rollout batches).
 `pilot_accepted` is the rule as code; condition 2's share is
-`experiments.starvation_problems.long_positive_tail_share(run)` of GRPO's cell. If no setting passes after the levers (longer warm-up, operand
-range, N, step size) are tried, the study reports what was tried and stops there. `--pilot-report` applies
-the rule to the finished GRPO cells (decision.json and decision.md in sweep.out_dir, with the base model's
-accuracy by operand count); a lever changed is a new pilot setting, recorded in the pilot's README.
+`experiments.starvation_problems.long_positive_tail_share(run)` of GRPO's cell. If no setting passes after
+the levers (warm-up length, operand range, N, step size) are tried, the study reports what was tried and
+stops there. `--pilot-report` applies the rule to the finished GRPO cells (decision.json and decision.md in
+sweep.out_dir, with the base model's accuracy by operand count); a lever changed is a new pilot setting
+(PILOT_SETTINGS), recorded in the pilot's README.
 
-`get_config()` is the pilot: GRPO at N in {32, 128}, lr 2.5e-5, the pilot seed 5 (the report seeds will
-be 0-4). `get_quick_config()` is a smoke run of a few iterations.
+`get_config()` is the pilot's current setting (PILOT_SETTINGS[PILOT_SETTING]): GRPO at N in {32, 128},
+lr 2.5e-5, the pilot seed 5 (the report seeds will be 0-4). Each setting tried keeps its own runs and
+decision directory; `pilot_setting(k)` rebuilds setting k. `get_quick_config()` is a smoke run of a few
+iterations.
 """
 
 import dataclasses
@@ -34,7 +37,7 @@ import jax.numpy as jnp
 from experiments.configs import gradient_starvation_v2 as v2
 from respo_jax.objectives import kernel_objective, register_objective
 from respo_jax.objectives.kernels import vespo_kernel
-from respo_jax.training.config import derive
+from respo_jax.training.config import apply_overrides, derive
 from respo_jax.training.sweep import StarvationConfig, SweepConfig
 
 PILOT_CLIP_LIMIT, PILOT_TAIL_SHARE, TAIL_LOG_W = 0.01, 0.15, -1.0
@@ -70,24 +73,52 @@ def pilot_accepted(clip_fraction: float | None, long_positive_tail_share: float 
             and clip_fraction < PILOT_CLIP_LIMIT and long_positive_tail_share >= PILOT_TAIL_SHARE)
 
 
-def get_config() -> StarvationConfig:
-    """The second study's model, optimizer and held-out evaluation, with this study's task, warm-up and
-    pilot sweep."""
+PILOT_DIR = "experiments/results/gradient_starvation_v3/pilot"
+# The pilot settings tried, in order, as overrides of `pilot_setting`'s common config (the pilot's
+# README records each one's outcome):
+#   1. a warm-up of 2,000 steps, so that the loss on the long problems plateaus;
+#   2. a warm-up of 1,000 steps: the end of the slow phase of setting 1's loss curve, before its steep
+#      drop over steps 1,000-1,200;
+#   3. a warm-up of 1,100 steps: the middle of that drop (at 1,000 steps the long problems were at the
+#      target but the short ones were not yet learned);
+#   4. the operand range: a warm-up of 2,000 steps on 2-11-operand problems only, while RL and the
+#      held-out problems keep 2-16, so a correct long answer rests on length generalization. The warm-up
+#      length moved short and long accuracy together (settings 1-3); 2,000 steps is setting 1's, whose
+#      loss was flat from step ~1,500 on with the short problems mostly solved; the short-only stream
+#      gives them 1.5x setting 1's examples, and ~0.7M partial-sum steps in all, past the ~0.6M by the
+#      end of setting 1's drop (step 1,200).
+PILOT_SETTINGS = {
+    1: ("warmup.steps=2000", f"sweep.runs_dir={PILOT_DIR}/runs", f"sweep.out_dir={PILOT_DIR}"),
+    2: ("warmup.steps=1000", f"sweep.runs_dir={PILOT_DIR}/setting2/runs",
+        f"sweep.out_dir={PILOT_DIR}/setting2"),
+    3: ("warmup.steps=1100", f"sweep.runs_dir={PILOT_DIR}/setting3/runs",
+        f"sweep.out_dir={PILOT_DIR}/setting3"),
+    4: ("warmup.steps=2000", "warmup.max_operands=11", f"sweep.runs_dir={PILOT_DIR}/setting4/runs",
+        f"sweep.out_dir={PILOT_DIR}/setting4"),
+}
+PILOT_SETTING = 4  # the setting `get_config()` runs
+
+
+def pilot_setting(setting: int) -> StarvationConfig:
+    """Pilot setting `setting` (a key of PILOT_SETTINGS): the second study's model, optimizer and held-out
+    evaluation, with this study's task and pilot sweep, and that setting's warm-up and directories."""
     register_arms()
-    return dataclasses.replace(
+    common = dataclasses.replace(
         derive(
             v2.get_config(),
             task={"difficulty": "scratchpad_mixed"},
             rollout={"max_new_tokens": 193, "prompt_bucket": 256},  # the package default: no cells to match
             optim={"learning_rate": 2.5e-5},
-            # longer than the first two studies' 300 steps, so that the loss on the long problems plateaus
-            warmup={"steps": 2000},
         ),
         # a sweep of its own (the pilot), not the second study's grid
-        sweep=SweepConfig(objectives="grpo", reuse="32,128", seeds="5", policy_updates=1024,
-                          runs_dir="experiments/results/gradient_starvation_v3/pilot/runs",
-                          out_dir="experiments/results/gradient_starvation_v3/pilot"),
+        sweep=SweepConfig(objectives="grpo", reuse="32,128", seeds="5", policy_updates=1024),
     )
+    return apply_overrides(common, list(PILOT_SETTINGS[setting]))
+
+
+def get_config() -> StarvationConfig:
+    """The pilot's current setting, PILOT_SETTING."""
+    return pilot_setting(PILOT_SETTING)
 
 
 def get_quick_config() -> StarvationConfig:

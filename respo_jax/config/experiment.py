@@ -478,12 +478,26 @@ class WarmupConfig(_Section):
     steps: int = 0  # supervised warm-up steps before RL (0: none; synthetic task only)
     batch_size: int = 64  # reference responses per warm-up step
     learning_rate: float = 3e-3  # the warm-up's Adam learning rate
+    # The warm-up's problems have at least this many operands (0: the synthetic task's smallest count);
+    # with max_operands, a range inside the task's, so RL and the held-out problems may reach beyond it.
+    min_operands: int = 0
+    # The warm-up's problems have at most this many operands (0: the synthetic task's largest count)
+    max_operands: int = 0
 
     def validate(self) -> None:
         self._check_types()
         self._need("steps", 0 <= self.steps <= MAX_STEPS, f"an integer in [0, {MAX_STEPS:_}] (0: no warm-up)")
         self._need("batch_size", self.batch_size >= 1, "an integer >= 1")
         self._need("learning_rate", self.learning_rate > 0, "a finite number > 0")
+        for name in ("min_operands", "max_operands"):
+            self._need(name, getattr(self, name) == 0 or getattr(self, name) >= 2,
+                       "0 (the task's bound) or an integer >= 2")
+
+    def operand_range(self, task) -> tuple[int, int]:
+        """The operand counts (smallest, largest; bounds included) of the warm-up's problems on the
+        synthetic `task` (an ArithmeticTask): `min_operands` / `max_operands`, 0 standing for the task's."""
+        low = task.min_operands or task.num_operands
+        return self.min_operands or low, self.max_operands or task.num_operands
 
 
 # Where metric rows go (`run.loggers`, `respo_jax.training.trackers`): metrics.jsonl always, plus those named.
@@ -605,8 +619,19 @@ class ExperimentConfig:
                         "sampler's log-probs: use one)")
         task._need("overlong_buffer_length", task.overlong_buffer_length <= rollout.max_new_tokens,
                    f"at most rollout.max_new_tokens={rollout.max_new_tokens}")
+        ranged = self.warmup.min_operands or self.warmup.max_operands
+        self.warmup._need("max_operands" if self.warmup.max_operands else "min_operands",
+                          not (ranged and task.name != "synthetic"),
+                          "0 with task.name='dapo_math' (an operand range is the synthetic task's)")
         if task.name == "synthetic":
-            needed = task.synthetic_task().max_response_tokens() + 1
+            synthetic = task.synthetic_task()
+            low, high = synthetic.min_operands or synthetic.num_operands, synthetic.num_operands
+            first, last = self.warmup.operand_range(synthetic)
+            self.warmup._need("max_operands" if self.warmup.max_operands else "min_operands",
+                              low <= first <= last <= high,
+                              f"a range inside the task's {low}-{high} operands (min_operands <= "
+                              f"max_operands; 0: the task's bound); got {first}-{last}")
+            needed = synthetic.max_response_tokens() + 1
             rollout._need("max_new_tokens", rollout.max_new_tokens >= needed,
                           f">= {needed}: a correct answer of the {task.difficulty!r} task takes {needed} "
                           "tokens with EOS")

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import numpy as np
 
+from respo_jax.data.synthetic import operand_count
 from respo_jax.sharding import init_optimizer_state, optimizer_state_shardings
 from respo_jax.training.batch import build_sequences
 from respo_jax.training.step import NonFiniteError, make_optimizer, make_sft_step
@@ -53,7 +54,8 @@ def sft_warmup(trainer, start: WarmupPosition | None = None) -> Iterator[dict]:
     if start:
         rng.bit_generator.state = start.rng_state
     for index in range(start.step if start else 0, cfg.steps):
-        records = warmup_records(trainer.task, trainer.config.task.seed, rng, cfg.batch_size)
+        records = warmup_records(trainer.task, trainer.config.task.seed, rng, cfg.batch_size,
+                                 cfg.operand_range(trainer.task))
         prompts = [trainer.encode(r) for r in records]
         responses = [tokenizer.encode(trainer.task.reference_solution(r)) + [tokenizer.eos_id]
                      for r in records]
@@ -76,13 +78,18 @@ def sft_warmup(trainer, start: WarmupPosition | None = None) -> Iterator[dict]:
         yield {"phase": "warmup", "step": index + 1, "sft_loss": loss}
 
 
-def warmup_records(task, seed: int, rng: np.random.Generator, count: int) -> list[dict]:
+def warmup_records(task, seed: int, rng: np.random.Generator, count: int,
+                   operands: tuple[int, int] | None = None) -> list[dict]:
     """`count` random problems of the synthetic `task`'s warm-up stream (`task.seed` `seed`); never a
-    held-out test problem when the task has a test split."""
+    held-out test problem when the task has a test split. With `operands` (smallest, largest), only
+    problems with that many operands: the task's stream, the others skipped (so the counts in range
+    keep their relative frequencies, and the full range leaves the stream as it is)."""
+    low, high = operands or (2, task.num_operands)
     records: list[dict] = []
     while len(records) < count:
         for i in rng.integers(0, 2**31, size=count - len(records)):
             record = task.record(seed + 1_000_003, int(i))
-            if not task.test_fraction or task.split_of(record["problem"]) == "train":
+            if ((not task.test_fraction or task.split_of(record["problem"]) == "train")
+                    and low <= operand_count(record["problem"]) <= high):
                 records.append(record)
     return records
