@@ -195,7 +195,8 @@ class AbstractRun:
         self.engine = r.engine_config()
         self.old_logprobs_source = r.old_logprobs_source(dtype=config.model.dtype, moe=model.config.is_moe,
                                                          correction=self.correction is not None)
-        self.policy_step, self.old_logprobs = run_step_programs(config, graphdef, tx, self.shardings, self.mesh)
+        self.policy_step, self.old_logprobs = run_step_programs(config, graphdef, tx, self.shardings,
+                                                                self.mesh)
         lengths = range(1, config.task.max_prompt_tokens + 1)
         self.shapes = ShapeTracker(lengths, r.padded_prompt_length, compile_ahead=r.compile_ahead)
 

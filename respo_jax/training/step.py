@@ -361,7 +361,8 @@ def run_step_programs(config: ExperimentConfig, graphdef: nnx.GraphDef, tx: opta
         rollout_correction=objective.correction(),
         compiler_options=qwen3.kernels.update_compiler_options(qwen3.kernels.platform(mesh)),
         regularizers=objective.regularizers(), decoupled=objective.decoupled), cache=cache)
-    old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True, shardings=shardings)
+    old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
+                                   shardings=shardings)
     return policy_step, old_logprobs
 
 
