@@ -16,6 +16,13 @@ Two settings remove this:
 Together they leave no page faults in a step. (Forcing all threads onto the main arena with
 M_ARENA_MAX=1 also works, but lock contention makes the steps slower.)
 
+A third setting keeps the heap's resident size what the process uses: NumPy advises transparent huge
+pages (`madvise(MADV_HUGEPAGE)`) for each large array it allocates. Without `mmap` that array lies in
+the heap, and the advice outlives it: a later fault anywhere in that range of the heap (a chunk header
+written in memory `malloc_trim` returned, part of a temp) may bring in a whole 2 MiB page, so the
+resident size grows past what the process holds, by an amount that depends on where the heap's blocks
+happen to fall. `configure_host_allocator` turns NumPy's advice off (`numpy_madvise_hugepage: False`).
+
 The cost: the process keeps its high-water mark of host memory instead of returning it to the OS
 between steps, which is what a trainer wants (PyTorch's CUDA caching allocator and XLA's GPU allocator
 do the same for device memory). One caveat: when the step's shape changes, a freed block too small for
@@ -60,8 +67,9 @@ def configure_host_allocator(jax_dispatch: bool = True) -> dict:
     dispatch, once per process (a process that runs no JAX, e.g. a PyTorch baseline given the same
     malloc settings, passes `jax_dispatch=False` and never imports JAX).
 
-    Returns {"applied": True, "mallopt": {name: value}, "jax_cpu_enable_async_dispatch": False} (the
-    last key only with `jax_dispatch`) or, where there is no glibc (macOS, musl) and nothing was
+    Returns {"applied": True, "mallopt": {name: value}, "numpy_madvise_hugepage": False,
+    "jax_cpu_enable_async_dispatch": False} (the last key only with `jax_dispatch`; the NumPy key None
+    where this NumPy has no such switch) or, where there is no glibc (macOS, musl) and nothing was
     changed, {"applied": False, "reason": ...}. Raises RuntimeError if glibc refuses a setting.
     """
     global _applied
@@ -77,13 +85,26 @@ def configure_host_allocator(jax_dispatch: bool = True) -> dict:
     for name, (parameter, value) in MALLOPT_SETTINGS.items():
         if libc.mallopt(parameter, value) != 1:
             raise RuntimeError(f"glibc mallopt refused {name}={value}")
-    _applied = {"applied": True, "mallopt": {name: value for name, (_, value) in MALLOPT_SETTINGS.items()}}
+    _applied = {"applied": True, "mallopt": {name: value for name, (_, value) in MALLOPT_SETTINGS.items()},
+                "numpy_madvise_hugepage": _no_numpy_hugepages()}
     if jax_dispatch:
         import jax
 
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         _applied["jax_cpu_enable_async_dispatch"] = False
     return _applied
+
+
+def _no_numpy_hugepages() -> bool | None:
+    """Turns off NumPy's huge-page advice on its large arrays (the switch behind its
+    `NUMPY_MADVISE_HUGEPAGE` variable); returns the setting now in force, False, or None where this NumPy
+    has no such switch."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:
+        return None
+    _set_madvise_hugepage(False)
+    return False
 
 
 def expected_platform() -> str:

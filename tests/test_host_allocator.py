@@ -62,7 +62,7 @@ def _faults_per_call(mode: str) -> tuple[dict, list[str]]:
 def test_configured_process_does_not_fault_its_temp_buffer_in_again():
     configured, printed = _faults_per_call("configure")
     assert json.loads(printed[0]) == {"applied": True, "mallopt": {"M_MMAP_MAX": 0, "M_TRIM_THRESHOLD": -1},
-                                      "jax_cpu_enable_async_dispatch": False}
+                                      "numpy_madvise_hugepage": False, "jax_cpu_enable_async_dispatch": False}
     faults = configured["faults_per_call"]
     assert faults < 0.05 * TEMP_PAGES, f"{faults} page faults per call after configuring"
     # release_host_memory returned the kept pages to the OS: the next call faults its temp in again.
@@ -120,3 +120,29 @@ def test_entry_points_keep_jax_off_an_installed_libtpu_without_a_tpu(monkeypatch
     got = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
                          timeout=120, check=True).stdout.strip()
     assert got == "cpu,tpu"
+
+
+_HUGEPAGE_PROBE = r"""
+import sys
+import numpy as np
+if sys.argv[1] == "configure":
+    from respo_jax.host_allocator import configure_host_allocator
+    configure_host_allocator(jax_dispatch=False)
+array = np.ones((64, 1024, 1024), np.uint8)  # 64 MiB: NumPy advises huge pages for it unless told not to
+print(sum(1 for line in open("/proc/self/smaps") if line.startswith("VmFlags") and "hg" in line.split()))
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
+                    or not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+                    reason="glibc on Linux with transparent huge pages")
+def test_configured_process_advises_no_huge_pages_for_numpy_arrays_in_the_heap():
+    """Without `mmap` a large NumPy array lies in the heap; NumPy's huge-page advice on it would outlive
+    it there. Configured: no mapping of the process is advised for huge pages; by default NumPy's is."""
+    def advised(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _HUGEPAGE_PROBE, mode], capture_output=True, text=True,
+                             cwd=ROOT, timeout=120, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    assert advised("configure") == 0
+    assert advised("default") >= 1

@@ -2,10 +2,12 @@
 
 import dataclasses
 import functools
+import gc
 import json
 import os
 import pathlib
 import types
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,7 @@ from respo_jax.training.batch import (
 )
 from respo_jax.training.checkpoint import restore_checkpoint, save_checkpoint
 from respo_jax.training.compilation import compilation_totals
+from respo_jax.training import compile_ahead
 from respo_jax.training.compile_ahead import compile_bucket
 from respo_jax.sampling.params import padded_prompt_length
 from respo_jax.training.config import ConfigError, ExperimentConfig, apply_overrides
@@ -554,6 +557,36 @@ def test_shape_tracker_compiles_ahead_once_and_trims_the_heap_only_for_new_shape
     off = shapes.ShapeTracker([3], linear, compile_ahead=False)
     off.compile_ahead_once(lambda: compiled.append("never"))
     assert compiled == [16, 32, 48]
+
+
+def test_compiling_ahead_frees_the_reference_cycles_tracing_left(monkeypatch):
+    """Reference cycles (as tracing and lowering leave) are freed before each program of the
+    compile-ahead compiles and before the heap is trimmed, with the collector's own runs off."""
+    class Node:
+        pass
+
+    def cycle() -> weakref.ref:
+        node = Node()
+        node.itself = node
+        return weakref.ref(node)
+
+    monkeypatch.setattr(shapes, "host_allocator_settings", lambda: {"applied": False})
+    monkeypatch.setattr(shapes, "drop_programs_near_map_limit", lambda: None)
+    tracker = shapes.ShapeTracker([3], functools.partial(padded_prompt_length, bucket=16, scheme="linear"),
+                                  compile_ahead=True)
+    left = []
+    lowered = types.SimpleNamespace(compile=lambda: [ref() for ref in left])  # what is alive as it compiles
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        left.append(cycle())
+        alive_while_compiling = compile_ahead._collected_compile("update_step", lowered)
+        tracker.compile_ahead(lambda prompt_len: left.append(cycle()))
+        assert left[1]() is None
+    finally:
+        if enabled:
+            gc.enable()
+    assert alive_while_compiling == [None]
 
 
 def test_logprob_metrics_pool_the_mini_batches_as_float64_numpy_does():

@@ -24,9 +24,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.models import qwen3
-from respo_jax.objectives import get_objective
 from respo_jax.sampling import SamplingParams, compile_generate
-from respo_jax.programs import jit_program
 from respo_jax.sharding import ShardingRules, axis_size, optimizer_state_shardings, state_shardings
 from respo_jax.tpu_chips import TpuChip, chip_of
 from respo_jax.training import compile_ahead, startup
@@ -36,7 +34,7 @@ from respo_jax.training.config import ConfigError, ExperimentConfig, derive
 from respo_jax.training.model_setup import build_mesh, build_model
 from respo_jax.training.placement import RowPlacer
 from respo_jax.training.shapes import ShapeTracker
-from respo_jax.training.step import StepShardings, make_logprob_fn, make_optimizer, make_policy_step
+from respo_jax.training.step import StepShardings, run_optimizer, run_step_programs
 
 # XLA collective op names in a compiled module's HLO text (async ones as their -start half)
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
@@ -185,10 +183,7 @@ class AbstractRun:
         param_sh = state_shardings(params, self.mesh, self.rules)
         params = _with_shardings(params, param_sh)
         self.param_bytes_per_chip = bytes_per_chip(params)
-        opt = config.optim
-        updates_per_step = r.reuse if opt.schedule_per == "rollout" else 1
-        tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm,
-                            config.lr_warmup_steps, updates_per_step)
+        tx = run_optimizer(config)
         opt_sh = optimizer_state_shardings(tx, params, param_sh)
         self.state = types.SimpleNamespace(graphdef=graphdef, params=params,
                                            opt_state=_with_shardings(jax.eval_shape(tx.init, params), opt_sh))
@@ -200,14 +195,8 @@ class AbstractRun:
         self.engine = r.engine_config()
         self.old_logprobs_source = r.old_logprobs_source(dtype=config.model.dtype, moe=model.config.is_moe,
                                                          correction=self.correction is not None)
-        self.policy_step = jit_program(make_policy_step(
-            graphdef, get_objective(objective.name, **objective.hparams).for_budget(r.max_new_tokens), tx,
-            temperature=r.temperature, shardings=self.shardings,
-            load_balancing_weight=objective.load_balancing_weight, rollout_correction=self.correction,
-            compiler_options=qwen3.kernels.update_compiler_options(qwen3.kernels.platform(self.mesh)),
-            regularizers=objective.regularizers(), decoupled=objective.decoupled))
-        self.old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
-                                            shardings=self.shardings)
+        self.policy_step, self.old_logprobs = run_step_programs(config, graphdef, tx, self.shardings,
+                                                                self.mesh)
         lengths = range(1, config.task.max_prompt_tokens + 1)
         self.shapes = ShapeTracker(lengths, r.padded_prompt_length, compile_ahead=r.compile_ahead)
 

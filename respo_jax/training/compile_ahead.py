@@ -11,6 +11,7 @@ update step keeps its traced programs for the next launch (`respo_jax.exported_p
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import sys
 from typing import Callable
@@ -83,10 +84,19 @@ def compile_ahead(trainer) -> int:
     return buckets
 
 
+def _collected_compile(name: str, lowered):
+    """`lowered.compile()` after a garbage collection. Why: tracing and lowering a program leave reference
+    cycles (tracers, Flax's traversals, the lowered modules of the programs before) that hold their
+    intermediate representation until Python's collector next runs; freed here, they do not stay
+    resident beside what XLA allocates to compile this program, whatever the collector's timing."""
+    gc.collect()
+    return lowered.compile()
+
+
 def compile_bucket(trainer, model: nnx.Module, prompt_len: int, compile: Callable | None = None) -> None:
     """`compile_ahead` of one prompt bucket of `prompt_len` tokens. `compile(name, lowered) -> compiled`
     compiles each program (default `lowered.compile()`; `respo_jax.training.aot` keeps them)."""
-    compile = compile or (lambda name, lowered: lowered.compile())
+    compile = compile or _collected_compile
     config, r, pad_id = trainer.config, trainer.config.rollout, trainer.tokenizer.pad_id
     rows = r.prompts_per_minibatch * r.group_size
     responses = np.full((rows, r.max_new_tokens), pad_id, np.int32)

@@ -30,7 +30,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from respo_jax.data.batches import PromptBatches
 from respo_jax.data.prompts import encode_prompt
-from respo_jax.models import qwen3
 from respo_jax.objectives import get_objective
 from respo_jax.sampling import EngineConfig, SamplingParams, generate
 from respo_jax.sharding import (ShardingRules, axis_size, init_optimizer_state, optimizer_state_shardings,
@@ -54,8 +53,8 @@ from respo_jax.programs import Program, jit_program
 from respo_jax.training.rows import SampledGroups, TrainingRows
 from respo_jax.training.scoring import ResponseScorer, raw_accuracy
 from respo_jax.training.shapes import ShapeTracker
-from respo_jax.training.step import (StepShardings, learning_rate_schedule, make_logprob_fn, make_optimizer,
-                                     make_policy_step)
+from respo_jax.training.step import (StepShardings, learning_rate_schedule, run_optimizer, run_step_programs,
+                                     schedule_updates)
 from respo_jax.training.tasks import load_task
 from respo_jax.training.warmup import WarmupPosition, sft_warmup
 
@@ -81,7 +80,6 @@ class RLTrainer:
                              r.prompt_buckets)
         self.objective = get_objective(objective.name, **objective.hparams).for_budget(r.max_new_tokens)
         self.correction = objective.correction()  # rollout correction, None when off
-        self.regularizers = objective.regularizers()  # KL in the loss, entropy bonus, off-policy mask
         startup.check_reference_checkpoint(config)
         self.engine: EngineConfig = r.engine_config()  # the rollouts' and the held-out evaluation's
         # per-response arrays of the last iteration (rollout file); None when it trained on no response
@@ -93,16 +91,14 @@ class RLTrainer:
         self.model_config = model.config
         startup.check_mesh_fits(config, model.config, self.mesh, self.rules)
         graphdef, params = nnx.split(model)
-        opt = config.optim
-        updates_per_step = r.reuse if opt.schedule_per == "rollout" else 1
-        self.tx = make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm,
-                                 config.lr_warmup_steps, updates_per_step)
+        self.tx = run_optimizer(config)
         param_sh = state_shardings(params, self.mesh, self.rules)
         self.shardings = StepShardings(
             params=param_sh, opt_state=optimizer_state_shardings(self.tx, params, param_sh),
             batch=batch_sharding(self.mesh, self.rules), replicated=NamedSharding(self.mesh, PartitionSpec()))
         # One program each, not one per jnp op: the schedule, the group advantages, the reward's KL.
-        schedule = learning_rate_schedule(opt.learning_rate, config.lr_warmup_steps, updates_per_step)
+        schedule = learning_rate_schedule(config.optim.learning_rate, config.lr_warmup_steps,
+                                          schedule_updates(config))
         replicated = self.shardings.replicated
         self.learning_rate = jit_program(Program(schedule, "learning_rate", in_shardings=replicated,
                                                  out_shardings=replicated))
@@ -121,13 +117,8 @@ class RLTrainer:
         self.programs = compile_ahead.program_cache(config, model.config)
         # (params, opt_state, batch, micro) -> (params, opt_state, metrics), and
         # (params, batch, micro) -> (old_logp, token entropy) [rows, response_len].
-        self.policy_step = jit_program(make_policy_step(
-            graphdef, self.objective, self.tx, temperature=r.temperature, shardings=self.shardings,
-            load_balancing_weight=objective.load_balancing_weight, rollout_correction=self.correction,
-            compiler_options=qwen3.kernels.update_compiler_options(qwen3.kernels.platform(self.mesh)),
-            regularizers=self.regularizers, decoupled=objective.decoupled), cache=self.programs)
-        self.old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
-                                            shardings=self.shardings)
+        self.policy_step, self.old_logprobs = run_step_programs(config, graphdef, self.tx, self.shardings,
+                                                                self.mesh, cache=self.programs)
         # log π_old from the sampler or a forward pass of its own (`rollout.old_logprobs`), decided once
         self.old_logprobs_source = r.old_logprobs_source(dtype=config.model.dtype, moe=model.config.is_moe,
                                                          correction=self.correction is not None)

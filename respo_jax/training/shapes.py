@@ -12,6 +12,7 @@ machine's memory.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Callable, Iterable
@@ -77,8 +78,11 @@ class ShapeTracker:
 
     @staticmethod
     def release_host_memory(keep_free_bytes: int = 0) -> None:
-        """The heap's free memory back to the OS (`respo_jax.host_allocator`), when it is configured and
-        the heap holds more than `keep_free_bytes` free."""
+        """Python's unreachable reference cycles collected (the programs just traced and lowered leave
+        some, holding their intermediate representation), then the heap's free memory back to the OS
+        (`respo_jax.host_allocator`), when it is configured and the heap holds more than
+        `keep_free_bytes` free."""
+        gc.collect()
         if host_allocator_settings()["applied"]:
             release_host_memory(keep_free_bytes)
 

@@ -12,7 +12,7 @@ at no extra device round trip.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -20,14 +20,18 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from respo_jax.models import qwen3
 from respo_jax.models.qwen3.model import LOGPROB_CHUNK_TOKENS, forward_chunk_tokens
-from respo_jax.objectives import (PolicyObjective, RolloutCorrection, decoupled_weights,
+from respo_jax.objectives import (PolicyObjective, RolloutCorrection, decoupled_weights, get_objective,
                                   rollout_correction_weights)
 from respo_jax.objectives.aggregation import aggregation_terms, safe_divide
 from respo_jax.objectives.off_policy_masks import mask_weights, masked_fraction
 from respo_jax.objectives.regularizers import Regularizers, kl_penalty
 from respo_jax.training.batch import PolicyBatch, response_logprobs, split_microbatches, split_rows
-from respo_jax.programs import Program
+from respo_jax.programs import Program, jit_program
+
+if TYPE_CHECKING:
+    from respo_jax.training.config import ExperimentConfig
 
 
 class NonFiniteError(FloatingPointError):
@@ -328,6 +332,38 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
         return Program(logprobs, "logprobs", static_argnums=(2,))
     return Program(logprobs, "logprobs", static_argnums=(2,),
                    in_shardings=(shardings.params, shardings.batch), out_shardings=shardings.batch)
+
+
+def schedule_updates(config: ExperimentConfig) -> int:
+    """Optimizer updates per learning-rate schedule step: N (`rollout.reuse`) with
+    `optim.schedule_per="rollout"`, else 1 (`learning_rate_schedule`)."""
+    return config.rollout.reuse if config.optim.schedule_per == "rollout" else 1
+
+
+def run_optimizer(config: ExperimentConfig) -> optax.GradientTransformation:
+    """The run's AdamW (`make_optimizer` with the `optim.*` fields and the run's warm-up length)."""
+    opt = config.optim
+    return make_optimizer(opt.learning_rate, opt.weight_decay, opt.b1, opt.b2, opt.max_grad_norm,
+                          config.lr_warmup_steps, schedule_updates(config))
+
+
+def run_step_programs(config: ExperimentConfig, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                      shardings: StepShardings, mesh, cache=None) -> tuple[Any, Program]:
+    """A run's update step and its log π_old program, as the trainer and an ahead-of-time compile build
+    them: `make_policy_step` with the configured objective (at `rollout.max_new_tokens`), rollout
+    correction, regularizers and the update's compiler options for `mesh`'s platform, jitted by
+    `jit_program` (`cache`: its exported-program cache, or None); and `make_logprob_fn` with the token
+    entropy, at the rollout temperature."""
+    r, objective = config.rollout, config.objective
+    policy_step = jit_program(make_policy_step(
+        graphdef, get_objective(objective.name, **objective.hparams).for_budget(r.max_new_tokens), tx,
+        temperature=r.temperature, shardings=shardings, load_balancing_weight=objective.load_balancing_weight,
+        rollout_correction=objective.correction(),
+        compiler_options=qwen3.kernels.update_compiler_options(qwen3.kernels.platform(mesh)),
+        regularizers=objective.regularizers(), decoupled=objective.decoupled), cache=cache)
+    old_logprobs = make_logprob_fn(graphdef, temperature=r.temperature, return_entropy=True,
+                                   shardings=shardings)
+    return policy_step, old_logprobs
 
 
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, param_shardings=None,
