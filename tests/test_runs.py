@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import typing
 
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ from respo_jax.training.checkpoint import (
     list_steps,
     restore_checkpoint,
     restore_latest_intact,
+    save_cut_short,
     save_checkpoint,
     set_aside,
     step_dir,
@@ -376,6 +378,10 @@ def test_unfinished_mismatched_and_non_finite_checkpoints_are_damaged(tmp_path):
     os.remove(os.path.join(step_dir(directory, 1), "respo_manifest.json"))  # killed before the manifest
     with pytest.raises(CheckpointError, match="no respo_manifest.json"):
         restore_checkpoint(directory, *_tiny_state(), step=1)
+    reports = []  # a save cut short is no checkpoint: with no other step, the run starts afresh
+    assert save_cut_short(directory, 1) and restore_latest_intact(directory, *_tiny_state(),
+                                                                  report=reports.append) is None
+    assert len(reports) == 1 and "no respo_manifest.json" in reports[0]
     save_checkpoint(directory, 2, *_tiny_state(), {"iteration": 2})
     wrong = {"w": jnp.zeros((4, 4)), "b": jnp.ones(3)}
     with pytest.raises(CheckpointError, match=r"step 2 .*: params/w is float32\[3, 4\]; this run expects "
@@ -398,6 +404,10 @@ def test_unfinished_mismatched_and_non_finite_checkpoints_are_damaged(tmp_path):
     write_manifest(step_dir(directory, 3), 3)
     with pytest.raises(CheckpointError, match="params/w holds NaN/inf"):
         restore_checkpoint(directory, *_tiny_state(), step=3)
+    assert not save_cut_short(directory, 3)  # finished, then found damaged: never taken for a fresh start
+    with pytest.raises(CheckpointError, match=r"steps \[1, 2, 3\] are all damaged"):
+        restore_latest_intact(str(tmp_path), _tiny_state()[0], _tiny_state()[1] | {"extra": jnp.ones(1)},
+                              report=lambda _: None)
     with pytest.raises(CheckpointError, match="already holds step 3"):
         save_checkpoint(directory, 3, *_tiny_state(), {})  # Orbax would skip it silently
 
@@ -424,3 +434,20 @@ def test_resume_falls_back_from_a_damaged_checkpoint_and_repairs_the_log(tmp_pat
     assert again.returncode == 1
     assert "no intact checkpoint" in one_line_error(again.stderr)
     assert snapshot(out) == damaged  # nothing rewritten
+
+
+@pytest.mark.slow
+def test_a_first_save_cut_short_is_set_aside_and_the_run_starts_afresh(tmp_path, jit_cache, reference):
+    """Killed while writing its first checkpoint (Orbax renamed step 3's folder, the manifest not yet
+    written): the resume finds no checkpoint, sets the folder aside, reruns from the start and ends as
+    the uninterrupted run."""
+    out = copy_run(reference, tmp_path / "run")
+    checkpoints = str(out / "checkpoints")
+    for step in (6, 8):
+        shutil.rmtree(step_dir(checkpoints, step))
+    os.remove(os.path.join(step_dir(checkpoints, 3), "respo_manifest.json"))
+    resumed = train(jit_cache, out, *REFERENCE_ARGS)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "3.damaged" in resumed.stderr
+    assert_same_run(out, reference)
+    assert list_steps(checkpoints) == [3, 6, 8] and (out / "checkpoints" / "3.damaged").is_dir()

@@ -295,9 +295,10 @@ def restore_latest_intact(directory: str, params_like, opt_state_like,
                           report: Callable[[str], None] | None = None,
                           reference_like=None, behaviour_like=None) -> Restored | None:
     """The newest intact checkpoint (with its reference policy when `reference_like` is given), or None
-    when there is no checkpoint at all. Each damaged step newer
+    when there is no checkpoint at all, or only saves cut short (`save_cut_short`: a process killed
+    while writing the first one; the caller sets them aside and starts afresh). Each damaged step newer
     than it is reported (one line each) through `report` (default: stderr) and listed in `damaged`;
-    CheckpointError when no step is intact."""
+    CheckpointError when no step is intact and some finished step is damaged."""
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
     steps = list_steps(directory)
     damaged: list[int] = []
@@ -311,10 +312,16 @@ def restore_latest_intact(directory: str, params_like, opt_state_like,
             continue
         reference = extra.pop(0) if reference_like is not None else None
         return Restored(params, opt_state, meta, step, damaged, reference, extra[0] if extra else None)
-    if steps:
+    if any(not save_cut_short(directory, step) for step in steps):
         raise CheckpointError(f"no intact checkpoint under {directory} (steps {steps} are all damaged; "
                               "run.overwrite=true starts the run afresh)")
-    return None
+    return None  # no step, or only saves cut short before any finished: nothing was committed
+
+
+def save_cut_short(directory: str, step: int) -> bool:
+    """Step `step`'s folder lacks its manifest: its save was interrupted (the manifest is written last,
+    after Orbax's rename), so the step never held a checkpoint, unlike a finished step damaged later."""
+    return not os.path.isfile(os.path.join(step_dir(directory, step), MANIFEST))
 
 
 def set_aside(directory: str, step: int) -> str:
