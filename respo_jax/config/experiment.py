@@ -496,8 +496,8 @@ class WarmupConfig(_Section):
     def operand_range(self, task) -> tuple[int, int]:
         """The operand counts (smallest, largest; bounds included) of the warm-up's problems on the
         synthetic `task` (an ArithmeticTask): `min_operands` / `max_operands`, 0 standing for the task's."""
-        low = task.min_operands or task.num_operands
-        return self.min_operands or low, self.max_operands or task.num_operands
+        low, high = task.operand_counts
+        return self.min_operands or low, self.max_operands or high
 
 
 # Where metric rows go (`run.loggers`, `respo_jax.training.trackers`): metrics.jsonl always, plus those named.
@@ -625,7 +625,7 @@ class ExperimentConfig:
                           "0 with task.name='dapo_math' (an operand range is the synthetic task's)")
         if task.name == "synthetic":
             synthetic = task.synthetic_task()
-            low, high = synthetic.min_operands or synthetic.num_operands, synthetic.num_operands
+            low, high = synthetic.operand_counts
             first, last = self.warmup.operand_range(synthetic)
             self.warmup._need("max_operands" if self.warmup.max_operands else "min_operands",
                               low <= first <= last <= high,

@@ -172,6 +172,11 @@ class ArithmeticTask:
             raise ValueError(f"test_fraction must be in [0, 1); got {self.test_fraction}")
 
     @property
+    def operand_counts(self) -> tuple[int, int]:
+        """(smallest, largest) operand count of the task's problems, bounds included."""
+        return self.min_operands or self.num_operands, self.num_operands
+
+    @property
     def prompt_format(self) -> PromptFormat:
         """Raw prompt = problem (+ `\\boxed{` when boxed_prefix); score `solution_text(response)`."""
         return PromptFormat(

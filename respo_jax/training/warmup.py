@@ -84,7 +84,7 @@ def warmup_records(task, seed: int, rng: np.random.Generator, count: int,
     held-out test problem when the task has a test split. With `operands` (smallest, largest), only
     problems with that many operands: the task's stream, the others skipped (so the counts in range
     keep their relative frequencies, and the full range leaves the stream as it is)."""
-    low, high = operands or (2, task.num_operands)
+    low, high = operands or task.operand_counts
     records: list[dict] = []
     while len(records) < count:
         for i in rng.integers(0, 2**31, size=count - len(records)):
