@@ -135,7 +135,8 @@ print(sum(1 for line in open("/proc/self/smaps") if line.startswith("VmFlags") a
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
                     or not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
-                    reason="glibc on Linux with transparent huge pages")
+                    reason="NumPy advises huge pages only on Linux with transparent huge pages, and the heap it lands in "
+                           "is glibc's; elsewhere there is no advice to turn off")
 def test_configured_process_advises_no_huge_pages_for_numpy_arrays_in_the_heap():
     """Without `mmap` a large NumPy array lies in the heap; NumPy's huge-page advice on it would outlive
     it there. Configured: no mapping of the process is advised for huge pages; by default NumPy's is."""
