@@ -185,6 +185,31 @@ def test_rl_iteration_race_runs_both_sides_on_the_same_work(tmp_path):
     assert "2nd launch" in (tmp_path / "race.md").read_text(encoding="utf-8")
 
 
+def test_rl_iteration_runs_one_side_process_at_a_time(monkeypatch):
+    # Each side's process is started, runs all its iterations and is ended before the next side's starts.
+    events = []
+
+    class Recorded:
+        def __init__(self, kind, *args):
+            self.kind, self.load = kind, {"prompt_tokens": [3]}
+            events.append(("start", kind))
+
+        def iterate(self):
+            events.append(("iterate", self.kind))
+            return {"wall_s": 1.0, "peak_rss_mib": 1.0}
+
+        def close(self):
+            events.append(("close", self.kind))
+
+    monkeypatch.setattr(rl_iteration, "Side", Recorded)
+    case = rl_iteration.RaceCase(1, iterations=2, micro=True)
+    sides = rl_iteration._first_launch(case, ("jax", "jax_sampler", "trl"), dict.fromkeys(rl_iteration.KINDS, ()),
+                                       [{"prompt_tokens": 3}], log=lambda *a, **k: None)
+    assert list(sides) == list(rl_iteration.KINDS)
+    assert events == [event for kind in rl_iteration.KINDS for event in
+                      [("start", kind), ("iterate", kind), ("iterate", kind), ("close", kind)]]
+
+
 def test_rl_iteration_summary_reports_the_sampler_mode_beside_the_headline():
     # Three sides' records (respo-jax recomputing log π_old, respo-jax with the sampler's, TRL): the
     # headline `speedup` is TRL over the recomputing side, `speedup_sampler_logprobs` TRL over the

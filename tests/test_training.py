@@ -41,7 +41,7 @@ from respo_jax.training.iteration_metrics import collect_rollout, iteration_reco
 from respo_jax.training.loop import RLTrainer
 from respo_jax.training.model_setup import build_model
 from respo_jax.training.placement import RowPlacer
-from respo_jax.training.step import make_logprob_fn, make_policy_step
+from respo_jax.training.step import make_logprob_fn, make_policy_step, old_logprobs_from_update
 
 TINY = [
     "warmup.steps=3",
@@ -687,8 +687,8 @@ def test_log_pi_old_from_the_sampler_is_the_recomputed_one_to_float32_round_off(
             size=rows.advantages.shape).astype(np.float32))  # a random model's rewards are all alike
         minibatches = trainer.minibatch_rows(rows)
         policy_batches, parts = trainer.with_old_logprobs(rows, minibatches)
+        trainer.update(policy_batches, parts)  # the first mini-batch's recomputed log π_old: its update's
         metrics = logprob_metrics(trainer.placer.fetch(parts), minibatches, rows.sampler_logp, None)
-        trainer.update(policy_batches)
         got[source] = (rows, [np.asarray(b.old_logp) for b, _ in policy_batches], parts, metrics,
                        jax.tree.leaves(trainer.state.params))
     (rows, old, parts, metrics, params), (rows_s, old_s, parts_s, metrics_s, params_s) = got.values()
@@ -707,7 +707,81 @@ def test_log_pi_old_from_the_sampler_is_the_recomputed_one_to_float32_round_off(
     assert moved > 1e-4  # the updates did change the parameters
     for a, b in zip(params, params_s):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-5)
-    assert uses == {"recompute": ["compile", "run", "run"], "sampler": []}
+    assert uses == {"recompute": ["compile", "run"], "sampler": []}
+
+
+def _recorded_old_logprobs(trainer) -> list:
+    """Counts the calls of `trainer`'s log π_old program (a list that grows by one per call)."""
+    program, calls = trainer.old_logprobs, []
+
+    def recorded(*args):
+        calls.append(args[1].input_ids.shape)
+        return program(*args)
+
+    trainer.old_logprobs = type("Recorded", (), {"__call__": staticmethod(recorded),
+                                                 "lower": staticmethod(program.lower)})()
+    return calls
+
+
+def test_log_pi_old_from_the_first_update_is_the_recomputed_one_and_trains_the_same():
+    """Synchronous rollouts, log π_old recomputed: the first update of a rollout batch takes mini-batch 1's
+    log π_old (and rollout entropy) from its own forward instead of a separate pass. Against the same
+    trainer with a separate pass for every mini-batch (float32, N = 2, two iterations): the stored log π_old
+    and entropy agree to round-off, and so do the trained parameters; one pass fewer per iteration."""
+    config = apply_overrides(load_config(DEFAULT_CONFIG), TINY + [
+        "warmup.steps=0", "run.eval_problems=0", TINY_MODEL, "rollout.old_logprobs=recompute"])
+    fused, plain = RLTrainer(config), RLTrainer(config)
+    assert fused.old_logprobs_from_update
+    plain.old_logprobs_from_update = False  # every mini-batch's log π_old from a pass of its own
+    calls = {"fused": _recorded_old_logprobs(fused), "plain": _recorded_old_logprobs(plain)}
+    got = {}
+    for name, trainer in (("fused", fused), ("plain", plain)):
+        rows = trainer.training_rows(trainer.sample_groups())
+        rows = dataclasses.replace(rows, advantages=np.random.default_rng(0).normal(
+            size=rows.advantages.shape).astype(np.float32))  # a random model's rewards are all alike
+        minibatches = trainer.minibatch_rows(rows)
+        policy_batches, parts = trainer.with_old_logprobs(rows, minibatches)
+        assert (policy_batches[0][0].old_logp is None) == (name == "fused")
+        trainer.update(policy_batches, parts)
+        record = trainer.iteration()  # a second rollout batch, from the updated parameters
+        got[name] = ([np.asarray(b.old_logp) for b, _ in policy_batches], trainer.placer.fetch(parts), record,
+                     jax.tree.leaves(trainer.state.params))
+    assert [len(c) for c in calls.values()] == [2, 4]  # N - 1 passes per iteration instead of N
+    (old, parts, record, params), (old_p, parts_p, record_p, params_p) = got.values()
+    assert np.abs(old_p[0]).max() > 1.0  # real log-probs, not zeros
+    for a, b in zip(old, old_p):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+    for (mask, logp, entropy), (mask_p, logp_p, entropy_p) in zip(parts, parts_p):
+        np.testing.assert_array_equal(mask, mask_p)
+        np.testing.assert_allclose(logp, logp_p, atol=1e-6, rtol=1e-6)
+        assert np.abs(entropy_p).max() > 1.0
+        np.testing.assert_allclose(entropy, entropy_p, atol=1e-5, rtol=1e-6)
+    assert record["entropy"] == pytest.approx(record_p["entropy"], rel=1e-6)
+    assert record["loss"] == pytest.approx(record_p["loss"], rel=1e-5, abs=1e-7)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(params, jax.tree.leaves(RLTrainer(config).state.params)))
+    assert moved > 1e-4  # the updates did change the parameters
+    for a, b in zip(params, params_p):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_log_pi_old_of_stale_rollouts_is_recomputed_for_every_minibatch():
+    """The first update's forward stands for π_old only when the rollout's parameters are the update's:
+    asynchronous rollouts (`rollout.async_steps`), the rollout jobs' schedule even at no staleness, and
+    the KL in the reward (read before any update) recompute log π_old of every mini-batch."""
+    base = TINY + ["warmup.steps=0", "run.eval_problems=0", TINY_MODEL, "rollout.old_logprobs=recompute"]
+    for overrides in (["rollout.async_steps=1"], ["objective.kl_in_reward=true", "objective.kl_coef=0.01"]):
+        assert not old_logprobs_from_update(apply_overrides(load_config(DEFAULT_CONFIG), base + overrides),
+                                            "recompute")
+    assert not old_logprobs_from_update(apply_overrides(load_config(DEFAULT_CONFIG), base), "sampler")
+    trainer = RLTrainer(apply_overrides(load_config(DEFAULT_CONFIG), base))
+    assert trainer.old_logprobs_from_update
+    calls = _recorded_old_logprobs(trainer)
+    trainer.start_async_rollouts(0, overlap=False)  # the synchronous schedule through the rollout jobs
+    try:
+        trainer.iteration()
+    finally:
+        trainer.close()
+    assert len(calls) == 2  # both mini-batches
 
 
 @pytest.mark.parametrize("overrides,dtype,moe,correction,source", [

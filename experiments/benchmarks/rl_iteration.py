@@ -32,10 +32,11 @@ tokenizer, and sample with the same settings (temperature 1, no top-k/top-p, 64 
 Same advantages for all: each side runs in its own process with 2 threads (XLA's pool and
 `torch.set_num_threads`), the same glibc malloc settings (`respo_jax.host_allocator`; for TRL
 without the JAX part), denormals flushed to zero on both (XLA's default), and no compilation on the
-PyTorch side (`torch.compile` is not used; XLA compiles as part of respo-jax's time). The sides
-alternate iteration by iteration (one waits idle on its pipe while the other runs), report wall time
-and their process's peak RSS; the headline is the median of the per-iteration time ratios over the
-iterations after the first.
+PyTorch side (`torch.compile` is not used; XLA compiles as part of respo-jax's time). The sides run
+one after the other, each in a process of its own that is started, runs all its iterations and ends
+before the next side's starts (no side runs beside another's memory); each reports wall time and its
+process's peak RSS; the headline is the median of the ratios of the sides' times at the same
+iteration (the same prompts) over the iterations after the first.
 
 Where a respo-jax side's time goes is recorded with it: per iteration the wall and process CPU seconds
 (both of its threads) of the rollout, log π_old, the N updates and the rest (`PhaseClock`).
@@ -337,18 +338,18 @@ def _log_iteration(log, case: RaceCase, label: str, kind: str, record: dict) -> 
 
 
 def _first_launch(case: RaceCase, kinds: tuple[str, ...], args: dict, records: list[dict], log) -> dict[str, Side]:
-    """Every side in `kinds` launched and run for `case.iterations` iterations, alternating."""
+    """Every side in `kinds` launched and run for `case.iterations` iterations, one side after the other:
+    each side's process is started, runs all its iterations and ends before the next side's starts, so
+    no side runs (or starts) beside another's memory."""
     sides = {}
-    try:  # one side at a time: loading both at once would time their start-ups against each other
-        for kind in kinds:
-            sides[kind] = Side(kind, *args[kind])
-        if "trl" in sides and sides["trl"].load["prompt_tokens"] != [r["prompt_tokens"] for r in records]:
-            raise RuntimeError("TRL's tokenizer gives other prompt lengths than respo-jax's")
-        for index in range(case.iterations):
-            for kind, side in sides.items():
+    for kind in kinds:
+        side = sides[kind] = Side(kind, *args[kind])
+        try:
+            if kind == "trl" and side.load["prompt_tokens"] != [r["prompt_tokens"] for r in records]:
+                raise RuntimeError("TRL's tokenizer gives other prompt lengths than respo-jax's")
+            for index in range(case.iterations):
                 _log_iteration(log, case, f"iteration {index + 1}", kind, side.iterate())
-    finally:
-        for side in sides.values():
+        finally:
             side.close()
     return sides
 
@@ -365,7 +366,7 @@ def _second_launch(kind: str, args: tuple, case: RaceCase, log) -> Side:
 
 def run(case: RaceCase, data_dir: str = DATA_DIR, tokenizer_dir: str = TOKENIZER_DIR, log=print,
         kinds: tuple[str, ...] = KINDS, second_launch: bool = True) -> dict:
-    """Runs `case.iterations` iterations of each side in `kinds`, alternating, then (with
+    """Runs `case.iterations` iterations of each side in `kinds`, one side after the other, then (with
     `second_launch`) launches each side again, alone, for one iteration; returns `summary`'s record.
 
     respo-jax's compilation cache (`run.compilation_cache_dir`) is a directory created empty for this

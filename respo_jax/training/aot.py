@@ -292,10 +292,10 @@ def analytic_flops(run: AbstractRun, name: str, prompt_len: int) -> float | None
     cfg, r = run.model_config, run.config.rollout
     rows = r.prompts_per_minibatch * r.group_size
     seq = prompt_len + r.max_new_tokens
-    if name in ("update_step", "log_pi_old"):
+    if name in ("update_step", "update_step_old_logprobs", "log_pi_old"):
         forward = forward_flops(cfg, rows * seq, seq / 2)
         # forward + backward (2x the forward), + the forward again under remat
-        return forward * ((4 if cfg.remat else 3) if name == "update_step" else 1)
+        return forward * ((4 if cfg.remat else 3) if name.startswith("update_step") else 1)
     if name.startswith("engine_decode"):
         width = int(re.search(r"width=(\d+)", name)[1])
         return forward_flops(cfg, width * decode_steps(run, name), prompt_len + r.max_new_tokens / 2)

@@ -31,7 +31,9 @@ class PolicyBatch:
     positions:      [batch, prompt_len + response_len] int32, 0 at the first real prompt token
     attention_mask: [batch, prompt_len + response_len] int32, 1 on real prompt and response tokens
     response_mask:  [batch, response_len] float32, 1 on the generated tokens (EOS included)
-    old_logp:       [batch, response_len] float32, log π_old of each response token (0 where masked)
+    old_logp:       [batch, response_len] float32, log π_old of each response token (0 where masked);
+                    None when the update's parameters are π_old (`training.step.make_policy_step` then
+                    takes it from the update's own forward)
     advantages:     [batch] float32
     routing:        None, or (Routing Replay) [batch, num_moe_layers, prompt_len + response_len - 1, top_k]
                     int32: the experts the sampler routed each input token to (the model input is the
@@ -54,7 +56,7 @@ class PolicyBatch:
     positions: jnp.ndarray
     attention_mask: jnp.ndarray
     response_mask: jnp.ndarray
-    old_logp: jnp.ndarray
+    old_logp: jnp.ndarray | None
     advantages: jnp.ndarray
     prompt_len: int = flax.struct.field(pytree_node=False, default=0)
     routing: jnp.ndarray | None = None
@@ -71,7 +73,7 @@ class PolicyBatch:
             positions=self.positions[rows],
             attention_mask=self.attention_mask[rows],
             response_mask=self.response_mask[rows],
-            old_logp=self.old_logp[rows],
+            old_logp=None if self.old_logp is None else self.old_logp[rows],
             advantages=self.advantages[rows],
             routing=None if self.routing is None else self.routing[rows],
             sampler_logp=None if self.sampler_logp is None else self.sampler_logp[rows],
@@ -173,13 +175,15 @@ def batch_sharding(mesh, rules):
 
 def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: int, temperature: float = 1.0,
                       return_entropy: bool = False, *, chunk_size: int = LOGPROB_CHUNK_TOKENS, routing=None,
-                      return_aux: bool = False, forward_only: bool = False, prompt_group: int = 1):
+                      return_aux: bool = False, forward_only: bool = False, prompt_group: int = 1,
+                      entropy_gradient: bool = True):
     """log π(o_t | q, o_<t) of every response slot: [batch, response_len] float32, under the logits divided
     by the rollout ``temperature`` (the distribution the responses were sampled from, before truncation).
 
     Slot t of the response is predicted by the logits at sequence position prompt_len - 1 + t; the
     vocabulary projection runs for those positions only, ``chunk_size`` tokens at a time.
-    ``return_entropy=True``: also the entropy of that full distribution at each slot, (logp, entropy).
+    ``return_entropy=True``: also the entropy of that full distribution at each slot, (logp, entropy),
+    differentiable unless ``entropy_gradient=False`` (a diagnostic; the log-probs' gradient unchanged).
     ``routing`` ([batch, num_moe_layers, seq - 1, top_k], `PolicyBatch.routing`): experts to replay.
     ``return_aux=True`` appends the forward's router load-balancing loss (None for dense models).
     ``forward_only=True``: no gradient will be taken (the model's ``lm_head_forward_impl`` head).
@@ -190,7 +194,7 @@ def response_logprobs(model, input_ids, positions, attention_mask, prompt_len: i
         input_ids[:, :-1], input_ids[:, 1:], positions=positions[:, :-1], attention_mask=attention_mask[:, :-1],
         chunk_size=chunk_size, temperature=temperature, return_entropy=return_entropy, start=prompt_len - 1,
         routing=None if routing is None else jnp.swapaxes(routing, 0, 1), return_aux=True,
-        forward_only=forward_only, prompt_group=prompt_group,
+        forward_only=forward_only, prompt_group=prompt_group, entropy_gradient=entropy_gradient,
     )
     values = tuple(values) if return_entropy else values[0]
     return (values, aux) if return_aux else values
@@ -229,7 +233,8 @@ def split_microbatches(batch: PolicyBatch, rows_per_microbatch: int) -> PolicyBa
     return batch.replace(
         input_ids=pad(batch.input_ids, False), positions=pad(batch.positions, False),
         attention_mask=pad(batch.attention_mask, False), response_mask=pad(batch.response_mask, True),
-        old_logp=pad(batch.old_logp, True), advantages=pad(batch.advantages, True),
+        old_logp=None if batch.old_logp is None else pad(batch.old_logp, True),
+        advantages=pad(batch.advantages, True),
         routing=None if batch.routing is None else pad(batch.routing, False),
         sampler_logp=None if batch.sampler_logp is None else pad(batch.sampler_logp, True),
         ref_logp=None if batch.ref_logp is None else pad(batch.ref_logp, True),

@@ -27,6 +27,7 @@ from respo_jax.sampling import compile_generate
 from respo_jax.training.compilation import cache_holds_compile_ahead, compiled_ahead_key, record_compile_ahead
 from respo_jax.training.config import ExperimentConfig
 from respo_jax.training.shapes import ShapeTracker
+from respo_jax.training.step import old_logprobs_from_update
 
 
 def program_config(config: ExperimentConfig) -> dict:
@@ -113,10 +114,15 @@ def compile_bucket(trainer, model: nnx.Module, prompt_len: int, compile: Callabl
     batch, micro = trainer.layout.policy_batch([[pad_id] * prompt_len] * rows, responses, lengths,
                                                np.zeros(rows, np.float32), routing, sampler_logp)
     state, objective = trainer.state, config.objective
-    if trainer.old_logprobs_source == "recompute" or objective.uses_reference or objective.decoupled:
+    from_update = old_logprobs_from_update(config, trainer.old_logprobs_source)
+    recomputed = trainer.old_logprobs_source == "recompute" and not (from_update and r.reuse == 1)
+    if recomputed or objective.uses_reference or objective.decoupled:
         compile("log_pi_old", trainer.old_logprobs.lower(state.params, batch, micro))
     if objective.uses_reference:  # the update's batches carry the reference's log-probs
         batch = batch.replace(ref_logp=batch.old_logp)
     if objective.decoupled:  # and the behaviour policy's
         batch = batch.replace(behaviour_logp=batch.old_logp)
     compile("update_step", trainer.policy_step.lower(state.params, state.opt_state, batch, micro))
+    if from_update:  # the first update of a rollout batch, log π_old from its own forward
+        compile("update_step_old_logprobs",
+                trainer.policy_step.lower(state.params, state.opt_state, batch.replace(old_logp=None), micro))

@@ -53,7 +53,8 @@ from respo_jax.programs import Program, jit_program
 from respo_jax.training.rows import SampledGroups, TrainingRows
 from respo_jax.training.scoring import ResponseScorer, raw_accuracy
 from respo_jax.training.shapes import ShapeTracker
-from respo_jax.training.step import (StepShardings, learning_rate_schedule, run_optimizer, run_step_programs,
+from respo_jax.training.step import (OLD_LOGPROBS_KEY, StepShardings, learning_rate_schedule,
+                                     old_logprobs_from_update, run_optimizer, run_step_programs,
                                      schedule_updates)
 from respo_jax.training.tasks import load_task
 from respo_jax.training.warmup import WarmupPosition, sft_warmup
@@ -122,6 +123,8 @@ class RLTrainer:
         # log π_old from the sampler or a forward pass of its own (`rollout.old_logprobs`), decided once
         self.old_logprobs_source = r.old_logprobs_source(dtype=config.model.dtype, moe=model.config.is_moe,
                                                          correction=self.correction is not None)
+        # synchronous rollouts, log π_old recomputed: the first update's forward gives mini-batch 1's
+        self.old_logprobs_from_update = old_logprobs_from_update(config, self.old_logprobs_source)
         # the sampler's mesh, model structure and parameter shardings (mesh.rollout_devices)
         self.rollout_mesh, self.rollout_graphdef, self.rollout_shardings = rollout_placement(
             config, model.config, self.mesh, self.rules, graphdef, param_sh)
@@ -191,7 +194,7 @@ class RLTrainer:
                 self.objective.scale_advantages, self.config.rollout.group_size, self.placer,
                 self.response_kl, self.group_advantages)
         learning_rate = self.learning_rate_of_updates(len(policy_batches))
-        step_metrics = self.update(policy_batches)  # the N policy updates
+        step_metrics = self.update(policy_batches, logprob_parts)  # the N policy updates
         record = self.report(sampled, batch, minibatches, logprob_parts, step_metrics, learning_rate,
                              timing=(started, compiled_before, rollout_seconds), version=behaviour[0])
         return {**record, **kl_reward}
@@ -318,13 +321,19 @@ class RLTrainer:
 
         `objective.decoupled`: log π_old is π_prox's, a forward pass under the current parameters, and
         the batch carries log π_behaviour (the sampler's or the recomputed) for the weight
-        π_prox / π_behaviour (the same pass when both policies are the current one)."""
+        π_prox / π_behaviour (the same pass when both policies are the current one).
+
+        Synchronous rollouts with log π_old recomputed (`old_logprobs_from_update`): the first
+        mini-batch's old_logp (and its entropy) is None here, taken by `update` from that update's own
+        forward, whose parameters are the rollout's."""
         from_sampler = self.old_logprobs_source == "sampler"
         current = self.state.params
         behaviour = current if behaviour is None else behaviour
         decoupled = self.config.objective.decoupled
+        from_update = (self.old_logprobs_from_update and behaviour is current and rollout_behaviour is None
+                       and self.async_rollouts is None)
         policy_batches, parts = [], []
-        for rows in minibatches:
+        for index, rows in enumerate(minibatches):
             replay = ((batch.prompt_routing[:, rows], batch.routing[:, rows])
                       if self.config.rollout.routing_replay else None)
             policy, micro = self.layout.policy_batch([batch.prompts[i] for i in rows], batch.tokens[rows],
@@ -335,6 +344,8 @@ class RLTrainer:
             if from_sampler:  # the sampler's log-probs laid out as policy_batch lays them out (masked)
                 old_logp, policy = policy.sampler_logp, policy.replace(sampler_logp=None)
                 token_entropy = batch.sampler_entropy[rows, :old_logp.shape[1]]  # logprob_metrics masks it
+            elif from_update and index == 0:
+                old_logp = token_entropy = None
             else:
                 old_logp, token_entropy = (
                     self.old_logprobs(behaviour, policy, micro)
@@ -358,9 +369,11 @@ class RLTrainer:
         return float(np.mean(np.asarray(self.learning_rate(np.arange(first, first + updates))))) if updates \
             else None
 
-    def update(self, policy_batches: list[tuple[PolicyBatch, int]]) -> list[dict]:
+    def update(self, policy_batches: list[tuple[PolicyBatch, int]], logprob_parts: list | None = None) -> list[dict]:
         """One policy update per mini-batch, in order; advances the counters. Returns each update's
-        metrics on the host (one transfer for all), NonFiniteError when one is not finite."""
+        metrics on the host (one transfer for all), NonFiniteError when one is not finite. A mini-batch
+        without old_logp (`with_old_logprobs`) takes it from its update's forward: it is written into
+        `policy_batches` and (log π_old, entropy) into `logprob_parts` (`with_old_logprobs`' lists)."""
         step_metrics = []
         for batch, micro in policy_batches:
             self.state.params, self.state.opt_state, metrics = self.policy_step(
@@ -369,6 +382,13 @@ class RLTrainer:
         self.state.policy_updates += len(policy_batches)
         self.state.iteration += 1
         step_metrics = jax.device_get(step_metrics)
+        for index, metrics in enumerate(step_metrics):
+            if OLD_LOGPROBS_KEY in metrics:
+                fresh = metrics.pop(OLD_LOGPROBS_KEY)
+                batch, micro = policy_batches[index]
+                policy_batches[index] = (batch.replace(old_logp=fresh["old_logp"]), micro)
+                if logprob_parts is not None:
+                    logprob_parts[index] = (logprob_parts[index][0], fresh["old_logp"], fresh["token_entropy"])
         check_finite_steps(step_metrics, self.state.iteration)
         return step_metrics
 

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from respo_jax.training.config import ExperimentConfig
 
 
+# The metrics key of log π_old taken from the update's own forward (`make_policy_step`).
+OLD_LOGPROBS_KEY = "old_logprobs"
+
+
 class NonFiniteError(FloatingPointError):
     """Training produced NaN or inf (loss, gradient norm or parameters); the run stops before any
     checkpoint is written, so the last checkpoint on disk is the last good state."""
@@ -160,6 +164,13 @@ def make_policy_step(
     `decoupled` (AReaL's decoupled objective): `batch.old_logp` is π_prox's and each token's loss term is
     multiplied by π_prox / π_behaviour (`respo_jax.objectives.decoupled_weights`; the batch carries
     `behaviour_logp`).
+
+    A batch whose `old_logp` is None (its own trace) is one whose π_old is `params`: log π_old is the
+    stop-gradient of this update's own log-probs, so W = exp(log π_θ − sg(log π_θ)) = 1 with gradient
+    ∇ log π_θ, what a separate forward pass would give up to round-off, without that pass. It is
+    returned, with the token entropy of the same forward (a diagnostic), as
+    `metrics[OLD_LOGPROBS_KEY] = {"old_logp", "token_entropy"}`, each [batch, response_len] (0 where
+    masked), for the mini-batch's later uses and the metrics.
     """
     regs = regularizers if regularizers is not None and regularizers.active else None
     kl_estimator = "k3" if regularizers is None else regularizers.kl_estimator
@@ -189,12 +200,16 @@ def make_policy_step(
             weights = behaviour if weights is None else weights * behaviour
         return weights
 
-    def logprobs_of(params, batch: PolicyBatch):
+    def logprobs_of(params, batch: PolicyBatch, old_from_forward: bool):
+        """(logp, entropy or None), aux; the entropy also when log π_old comes from this forward (a
+        diagnostic then, unless the entropy bonus differentiates it)."""
         model = nnx.merge(graphdef, params)
-        return response_logprobs(model, batch.input_ids, batch.positions, batch.attention_mask,
-                                 batch.prompt_len, temperature=temperature, chunk_size=chunk_size,
-                                 routing=batch.routing, return_aux=True, prompt_group=batch.prompt_group,
-                                 return_entropy=with_entropy)
+        return_entropy = with_entropy or old_from_forward
+        values, aux = response_logprobs(
+            model, batch.input_ids, batch.positions, batch.attention_mask, batch.prompt_len,
+            temperature=temperature, chunk_size=chunk_size, routing=batch.routing, return_aux=True,
+            prompt_group=batch.prompt_group, return_entropy=return_entropy, entropy_gradient=with_entropy)
+        return (values if return_entropy else (values, None)), aux
 
     def regularizer_total(logp, entropy, part: PolicyBatch):
         if regs is None:
@@ -209,15 +224,19 @@ def make_policy_step(
 
     def step(params, opt_state, batch: PolicyBatch, microbatch_rows: int | None = None):
         rows = batch.input_ids.shape[0]
+        old_from_forward = batch.old_logp is None  # static: these parameters are π_old
         denominator = objective.denominator(batch.response_mask)
         input_tokens = jnp.maximum(jnp.sum(batch.attention_mask[:, :-1]), 1)
 
         def grad_of(part: PolicyBatch, keep=None):
             def loss_fn(p):
-                logp, aux = logprobs_of(p, part)
-                logp, entropy = logp if with_entropy else (logp, None)
-                terms = objective.evaluate(logp, part.old_logp, part.advantages, part.response_mask,
-                                           token_weight(part, logp, keep)).terms
+                (logp, entropy), aux = logprobs_of(p, part, old_from_forward)
+                if old_from_forward:  # W = exp(logp - stop_gradient(logp)) = 1, its gradient ∇ logp
+                    part_old = part.replace(old_logp=jax.lax.stop_gradient(logp))
+                else:
+                    part_old = part
+                terms = objective.evaluate(logp, part_old.old_logp, part.advantages, part.response_mask,
+                                           token_weight(part_old, logp, keep)).terms
                 loss = safe_divide(terms.total + regularizer_total(logp, entropy, part), denominator)
                 if aux is None:  # a dense model
                     return loss, (logp, entropy, None)
@@ -235,8 +254,8 @@ def make_policy_step(
             parts = split_microbatches(batch, microbatch_rows)
             if off_policy_mask is not None and off_policy_mask.per_batch:  # M2PO: the whole mini-batch's
                 now = jax.lax.stop_gradient(mask_logprobs(params, batch, microbatch_rows))
-                keep = mask_weights(off_policy_mask, now, batch.old_logp, batch.advantages,
-                                    batch.response_mask)
+                keep = mask_weights(off_policy_mask, now, now if old_from_forward else batch.old_logp,
+                                    batch.advantages, batch.response_mask)
                 parts = (parts, split_rows(keep, rows_per_microbatch=microbatch_rows))
             else:
                 parts = (parts, None)
@@ -250,6 +269,11 @@ def make_policy_step(
             logp, aux = logp.reshape(-1, logp.shape[-1])[:rows], None if aux is None else jnp.sum(aux)
             entropy = None if entropy is None else entropy.reshape(-1, entropy.shape[-1])[:rows]
         logp = jax.lax.stop_gradient(logp)
+        if old_from_forward:  # kept for the metrics and the mini-batch's later uses, masked as recomputed
+            valid = batch.response_mask > 0
+            fresh = {"old_logp": jnp.where(valid, logp, 0.0),
+                     "token_entropy": jnp.where(valid, jax.lax.stop_gradient(entropy), 0.0)}
+            batch = batch.replace(old_logp=fresh["old_logp"])
         weights = token_weight(batch, logp, keep)
         out = objective.evaluate(logp, batch.old_logp, batch.advantages, batch.response_mask, weights)
         mask = batch.response_mask
@@ -259,13 +283,15 @@ def make_policy_step(
         metrics = dict(out.metrics)
         metrics["approx_kl"] = jnp.sum(jnp.where(non_empty, kl, 0.0)) / jnp.maximum(jnp.sum(non_empty), 1.0)
         metrics["neg_logp"] = -jnp.sum(logp * mask) / tokens  # an entropy proxy
-        metrics.update(regularizer_metrics(logp, entropy, batch, keep))
+        metrics.update(regularizer_metrics(logp, entropy if with_entropy else None, batch, keep))
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         if aux is not None:
             metrics["load_balancing_loss"] = aux
         metrics = dict(metrics, loss=out.terms.loss(), grad_norm=optax.tree.norm(grads),
                        responses={**out.responses, "approx_kl": kl}, params_finite=tree_all_finite(params))
+        if old_from_forward:
+            metrics[OLD_LOGPROBS_KEY] = fresh
         return params, opt_state, metrics
 
     def regularizer_metrics(logp, entropy, batch: PolicyBatch, keep) -> dict:
@@ -332,6 +358,17 @@ def make_logprob_fn(graphdef: nnx.GraphDef, temperature: float = 1.0, return_ent
         return Program(logprobs, "logprobs", static_argnums=(2,))
     return Program(logprobs, "logprobs", static_argnums=(2,),
                    in_shardings=(shardings.params, shardings.batch), out_shardings=shardings.batch)
+
+
+def old_logprobs_from_update(config: ExperimentConfig, old_logprobs_source: str) -> bool:
+    """Whether the first update of a rollout batch takes log π_old from its own forward
+    (`make_policy_step` with `old_logp=None`) instead of a separate pass: log π_old is recomputed
+    (`old_logprobs_source`), rollouts are synchronous (the sampling parameters are the first update's)
+    and nothing reads log π_old before that update (the KL in the reward does) or needs it of another
+    policy (the decoupled objective's π_prox and behaviour are separate passes)."""
+    objective = config.objective
+    return (old_logprobs_source == "recompute" and config.rollout.async_steps == 0
+            and not objective.kl_in_reward and not objective.decoupled)
 
 
 def schedule_updates(config: ExperimentConfig) -> int:

@@ -76,7 +76,8 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
     (``row_logsumexp``); 1 reduces whole rows, as where the vocabulary is split over devices (the view
     would split its shards).
     `return_entropy=True` also returns the entropy of the whole distribution at each position,
-    `(logp, entropy)`, from the same chunks; a diagnostic (no gradient flows through either) unless
+    `(logp, entropy)`, from the same chunks; a diagnostic (the log-probs' gradient is the one without it,
+    none flows through the entropy) unless
     `entropy_gradient=True`, which differentiates both (an entropy bonus): the backward recomputes each
     chunk's logits and adds the entropy's cotangent g_H · dH/dz = -g_H · p (log p + H) / T to the
     log-probs' (still no [tokens, vocab] array beyond one chunk or block).
@@ -113,17 +114,15 @@ def chunked_token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Ar
         else:
             logp, entropy = _logprobs_entropy(h, weight, t, tied, temperature, lse_lanes)
         return unchunk(logp), unchunk(entropy)
+    keep = n * b * per_chunk * vocab * 4 <= keep_probs_bytes
     if return_entropy:
-        h, w = jax.lax.stop_gradient(h), jax.lax.stop_gradient(weight)
         if impl == "vocab_chunks":
-            logp, _, entropy = _vocab_forward(h, w, t, blocks, with_entropy=True)
+            logp, entropy = _vocab_logprobs_with_entropy(h, weight, t, blocks)
         else:
-            logp, entropy = jax.lax.map(
-                lambda args: _chunk_with_entropy(args[0], w, args[1], tied, temperature, lse_lanes), (h, t))
-        return unchunk(logp), unchunk(entropy)
+            logp, entropy = _logprobs_with_entropy(h, weight, t, tied, temperature, keep, lse_lanes)
+        return unchunk(logp), unchunk(jax.lax.stop_gradient(entropy))
     if impl == "vocab_chunks":
         return unchunk(_vocab_logprobs(h, weight, t, blocks))
-    keep = n * b * per_chunk * vocab * 4 <= keep_probs_bytes
     return unchunk(_logprobs(h, weight, t, tied, temperature, keep, lse_lanes))
 
 
@@ -270,6 +269,28 @@ def _vocab_backward(blocks, h, weight, t, lse, g, entropy=None, g_h=None):
 
 
 _vocab_logprobs.defvjp(_vocab_logprobs_fwd, _vocab_logprobs_bwd)
+
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _vocab_logprobs_with_entropy(h, weight, t, blocks):
+    """h: [n, batch, c, embed], t: [n, batch, c] -> (log-probs, entropy), each [n, batch, c] float32; the
+    log-probs differentiable as `_vocab_logprobs`, the entropy a diagnostic (its cotangent is dropped:
+    the caller stops its gradient)."""
+    logp, _, entropy = _vocab_forward(h, weight, t, blocks, with_entropy=True)
+    return logp, entropy
+
+
+def _vocab_logprobs_with_entropy_fwd(h, weight, t, blocks):
+    logp, lse, entropy = _vocab_forward(h, weight, t, blocks, with_entropy=True)
+    return (logp, entropy), (h, weight, t, lse)
+
+
+def _vocab_logprobs_with_entropy_bwd(blocks, residuals, cotangents):
+    return _vocab_logprobs_bwd(blocks, residuals, cotangents[0])
+
+
+_vocab_logprobs_with_entropy.defvjp(_vocab_logprobs_with_entropy_fwd, _vocab_logprobs_with_entropy_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -425,6 +446,36 @@ def _token_chunks_backward(tied, temperature, keep_probs, h, weight, t, saved, g
 
 
 _logprobs.defvjp(_logprobs_fwd, _logprobs_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _logprobs_with_entropy(h, weight, t, tied, temperature, keep_probs, lanes):
+    """h: [n, batch, c, embed], t: [n, batch, c] -> (log-probs, entropy), each [n, batch, c] float32; the
+    log-probs differentiable as `_logprobs`, the entropy a diagnostic (its cotangent is dropped: the
+    caller stops its gradient)."""
+    return jax.lax.map(lambda args: _chunk_with_entropy(args[0], weight, args[1], tied, temperature, lanes),
+                       (h, t))
+
+
+def _chunk_with_entropy_probs(h_c, weight, t_c, tied, temperature, lanes):
+    """(log-prob of the targets, entropy, softmax [batch, c, vocab]) float32 of one chunk."""
+    logits, lse, logp = _chunk_scores(h_c, weight, t_c, tied, temperature, lanes)
+    probs = jnp.exp(logits - lse[..., None])
+    return logp, lse - jnp.sum(probs * logits, axis=-1), probs
+
+
+def _logprobs_with_entropy_fwd(h, weight, t, tied, temperature, keep_probs, lanes):
+    chunk = _chunk_with_entropy_probs if keep_probs else _chunk_with_entropy_lse
+    logp, entropy, saved = jax.lax.map(lambda args: chunk(args[0], weight, args[1], tied, temperature, lanes),
+                                       (h, t))
+    return (logp, entropy), (h, weight, t, saved)
+
+
+def _logprobs_with_entropy_bwd(tied, temperature, keep_probs, lanes, residuals, cotangents):
+    return _logprobs_bwd(tied, temperature, keep_probs, lanes, residuals, cotangents[0])
+
+
+_logprobs_with_entropy.defvjp(_logprobs_with_entropy_fwd, _logprobs_with_entropy_bwd)
 
 
 def _chunk_with_entropy_lse(h_c, weight, t_c, tied, temperature, lanes):

@@ -212,7 +212,7 @@ class Qwen3ForCausalLM(nnx.Module):
                        chunk_size: int = LOGPROB_CHUNK_TOKENS, return_aux: bool = False,
                        temperature: float = 1.0,
                        return_entropy: bool = False, *, start: int = 0, forward_only: bool = False,
-                       prompt_group: int = 1):
+                       prompt_group: int = 1, entropy_gradient: bool = True):
         """log π(targets[b, t] | input_ids[b, :t+1]) for t in [start, seq): [batch, seq - start] float32.
 
         The decoder runs over the whole sequence; the vocabulary projection and the log-softmax run
@@ -222,7 +222,8 @@ class Qwen3ForCausalLM(nnx.Module):
         divides the logits first (π of the sampling temperature, as the sampler and verl's actor do).
         ``return_entropy=True`` also returns the entropy of the full distribution at each scored
         position, [batch, seq - start]: ``(logp, entropy)``, both differentiable (an entropy bonus)
-        unless ``forward_only``. ``forward_only=True`` (no gradient will be taken) runs the head kernel
+        unless ``forward_only``; ``entropy_gradient=False``: the entropy a diagnostic, the log-probs'
+        gradient the one without it. ``forward_only=True`` (no gradient will be taken) runs the head kernel
         ``lm_head_forward_impl`` instead of ``lm_head_impl``.
         ``return_aux=True`` appends ``aux_loss`` from the same forward (MoE trainers add
         ``router_aux_loss_coef · aux``; ``aux_loss`` is None for dense models).
@@ -254,7 +255,7 @@ class Qwen3ForCausalLM(nnx.Module):
             raise ValueError(f"temperature must be finite and > 0, got {temperature}")
         logp, entropy, aux = self._token_logprobs_impl(
             input_ids, targets, positions, attention_mask, routing, int(chunk_size), int(start),
-            float(temperature), bool(return_entropy), bool(forward_only), prompt_group)
+            float(temperature), bool(return_entropy), bool(forward_only), prompt_group, bool(entropy_gradient))
         out = (logp, entropy) if return_entropy else (logp,)
         out = out + (aux,) if return_aux else out
         return out if len(out) > 1 else logp
@@ -269,7 +270,7 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def _token_logprobs_impl(self, input_ids, targets, positions, attention_mask, routing, chunk_size,
                              start=0, temperature=1.0, return_entropy=False, forward_only=False,
-                             prompt_group=1):
+                             prompt_group=1, entropy_gradient=True):
         if prompt_group > 1:
             hidden, aux = self._shared_prompt_backbone(input_ids, positions, attention_mask, start + 1,
                                                        prompt_group), None
@@ -283,7 +284,7 @@ class Qwen3ForCausalLM(nnx.Module):
         lanes = LSE_LANES if axis_size(self.config.mesh, self.config.rules.vocab) == 1 else 1
         out = chunked_token_logprobs(hidden, weight, targets[:, start:], tied=tied,
                                      temperature=temperature, chunk_tokens=chunk_size,
-                                     return_entropy=return_entropy, entropy_gradient=not forward_only,
+                                     return_entropy=return_entropy, entropy_gradient=entropy_gradient and not forward_only,
                                      impl=impl, lse_lanes=lanes)
         logp, entropy = out if return_entropy else (out, None)
         return logp, entropy, aux
