@@ -203,11 +203,26 @@ def test_rl_iteration_runs_one_side_process_at_a_time(monkeypatch):
 
     monkeypatch.setattr(rl_iteration, "Side", Recorded)
     case = rl_iteration.RaceCase(1, iterations=2, micro=True)
-    sides = rl_iteration._first_launch(case, ("jax", "jax_sampler", "trl"), dict.fromkeys(rl_iteration.KINDS, ()),
+    sides = rl_iteration._first_launch(case, rl_iteration.KINDS, dict.fromkeys(rl_iteration.KINDS, ()),
                                        [{"prompt_tokens": 3}], log=lambda *a, **k: None)
     assert list(sides) == list(rl_iteration.KINDS)
     assert events == [event for kind in rl_iteration.KINDS for event in
                       [("start", kind), ("iterate", kind), ("iterate", kind), ("close", kind)]]
+
+
+def test_rl_iteration_needs_two_iterations_only_against_trl(monkeypatch):
+    # The ratio to TRL excludes the first iteration; respo-jax's sides alone may run one (M = 32).
+    with pytest.raises(ConfigError, match="against TRL needs at least 2"):
+        rl_iteration.run(rl_iteration.RaceCase(1, iterations=1, micro=True), kinds=("jax", "trl"))
+    class Started(Exception):
+        pass
+
+    def write_checkpoint(*args):
+        raise Started
+
+    monkeypatch.setattr(rl_iteration, "write_checkpoint", write_checkpoint)
+    with pytest.raises(Started):  # past the check: it starts writing the checkpoint
+        rl_iteration.run(rl_iteration.RaceCase(1, iterations=1, micro=True), kinds=("jax", "jax_sampler"))
 
 
 def test_rl_iteration_summary_reports_the_sampler_mode_beside_the_headline():

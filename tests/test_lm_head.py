@@ -300,7 +300,8 @@ def test_a_bfloat16_weight_is_not_copied_in_float32():
 @pytest.mark.parametrize("impl", ["vocab_chunks", "token_chunks"])
 def test_a_diagnostic_entropy_leaves_the_log_probs_gradient_as_without_it(impl):
     """`return_entropy=True` without `entropy_gradient`: the same log-probs and the same gradient of them
-    as without the entropy (the softmax kept or not), the entropy that of the float64 reference."""
+    as without the entropy to round-off (the softmax kept or not), the entropy that of the float64
+    reference."""
     hidden, weight, targets, g = _case(True, 3)
     kwargs = dict(tied=True, temperature=0.7, chunk_tokens=8, impl=impl, vocab_chunk=256)
 
@@ -314,9 +315,9 @@ def test_a_diagnostic_entropy_leaves_the_log_probs_gradient_as_without_it(impl):
             hidden, weight, keep_probs_bytes=keep)
         (_, (logp, entropy)), grads_e = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
             hidden, weight, keep_probs_bytes=keep, return_entropy=True)
-        np.testing.assert_array_equal(logp, plain)
+        np.testing.assert_allclose(logp, plain, rtol=1e-6, atol=1e-6)
         for a, b in zip(grads_e, grads):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         assert np.abs(np.asarray(grads[1])).max() > 0
     logits = np.asarray(hidden, np.float64) @ np.asarray(weight, np.float64).T / 0.7
     logq = logits - logits.max(-1, keepdims=True)

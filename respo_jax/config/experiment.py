@@ -201,13 +201,16 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
 
     Where log π_old comes from (`old_logprobs`, resolved once at start-up by `old_logprobs_source`):
     "recompute" runs a forward pass over each mini-batch under the rollout's parameters before the
-    updates (verl's default: its vLLM sampler computes in other kernels and precisions); "sampler" takes
+    updates (verl's default: its vLLM sampler computes in other kernels and precisions), except the first
+    mini-batch of a synchronous rollout, whose update's own forward is under those parameters and gives
+    it (`training.step.old_logprobs_from_update`; TRL's on-policy path does the same); "sampler" takes
     the sampler's own log-probs of the tokens it drew, and the rollout entropy from the sampler too
     (verl's rollout-correction "bypass mode"): the same parameters, distribution and float32 math, so
-    the same numbers to round-off, without the pass (N forward passes an iteration, and their programs).
-    It needs the sampled distribution to be the model's (no top-k/top-p truncation) and no rollout
-    correction (which measures that very gap), and an attention kernel exact for the model's dtype
-    (`paged_kernels.KERNEL_PRECISION`: not "pallas_tpu" in float32, which attends at bfloat16 precision).
+    the same numbers to round-off, without the pass (N forward passes an iteration, N − 1 with
+    synchronous rollouts, and their programs). It needs the sampled distribution to be the model's (no
+    top-k/top-p truncation) and no rollout correction (which measures that very gap), and an attention kernel
+    exact for the model's dtype (`paged_kernels.KERNEL_PRECISION`: not "pallas_tpu" in float32, which attends
+    at bfloat16 precision).
     "auto" (the default) picks "sampler" when, besides, the model computes in float32 and a MoE model
     replays its routing (otherwise the sampler's and the trainer's experts may differ at router ties),
     and "recompute" otherwise.

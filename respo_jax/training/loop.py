@@ -369,15 +369,20 @@ class RLTrainer:
         return float(np.mean(np.asarray(self.learning_rate(np.arange(first, first + updates))))) if updates \
             else None
 
-    def update(self, policy_batches: list[tuple[PolicyBatch, int]], logprob_parts: list | None = None) -> list[dict]:
+    def update(self, policy_batches: list[tuple[PolicyBatch, int]],
+               logprob_parts: list | None = None) -> list[dict]:
         """One policy update per mini-batch, in order; advances the counters. Returns each update's
         metrics on the host (one transfer for all), NonFiniteError when one is not finite. A mini-batch
         without old_logp (`with_old_logprobs`) takes it from its update's forward: it is written into
         `policy_batches` and (log π_old, entropy) into `logprob_parts` (`with_old_logprobs`' lists)."""
         step_metrics = []
         for batch, micro in policy_batches:
-            self.state.params, self.state.opt_state, metrics = self.policy_step(
-                self.state.params, self.state.opt_state, batch, micro)
+            params, opt_state, metrics = self.policy_step(self.state.params, self.state.opt_state, batch, micro)
+            # In the trainer's shardings again (a relabelling, no copy): a program read back from the
+            # exported-program cache returns them replicated, and the next update's program (of another
+            # trace, when log π_old came from this one) would otherwise be lowered, and cached, for those.
+            self.state.params, self.state.opt_state = jax.device_put(
+                (params, opt_state), (self.shardings.params, self.shardings.opt_state))
             step_metrics.append(metrics)
         self.state.policy_updates += len(policy_batches)
         self.state.iteration += 1
@@ -388,7 +393,8 @@ class RLTrainer:
                 batch, micro = policy_batches[index]
                 policy_batches[index] = (batch.replace(old_logp=fresh["old_logp"]), micro)
                 if logprob_parts is not None:
-                    logprob_parts[index] = (logprob_parts[index][0], fresh["old_logp"], fresh["token_entropy"])
+                    mask = logprob_parts[index][0]
+                    logprob_parts[index] = (mask, fresh["old_logp"], fresh["token_entropy"])
         check_finite_steps(step_metrics, self.state.iteration)
         return step_metrics
 

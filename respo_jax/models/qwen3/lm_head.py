@@ -350,6 +350,26 @@ def row_logsumexp(logits: jax.Array, lanes: int = LSE_LANES) -> jax.Array:
     return row_max + jnp.log(jnp.sum(lane_sum * jnp.exp(lane_max - row_max[..., None]), axis=-1))
 
 
+def row_logsumexp_entropy(logits: jax.Array, lanes: int = LSE_LANES) -> tuple[jax.Array, jax.Array]:
+    """(log Σ exp z, H = log Σ exp z − Σ softmax(z)·z) over the last axis of finite float32 logits
+    [..., vocab], each [...]: ``row_logsumexp``'s lanes, each also summing exp(z − lane max)·z in the
+    same pass, rescaled to the row's max like the sums of exponentials."""
+    vocab = logits.shape[-1]
+    lanes = math.gcd(vocab, lanes)
+    if lanes < 8:
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        return lse, lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1)
+    blocks = logits.reshape(*logits.shape[:-1], vocab // lanes, lanes)
+    lane_max = jnp.max(blocks, axis=-2)
+    weights = jnp.exp(blocks - lane_max[..., None, :])
+    lane_sum, lane_dot = jnp.sum(weights, axis=-2), jnp.sum(weights * blocks, axis=-2)
+    row_max = jnp.max(jnp.where(jnp.isfinite(lane_max), lane_max, -jnp.inf), axis=-1)
+    scale = jnp.exp(lane_max - row_max[..., None])
+    total = jnp.sum(lane_sum * scale, axis=-1)
+    lse = row_max + jnp.log(total)
+    return lse, lse - jnp.sum(lane_dot * scale, axis=-1) / total
+
+
 def _finite_or_zero(x: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(x), x, 0.0)
 
@@ -458,10 +478,13 @@ def _logprobs_with_entropy(h, weight, t, tied, temperature, keep_probs, lanes):
 
 
 def _chunk_with_entropy_probs(h_c, weight, t_c, tied, temperature, lanes):
-    """(log-prob of the targets, entropy, softmax [batch, c, vocab]) float32 of one chunk."""
-    logits, lse, logp = _chunk_scores(h_c, weight, t_c, tied, temperature, lanes)
-    probs = jnp.exp(logits - lse[..., None])
-    return logp, lse - jnp.sum(probs * logits, axis=-1), probs
+    """(log-prob of the targets, entropy, softmax [batch, c, vocab]) float32 of one chunk. The entropy
+    comes from the log-sum-exp's own pass (`row_logsumexp_entropy`), so the logits are dead once the
+    softmax is written and it can take their buffer, as without the entropy."""
+    logits = _logits(h_c, weight, tied, temperature)
+    lse, entropy = row_logsumexp_entropy(logits, lanes)
+    logp = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
+    return logp, entropy, jnp.exp(logits - lse[..., None])
 
 
 def _logprobs_with_entropy_fwd(h, weight, t, tied, temperature, keep_probs, lanes):

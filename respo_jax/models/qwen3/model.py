@@ -255,7 +255,8 @@ class Qwen3ForCausalLM(nnx.Module):
             raise ValueError(f"temperature must be finite and > 0, got {temperature}")
         logp, entropy, aux = self._token_logprobs_impl(
             input_ids, targets, positions, attention_mask, routing, int(chunk_size), int(start),
-            float(temperature), bool(return_entropy), bool(forward_only), prompt_group, bool(entropy_gradient))
+            float(temperature), bool(return_entropy), bool(forward_only), prompt_group,
+            bool(entropy_gradient))
         out = (logp, entropy) if return_entropy else (logp,)
         out = out + (aux,) if return_aux else out
         return out if len(out) > 1 else logp
@@ -284,7 +285,8 @@ class Qwen3ForCausalLM(nnx.Module):
         lanes = LSE_LANES if axis_size(self.config.mesh, self.config.rules.vocab) == 1 else 1
         out = chunked_token_logprobs(hidden, weight, targets[:, start:], tied=tied,
                                      temperature=temperature, chunk_tokens=chunk_size,
-                                     return_entropy=return_entropy, entropy_gradient=entropy_gradient and not forward_only,
+                                     return_entropy=return_entropy,
+                                     entropy_gradient=entropy_gradient and not forward_only,
                                      impl=impl, lse_lanes=lanes)
         logp, entropy = out if return_entropy else (out, None)
         return logp, entropy, aux
