@@ -8,7 +8,10 @@ and then call `regenerate()`, so the documentation's results are those files' an
 race table file (`results/rl_iteration_table.md`), and the blocks between `<!-- generated: NAME -->`
 and `<!-- end generated: NAME -->` in `experiments/benchmarks/README.md` and
 `docs/results/benchmarks.md` (the rest of those pages is prose, not numbers of a run). A micro
-pipeline check (`*_micro.json`) is never shown.
+pipeline check (`*_micro.json`) is never shown. The rollout block: one line per (shape, cap) case
+(`speedup_vs_vllm`), then one per `decode_step_vs_pool` file (`cases[].step_ms_median` per pool multiple,
+the kernel `impl`) and one per `decode_ragged` file (`cases.long_tail` / `cases.uniform`: per kernel
+`step_ms_median`, and `gather_vs_ragged`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@
     python -m experiments.benchmarks.rollout_engine --max-slots 32 --steps-per-schedule 8 --out DIR
     python -m experiments.benchmarks.rollout_engine --micro          # pipeline check on a micro model
     python -m experiments.benchmarks.rollout_engine --render results/rollout_engine.json   # the table only
+    python -m experiments.benchmarks.rollout_engine --decode-vs-pool    # decode step vs the pool's size
+    python -m experiments.benchmarks.rollout_engine --decode-ragged     # decode step per attention kernel
 
 Workload. Tab. 4 of the paper (N = 32) gives the response-length deciles 371, 483, 596, 711, 856, 1,057,
 1,421, 2,732, 16,383 and 16,384 tokens at a 16,384-token cap. Scaled to a cap of `--max-new-tokens`
