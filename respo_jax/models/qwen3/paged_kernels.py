@@ -39,8 +39,8 @@ KERNEL_PRECISION = {"gather": ("float32", "bfloat16"), "pallas_tpu": ("bfloat16"
 PAGES_PER_COMPUTE_BLOCK = 8
 # "ragged": slots sorted by length fall into at most this many groups of equal size, each reading the
 # blocks of pages its longest slot holds; a block holds this many tokens (whole pages, at least one).
-RAGGED_GROUPS = 8
-RAGGED_BLOCK_TOKENS = 64
+RAGGED_GROUPS = 4
+RAGGED_BLOCK_TOKENS = 128
 # Triton's `tl.dot` takes operands of at least 16 in every dimension.
 TRITON_MIN_DOT = 16
 
