@@ -219,8 +219,8 @@ def test_decode_reads_a_page_table_cut_to_the_live_pages(model, sampled, monkeyp
     widths = {}
     for impl in ("gather", "ragged"):
         tables.clear()
-        assert_same(generate(model, PROMPTS, params, engine=dataclasses.replace(ENGINE, paged_attention_impl=impl)),
-                    want)
+        engine = dataclasses.replace(ENGINE, paged_attention_impl=impl)
+        assert_same(generate(model, PROMPTS, params, engine=engine), want)
         widths[impl] = {pages for _, pages in tables}
     assert len(widths["gather"]) > 1 and len(widths["ragged"]) == 1
     assert max(widths["gather"]) <= min(widths["ragged"])  # the ragged table: the layout's whole width

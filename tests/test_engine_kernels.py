@@ -1,6 +1,7 @@
 """The rollout engine with each paged-attention kernel, the Pallas ones in their interpreter on CPU
-(`paged_attention_interpret`), against `gather` (and "ragged" against it too) and the step-by-step reference sampler (`decode_reference`:
-the model's full forward, no pages): a tiny model at head_dim 128, in float32 and bfloat16. Where the
+(`paged_attention_interpret`), and "ragged", against `gather` and the step-by-step reference sampler
+(`decode_reference`: the model's full forward, no pages): a tiny model at head_dim 128, in float32 and
+bfloat16. Where the
 kernel is exact for the dtype (`paged_kernels.KERNEL_PRECISION`) the samples are the reference's and
 the log-probs agree to the dtype's round-off; pallas_tpu in float32 attends at bfloat16 precision, so
 its log-probs are farther from the reference than float32 round-off, within bfloat16's."""

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from respo_jax.models.qwen3.paged_attention import paged_attention
-from respo_jax.models.qwen3.paged_kernels import KERNEL_PRECISION, check_paged_attention, ragged_decode_attention
+from respo_jax.models.qwen3.paged_kernels import (KERNEL_PRECISION, check_paged_attention,
+                                                  ragged_decode_attention)
 
 
 def _reference(q, k_pages, v_pages, tables, lengths, scale):
@@ -166,7 +167,8 @@ def test_bad_shapes_and_dtypes_raise():
 # blocks of 1-token pages
 @pytest.mark.parametrize("heads,kv_heads,page_size,groups,block_tokens", [
     (6, 1, 8, 1, 64), (4, 2, 4, 4, 8), (2, 2, 1, 3, 3)])
-def test_ragged_equals_dense_masked_attention_in_float64(heads, kv_heads, page_size, groups, block_tokens, dtype):
+def test_ragged_equals_dense_masked_attention_in_float64(heads, kv_heads, page_size, groups, block_tokens,
+                                                         dtype):
     """"ragged" against float64 attention of the same (dtype-rounded) inputs at ragged lengths (0, 1, a
     page's edges, the table's full width), in slots out of length order, for several group counts and
     block sizes (one page, several, a block wider than the table): float32 within float32 round-off,
@@ -179,7 +181,8 @@ def test_ragged_equals_dense_masked_attention_in_float64(heads, kv_heads, page_s
                            [(slots, heads, dim)] + [(kv_heads, num_pages, page_size, dim)] * 2)
     tables = np.stack([rng.permutation(num_pages)[:max_pages] for _ in range(slots)]).astype(np.int32)
     tables[1, :2] = tables[0, :2]  # two samples of one prompt share its first pages
-    lengths = np.array([page_size + 1, 0, capacity, 1, page_size, capacity - 1, 0, 2 * page_size, 3], np.int32)
+    lengths = np.array([page_size + 1, 0, capacity, 1, page_size, capacity - 1, 0, 2 * page_size, 3],
+                       np.int32)
     scale = dim ** -0.5
 
     def run(k, v):
@@ -200,4 +203,5 @@ def test_ragged_equals_dense_masked_attention_in_float64(heads, kv_heads, page_s
         read[tables[s, positions // page_size], positions % page_size] = True
     poisoned_k, poisoned_v = k_pages.copy(), v_pages.copy()
     poisoned_k[:, ~read], poisoned_v[:, ~read] = 1e4, -1e4
-    np.testing.assert_array_equal(np.asarray(run(poisoned_k, poisoned_v), np.float64), np.asarray(got, np.float64))
+    again = run(poisoned_k, poisoned_v)
+    np.testing.assert_array_equal(np.asarray(again, np.float64), np.asarray(got, np.float64))

@@ -157,8 +157,8 @@ def decode_vs_pool(payloads: list[tuple[str, dict]]) -> str:
         steps = ", ".join(f"×{c['multiple']} ({c['pool_bytes'] / 2**20:,.0f} MiB): {c['step_ms_median']:.1f} ms"
                           for c in d["cases"])
         kernel = f" ({d['impl']})" if "impl" in d else ""  # files before the field: gather
-        lines.append(f"- Decode step against the pool's size{kernel}, {d['live_tokens']} live tokens in each of "
-                     f"{d['slots']} slots: {steps} (`{name}`: `{d['command']}`)")
+        lines.append(f"- Decode step against the pool's size{kernel}, {d['live_tokens']} live tokens in each "
+                     f"of {d['slots']} slots: {steps} (`{name}`: `{d['command']}`)")
     return "\n".join(lines)
 
 
@@ -169,8 +169,8 @@ def decode_per_kernel(payloads: list[tuple[str, dict]]) -> str:
     lines = []
     for name, d in payloads:
         cases = "; ".join(
-            f"{label}: gather {c['gather']['step_ms_median']:.1f} ms, ragged {c['ragged']['step_ms_median']:.1f} ms "
-            f"({c['gather_vs_ragged']:.2f}×)"
+            f"{label}: gather {c['gather']['step_ms_median']:.1f} ms, ragged "
+            f"{c['ragged']['step_ms_median']:.1f} ms ({c['gather_vs_ragged']:.2f}×)"
             for label, c in (
                 (f"one slot at {d['long_tokens']:,} tokens, the rest at {d['short_tokens'][0]}-"
                  f"{d['short_tokens'][1]}", d["cases"]["long_tail"]),

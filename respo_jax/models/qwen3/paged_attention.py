@@ -169,8 +169,9 @@ class PagedKVCache:
             if impl == "gather" and q.shape[1] == 1:  # a decode step
                 return gather_decode_attention(q[:, 0], k_flat, v_flat, table, mask[:, 0], scale)[:, None]
             if impl == "ragged" and q.shape[1] == 1:
-                return paged_attention(q[:, 0], k_flat, v_flat, table, jnp.where(live, lengths, 0), scale=scale,
-                                       impl=impl)[:, None]
+                lengths = jnp.where(live, lengths, 0)  # a row not fed reads nothing
+                out = paged_attention(q[:, 0], k_flat, v_flat, table, lengths, scale=scale, impl=impl)
+                return out[:, None]
             if impl in ("gather", "ragged"):  # a prefill
                 keys, values = (gather_pages(pool[None], 0, table).astype(q.dtype)
                                 for pool in (k_flat, v_flat))
