@@ -568,3 +568,21 @@ def test_rollout_engine_replay_takes_the_engine_schedulers_decisions(monkeypatch
     pool = rollout_engine.engine_pool_pages([len(p) for p in prompts], 3, 24, engine, dims, 4)
     replay = rollout_engine.replay_schedule([len(p) for p in prompts], 3, budgets, 24, engine, pool)
     assert len(seen) > 2 and (replay["peak_pages"], replay["segments"]) == (max(seen), len(seen))
+
+
+def test_the_report_renders_the_decode_per_kernel_case():
+    # `rollout_engine --decode-ragged`'s JSON (`decode_ragged`) as one line of the rollout block: each
+    # kernel's median step per case and the file's own quotient; such a file is not a rollout case.
+    from experiments.benchmarks import report
+
+    def case(gather, ragged):
+        return {"gather": {"step_ms_median": gather}, "ragged": {"step_ms_median": ragged},
+                "gather_vs_ragged": gather / ragged}
+
+    payload = {"command": "python -m experiments.benchmarks.rollout_engine --decode-ragged", "slots": 64,
+               "long_tokens": 2048, "short_tokens": [100, 400], "uniform_tokens": 256,
+               "cases": {"long_tail": case(150.0, 90.0), "uniform": case(68.0, 80.0)}}
+    assert report.decode_per_kernel([("d.json", payload)]) == (
+        "- Decode step per attention kernel, 64 slots: one slot at 2,048 tokens, the rest at 100-400: gather "
+        "150.0 ms, ragged 90.0 ms (1.67×); every slot at 256: gather 68.0 ms, ragged 80.0 ms (0.85×) "
+        "(`d.json`: `python -m experiments.benchmarks.rollout_engine --decode-ragged`)")

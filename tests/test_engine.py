@@ -201,8 +201,9 @@ def test_the_tail_decodes_only_the_occupied_slots_width(model, sampled, monkeypa
 
 
 def test_decode_reads_a_page_table_cut_to_the_live_pages(model, sampled, monkeypatch):
-    # Parts of one token (every cut a quarter of the table): a segment's table holds only the pages its
-    # rows hold, narrower while they are short; the samples are the reference's.
+    # Parts of one token (every cut a quarter of the table): with "gather", a segment's table holds only
+    # the pages its rows hold, narrower while they are short; "ragged" reads each row's own pages
+    # whatever the table's width, so its segments take one width. The samples are the reference's.
     from respo_jax.sampling import scheduler
 
     params, _, want = sampled
@@ -215,9 +216,14 @@ def test_decode_reads_a_page_table_cut_to_the_live_pages(model, sampled, monkeyp
     program = model_step.decode_segment
     monkeypatch.setattr(model_step, "decode_segment", logged)
     monkeypatch.setattr(scheduler, "DECODE_PAGE_PART_TOKENS", 1)
-    assert_same(generate(model, PROMPTS, params, engine=ENGINE), want)
-    widest = max(pages for _, pages in tables)  # pages_for(bucket + NEW, 4)
-    assert min(pages for _, pages in tables) < widest and len({pages for _, pages in tables}) > 1
+    widths = {}
+    for impl in ("gather", "ragged"):
+        tables.clear()
+        engine = dataclasses.replace(ENGINE, paged_attention_impl=impl)
+        assert_same(generate(model, PROMPTS, params, engine=engine), want)
+        widths[impl] = {pages for _, pages in tables}
+    assert len(widths["gather"]) > 1 and len(widths["ragged"]) == 1
+    assert max(widths["gather"]) <= min(widths["ragged"])  # the ragged table: the layout's whole width
 
 
 def test_a_long_prompts_prefill_is_spread_over_schedules_while_rows_decode(model, sampled, monkeypatch):

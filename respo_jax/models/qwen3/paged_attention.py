@@ -23,9 +23,11 @@ Layout: `[kv_heads, shards, layers, num_pages + 1, page_size, head_dim]` (`PAGE_
 - Written in place: writes are scatters into the (donated) pool; no pool-sized temporary.
 
 Kernels (`PagedKVCache.impl`, the engine's `EngineConfig.paged_attention_impl`): "gather" runs
-everywhere (what the CPU tests run): it gathers only the pages a row's table names, from the pool in
-place, then runs masked attention over them (a decode step: `paged_kernels.gather_decode_attention`;
-a prefill: the model's dense masked attention); "pallas_tpu" / "pallas_gpu" read the pages in place
+everywhere: it gathers only the pages a row's table names, from the pool in place, then runs masked
+attention over them (a decode step: `paged_kernels.gather_decode_attention`; a prefill: the model's
+dense masked attention); "ragged" runs everywhere too: a decode step reads each row's own pages block by
+block (`paged_kernels.ragged_decode_attention`), so its cost follows each row's length; a prefill
+gathers as "gather" does; "pallas_tpu" / "pallas_gpu" read the pages in place
 on an accelerator (one query token per row: a decode step; a prefill gathers). The kernels themselves
 are `respo_jax.models.qwen3.paged_kernels`.
 """
@@ -56,13 +58,15 @@ NEW_KV_AXES = ("batch", None, "kv_heads", "head_dim")
 class PagedView:
     """What one forward over a `PagedKVCache` computes once for all layers: each new token's page and
     offset ([batch, seq] int32; masked tokens: the scratch page), each row's visible tokens after the
-    write ([batch] int32, the kernels' lengths) and the causal mask over the gathered pages
-    ([batch, seq, max_pages · page_size] bool: key position <= query position)."""
+    write ([batch] int32, the kernels' lengths), the causal mask over the gathered pages
+    ([batch, seq, max_pages · page_size] bool: key position <= query position) and the rows with a real
+    token ([batch] bool: a row without one, a slot not fed, has nothing to attend)."""
 
     page: jax.Array
     offset: jax.Array
     lengths: jax.Array
     mask: jax.Array
+    live: jax.Array
 
 
 @flax.struct.dataclass
@@ -111,7 +115,8 @@ class PagedKVCache:
         return PagedView(page=jnp.where(token_mask, pages, self.scratch_page),
                          offset=positions % self.page_size,
                          lengths=jnp.max(positions, axis=1) + 1,
-                         mask=key_positions[None, None, :] <= positions[:, :, None])
+                         mask=key_positions[None, None, :] <= positions[:, :, None],
+                         live=jnp.any(token_mask, axis=1))
 
     def _local(self, fn, out_axes, *args):
         """`fn(*args)` per shard: args are (value, logical axes) pairs; inside `shard_map` over the
@@ -148,13 +153,14 @@ class PagedKVCache:
 
     def attend(self, layer, q: jax.Array, view: PagedView, scale: float) -> jax.Array:
         """q: [batch, seq, heads, head_dim] over the pages of layer `layer` -> [batch, seq, heads,
-        head_dim]. The Pallas kernels take one query token per row."""
-        if self.impl != "gather" and q.shape[1] != 1:
+        head_dim]. The Pallas kernels take one query token per row; "ragged" attends a decode step (one
+        token per row; a row not fed reads nothing) and a prefill as "gather"."""
+        if PAGED_ATTENTION_IMPLS[self.impl] is not None and q.shape[1] != 1:
             raise ValueError(f"paged_attention_impl={self.impl!r} attends one token per row; got "
                              f"{q.shape[1]} (a prefill over pages uses 'gather')")
         impl, interpret = self.impl, self.interpret
 
-        def local(q, k_pool, v_pool, table, layer, lengths, mask):
+        def local(q, k_pool, v_pool, table, layer, lengths, mask, live):
             # A shard's pool as the kernels' [kv_heads, layers · pages, page_size, head_dim] (a bitcast);
             # layer l's page p is page l · pages + p of it, so no layer is sliced out.
             kv_heads, _, layers, pages, size, dim = k_pool.shape
@@ -162,7 +168,11 @@ class PagedKVCache:
             table = table + layer * pages
             if impl == "gather" and q.shape[1] == 1:  # a decode step
                 return gather_decode_attention(q[:, 0], k_flat, v_flat, table, mask[:, 0], scale)[:, None]
-            if impl == "gather":
+            if impl == "ragged" and q.shape[1] == 1:
+                lengths = jnp.where(live, lengths, 0)  # a row not fed reads nothing
+                out = paged_attention(q[:, 0], k_flat, v_flat, table, lengths, scale=scale, impl=impl)
+                return out[:, None]
+            if impl in ("gather", "ragged"):  # a prefill
                 keys, values = (gather_pages(pool[None], 0, table).astype(q.dtype)
                                 for pool in (k_flat, v_flat))
                 return dot_product_attention(q, keys, values, mask, scale)
@@ -172,7 +182,7 @@ class PagedKVCache:
 
         return self._local(local, Q_AXES, (q, Q_AXES), (self.k_pages, PAGE_AXES), (self.v_pages, PAGE_AXES),
                            (self.page_table, ("batch", None)), (layer, ()), (view.lengths, ("batch",)),
-                           (view.mask, ("batch", None, None)))
+                           (view.mask, ("batch", None, None)), (view.live, ("batch",)))
 
     def advance(self, view: PagedView) -> PagedKVCache:
         """The cache after the forward (the pools carry the writes; nothing else changes)."""

@@ -2,8 +2,10 @@
 the paged cache's decode step calls (`PagedKVCache.attend`), one function over one layer's pool, with
 what each kernel needs (`check_paged_attention`) and how exact it is (`KERNEL_PRECISION`).
 
-Kernels: "gather" (every platform) gathers only the pages a slot's table names and runs the model's dense
-masked attention; "pallas_tpu" / "pallas_gpu" are JAX's Pallas paged-attention kernels
+Kernels: "gather" (every platform) gathers the pages a slot's table names, up to the table's width, and
+runs the model's dense masked attention; "ragged" (every platform) reads each slot's own pages only, block
+by block, with an online softmax (`ragged_decode_attention`), so its work follows each slot's length, not
+the table's width or the longest slot; "pallas_tpu" / "pallas_gpu" are JAX's Pallas paged-attention kernels
 (`jax.experimental.pallas.ops.tpu.paged_attention`, `...ops.gpu.paged_attention`), which read the pages
 in place on their accelerator. `interpret=True` runs a Pallas kernel's own program in the Pallas
 interpreter (TPU: `pltpu.force_tpu_interpret_mode()`; GPU: the kernel's `interpret` argument), which
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 
 
 # Kernels of attention over pages: the platform each one runs on (None: every platform).
-PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
+PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu", "ragged": None}
 
 # The compute dtypes each kernel is exact for: its output differs from exact attention (float64) only by
 # the round-off of that dtype (float32: ~1e-6 on unit-scale inputs; bfloat16: its own rounding, 2^-8).
@@ -31,10 +33,14 @@ PAGED_ATTENTION_IMPLS = {"gather": None, "pallas_tpu": "tpu", "pallas_gpu": "gpu
 # `jax.default_matmul_precision("float32")`: Pallas Triton lowers a float32 dot of default precision to
 # TF32 (10-bit mantissa) on the GPU, which the interpreter on CPU would not show.
 KERNEL_PRECISION = {"gather": ("float32", "bfloat16"), "pallas_tpu": ("bfloat16",),
-                    "pallas_gpu": ("float32", "bfloat16")}
+                    "pallas_gpu": ("float32", "bfloat16"), "ragged": ("float32", "bfloat16")}
 
 # The most pages one block of the Pallas kernels reads (a divisor of the page table's width).
 PAGES_PER_COMPUTE_BLOCK = 8
+# "ragged": slots sorted by length fall into at most this many groups of equal size, each reading the
+# blocks of pages its longest slot holds; a block holds this many tokens (whole pages, at least one).
+RAGGED_GROUPS = 4
+RAGGED_BLOCK_TOKENS = 128
 # Triton's `tl.dot` takes operands of at least 16 in every dimension.
 TRITON_MIN_DOT = 16
 
@@ -120,6 +126,69 @@ def gather_decode_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array
     return out.transpose(1, 0, 2, 3).reshape(b, h, d)
 
 
+def ragged_decode_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_tables: jax.Array,
+                            lengths: jax.Array, scale: float, *, groups: int = RAGGED_GROUPS,
+                            block_tokens: int = RAGGED_BLOCK_TOKENS) -> jax.Array:
+    """Grouped-query attention of one new token per slot over its first `lengths` tokens, whose work
+    follows each slot's own length ("ragged"): flash-decoding over blocks of pages.
+
+    q: [slots, heads, head_dim]; k_pages, v_pages: [kv_heads, num_pages, page_size, head_dim];
+    page_tables: [slots, max_pages] int32; lengths: [slots] int32 (at most max_pages · page_size)
+    -> [slots, heads, head_dim] in q's dtype.
+
+    The slots are sorted by length (longest first) and cut into `groups` groups of equal size; a group
+    loops (a dynamic trip count) over the blocks of `block_tokens` tokens (whole pages) that its longest
+    slot holds, and each step gathers only that block's pages of its slots, a [kv_heads, group, block,
+    head_dim] tile, into an online softmax (Milakov & Gimelshein 2018: float32 running max m, sum l and
+    accumulator a; for a block's scores s, m' = max(m, max s), l' = l·e^(m-m') + Σ e^(s-m'),
+    a' = a·e^(m-m') + Σ e^(s-m')·v; the output a / l). Keys at or past a slot's length weigh exactly 0.
+    A slot of length 0 gets 0 (in a group of empty slots, at no cost). The outputs return in the slots'
+    order."""
+    b, h, d = q.shape
+    kv, _, size, _ = k_pages.shape
+    group = h // kv
+    per_block = max(1, block_tokens // size)
+    n_groups = max(1, min(groups, b))
+    rows = -(-b // n_groups)                      # slots per group
+    padded = n_groups * rows
+    width = -(-page_tables.shape[1] // per_block) * per_block
+    tables = jnp.pad(page_tables, ((0, padded - b), (0, width - page_tables.shape[1])))
+    lengths = jnp.pad(lengths.astype(jnp.int32), (0, padded - b))
+    order = jnp.argsort(-lengths, stable=True)    # longest first
+    qs = jnp.pad(q, ((0, padded - b), (0, 0), (0, 0)))[order].reshape(n_groups, rows, kv, group, d)
+    tables, lengths = tables[order].reshape(n_groups, rows, width), lengths[order].reshape(n_groups, rows)
+    tokens = per_block * size
+    offsets = jnp.arange(tokens, dtype=jnp.int32)
+
+    def attend(qg, table, length):  # qg [rows, kv, group, dim]; table [rows, width]; length [rows]
+        qg = qg.transpose(1, 0, 2, 3)                                   # [kv_heads, rows, group, head_dim]
+
+        def block(j, carry):
+            m, l, acc = carry
+            pages = jax.lax.dynamic_slice_in_dim(table, j * per_block, per_block, axis=1)
+            keys, values = (jnp.take(pool, pages, axis=1, mode="clip").reshape(kv, rows, tokens, d)
+                            .astype(q.dtype) for pool in (k_pages, v_pages))   # [kv_heads, rows, block, dim]
+            scores = jnp.einsum("kbtd,kbgd->kbtg", keys, qg, preferred_element_type=jnp.float32) * scale
+            visible = (j * tokens + offsets)[None, :] < length[:, None]          # [rows, block]
+            scores = jnp.where(visible[None, :, :, None], scores, -jnp.inf)
+            m_new = jnp.maximum(m, scores.max(axis=2))                          # [kv_heads, rows, group]
+            p = jnp.where(visible[None, :, :, None], jnp.exp(scores - m_new[:, :, None]), 0.0)
+            correction = jnp.exp(m - m_new)
+            acc = acc * correction[..., None] + jnp.einsum("kbtg,kbtd->kbgd", p.astype(values.dtype), values,
+                                                           preferred_element_type=jnp.float32)
+            return m_new, l * correction + p.sum(axis=2), acc
+
+        init = (jnp.full((kv, rows, group), jnp.finfo(jnp.float32).min, jnp.float32),
+                jnp.zeros((kv, rows, group), jnp.float32), jnp.zeros((kv, rows, group, d), jnp.float32))
+        blocks = (length[0] + tokens - 1) // tokens                       # the group's longest slot
+        _, l, acc = jax.lax.fori_loop(0, blocks, block, init)
+        out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+        return out.transpose(1, 0, 2, 3)                                # [rows, kv_heads, group, head_dim]
+
+    out = jnp.stack([attend(qs[i], tables[i], lengths[i]) for i in range(n_groups)]).reshape(padded, h, d)
+    return jnp.zeros_like(out).at[order].set(out)[:b].astype(q.dtype)
+
+
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_tables: jax.Array,
                     lengths: jax.Array, *, scale: float, impl: str = "gather", interpret: bool = False
                     ) -> jax.Array:
@@ -145,6 +214,8 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_t
         raise ValueError(f"the pools ({k_pages.dtype}, {v_pages.dtype}) must hold q's dtype {q.dtype}: a "
                          "kernel reads them in place")
     check_paged_attention(impl, interpret=interpret)
+    if impl == "ragged":
+        return ragged_decode_attention(q, k_pages, v_pages, page_tables, lengths, scale)
     per_block = math.gcd(page_tables.shape[1], PAGES_PER_COMPUTE_BLOCK)
     if impl == "gather":
         keys = page_tables.shape[1] * k_pages.shape[2]
