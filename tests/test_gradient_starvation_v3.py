@@ -123,7 +123,7 @@ def test_pilot_config_validates_and_states_its_acceptance_rule():
 def test_pilot_settings_rebuild_the_committed_bases_and_differ_only_in_the_warm_up():
     """Settings 1-3 rebuild the base models committed for them (their base.json's fingerprints, made
     before the warm-up had an operand range); the current setting changes the warm-up (its operand range:
-    2-11 of the task's 2-16), N and the directories, nothing else. Every setting has its own decision
+    2-11 of the task's 2-16), N, the step size and the directories, nothing else. Every setting has its own decision
     directory; settings that share a runs directory share its base model (the same fingerprint) and none
     of its cells (no cell name in common)."""
     module = _config_module()
@@ -142,7 +142,7 @@ def test_pilot_settings_rebuild_the_committed_bases_and_differ_only_in_the_warm_
         if a.sweep.runs_dir == b.sweep.runs_dir:
             assert gs.base_fingerprint(a) == gs.base_fingerprint(b)
             assert not {c.name for c in a.cells()} & {c.name for c in b.cells()}
-    same = dataclasses.replace(current, warmup=first.warmup, sweep=first.sweep)
+    same = dataclasses.replace(current, warmup=first.warmup, sweep=first.sweep, optim=first.optim)
     assert same == first
 
 
