@@ -22,7 +22,8 @@ PRE-REGISTERED ACCEPTANCE RULE (decided on the pilot, before any report seed run
 the levers (warm-up length, operand range, N, step size) are tried, the study reports what was tried and
 stops there. `--pilot-report` applies the rule to the finished GRPO cells (decision.json and decision.md in
 sweep.out_dir, with the base model's accuracy by operand count); a lever changed is a new pilot setting
-(PILOT_SETTINGS), recorded in the pilot's README.
+(PILOT_SETTINGS), recorded in the pilot's README. Outcome: no setting passed (settings 1-6, every lever
+tried; the pilot README's decision), so the grid has not run.
 
 `get_config()` is the pilot's current setting (PILOT_SETTINGS[PILOT_SETTING]): GRPO at N in {32, 128}
 (setting 5: 256), lr 2.5e-5 (setting 6: 5e-5), the pilot seed 5 (the report seeds will be 0-4). Each
