@@ -16,6 +16,7 @@ import pytest
 from experiments import gradient_starvation as gs
 from respo_jax.data.synthetic import get_task, operand_count, scratchpad_steps
 from respo_jax.eval.statistics import paired_cluster_bootstrap
+from respo_jax.training.config import apply_overrides
 
 CONFIG_V3 = os.path.join(os.path.dirname(gs.DEFAULT_CONFIG), "gradient_starvation_v3.py")
 
@@ -137,6 +138,8 @@ def test_pilot_settings_rebuild_the_committed_bases_and_differ_only_in_the_warm_
     assert current.warmup.operand_range(get_task(current.task.difficulty)) == (2, 11)
     assert gs.base_fingerprint(current)["warmup"]["max_operands"] == 11
     settings = [module.pilot_setting(k) for k in module.PILOT_SETTINGS]
+    for k, setting in zip(module.PILOT_SETTINGS, settings):  # each setting's overrides are complete
+        assert apply_overrides(current, list(module.PILOT_SETTINGS[k])) == setting
     assert len({s.sweep.out_dir for s in settings}) == len(settings)
     for a, b in itertools.combinations(settings, 2):
         if a.sweep.runs_dir == b.sweep.runs_dir:
@@ -182,7 +185,7 @@ def test_the_warm_up_stream_draws_only_from_its_operand_range_and_its_default_is
     ("warmup.min_operands=12", "warmup.max_operands", "got 12-11"),
 ])
 def test_a_warm_up_operand_range_outside_the_task_is_one_line_naming_it(override, field, message):
-    from respo_jax.training.config import ConfigError, apply_overrides
+    from respo_jax.training.config import ConfigError
 
     with pytest.raises(ConfigError) as err:
         apply_overrides(gs.load_sweep_config(CONFIG_V3), [override])

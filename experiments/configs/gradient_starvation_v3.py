@@ -75,8 +75,9 @@ def pilot_accepted(clip_fraction: float | None, long_positive_tail_share: float 
 
 
 PILOT_DIR = "experiments/results/gradient_starvation_v3/pilot"
-# The pilot settings tried, in order, as overrides of `pilot_setting`'s common config (the pilot's
-# README records each one's outcome):
+# The pilot settings tried, in order, as overrides of `pilot_setting`'s common config, each complete (so
+# `--pilot-report` with setting k's overrides reports setting k whichever is current; the pilot's README
+# records each one's outcome):
 #   1. a warm-up of 2,000 steps, so that the loss on the long problems plateaus;
 #   2. a warm-up of 1,000 steps: the end of the slow phase of setting 1's loss curve, before its steep
 #      drop over steps 1,000-1,200;
@@ -96,14 +97,15 @@ PILOT_DIR = "experiments/results/gradient_starvation_v3/pilot"
 #      the tail share stayed at 7-8% (7.2% -> 7.9%) while the clip fraction rose (0.76% -> 0.88%); the
 #      base model is setting 4's, copied (the same fingerprint: the RL settings are not part of it).
 PILOT_SETTINGS = {
-    1: ("warmup.steps=2000", f"sweep.runs_dir={PILOT_DIR}/runs", f"sweep.out_dir={PILOT_DIR}"),
-    2: ("warmup.steps=1000", f"sweep.runs_dir={PILOT_DIR}/setting2/runs",
-        f"sweep.out_dir={PILOT_DIR}/setting2"),
-    3: ("warmup.steps=1100", f"sweep.runs_dir={PILOT_DIR}/setting3/runs",
-        f"sweep.out_dir={PILOT_DIR}/setting3"),
-    4: ("warmup.steps=2000", "warmup.max_operands=11", f"sweep.runs_dir={PILOT_DIR}/setting4/runs",
-        f"sweep.out_dir={PILOT_DIR}/setting4"),
-    5: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=256",
+    1: ("warmup.steps=2000", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/runs", f"sweep.out_dir={PILOT_DIR}"),
+    2: ("warmup.steps=1000", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/setting2/runs", f"sweep.out_dir={PILOT_DIR}/setting2"),
+    3: ("warmup.steps=1100", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/setting3/runs", f"sweep.out_dir={PILOT_DIR}/setting3"),
+    4: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/setting4/runs", f"sweep.out_dir={PILOT_DIR}/setting4"),
+    5: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=256", "optim.learning_rate=2.5e-5",
         f"sweep.runs_dir={PILOT_DIR}/setting4/runs", f"sweep.out_dir={PILOT_DIR}/setting5"),
     6: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=128", "optim.learning_rate=5e-5",
         f"sweep.runs_dir={PILOT_DIR}/setting6/runs", f"sweep.out_dir={PILOT_DIR}/setting6"),
