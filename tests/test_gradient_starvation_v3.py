@@ -6,6 +6,7 @@ its pre-registered acceptance rule.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 
@@ -15,6 +16,7 @@ import pytest
 from experiments import gradient_starvation as gs
 from respo_jax.data.synthetic import get_task, operand_count, scratchpad_steps
 from respo_jax.eval.statistics import paired_cluster_bootstrap
+from respo_jax.training.config import apply_overrides
 
 CONFIG_V3 = os.path.join(os.path.dirname(gs.DEFAULT_CONFIG), "gradient_starvation_v3.py")
 
@@ -110,7 +112,7 @@ def test_the_arms_are_the_stated_kernels():
 def test_pilot_config_validates_and_states_its_acceptance_rule():
     config = gs.load_sweep_config(CONFIG_V3)
     assert config.task.difficulty == "scratchpad_mixed" and config.rollout.max_new_tokens == 193
-    assert config.sweep.objectives == "grpo" and 128 in config.sweep.reuse_list
+    assert config.sweep.objectives == "grpo" and max(config.sweep.reuse_list) >= 128
     assert not os.path.isabs(config.sweep.runs_dir)
     gs.load_sweep_config(CONFIG_V3, quick=True)
     module = _config_module()
@@ -122,7 +124,9 @@ def test_pilot_config_validates_and_states_its_acceptance_rule():
 def test_pilot_settings_rebuild_the_committed_bases_and_differ_only_in_the_warm_up():
     """Settings 1-3 rebuild the base models committed for them (their base.json's fingerprints, made
     before the warm-up had an operand range); the current setting changes the warm-up (its operand range:
-    2-11 of the task's 2-16) and the directories, nothing else."""
+    2-11 of the task's 2-16), N, the step size and the directories, nothing else. Every setting has its own decision
+    directory; settings that share a runs directory share its base model (the same fingerprint) and none
+    of its cells (no cell name in common)."""
     module = _config_module()
     first, current = module.pilot_setting(1), gs.load_sweep_config(CONFIG_V3)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,9 +137,15 @@ def test_pilot_settings_rebuild_the_committed_bases_and_differ_only_in_the_warm_
     assert first.warmup.operand_range(get_task("scratchpad_mixed")) == (2, 16)
     assert current.warmup.operand_range(get_task(current.task.difficulty)) == (2, 11)
     assert gs.base_fingerprint(current)["warmup"]["max_operands"] == 11
-    assert len({s.sweep.runs_dir for s in map(module.pilot_setting, module.PILOT_SETTINGS)}) == len(
-        module.PILOT_SETTINGS)
-    same = dataclasses.replace(current, warmup=first.warmup, sweep=first.sweep)
+    settings = [module.pilot_setting(k) for k in module.PILOT_SETTINGS]
+    for k, setting in zip(module.PILOT_SETTINGS, settings):  # each setting's overrides are complete
+        assert apply_overrides(current, list(module.PILOT_SETTINGS[k])) == setting
+    assert len({s.sweep.out_dir for s in settings}) == len(settings)
+    for a, b in itertools.combinations(settings, 2):
+        if a.sweep.runs_dir == b.sweep.runs_dir:
+            assert gs.base_fingerprint(a) == gs.base_fingerprint(b)
+            assert not {c.name for c in a.cells()} & {c.name for c in b.cells()}
+    same = dataclasses.replace(current, warmup=first.warmup, sweep=first.sweep, optim=first.optim)
     assert same == first
 
 
@@ -175,7 +185,7 @@ def test_the_warm_up_stream_draws_only_from_its_operand_range_and_its_default_is
     ("warmup.min_operands=12", "warmup.max_operands", "got 12-11"),
 ])
 def test_a_warm_up_operand_range_outside_the_task_is_one_line_naming_it(override, field, message):
-    from respo_jax.training.config import ConfigError, apply_overrides
+    from respo_jax.training.config import ConfigError
 
     with pytest.raises(ConfigError) as err:
         apply_overrides(gs.load_sweep_config(CONFIG_V3), [override])

@@ -22,12 +22,13 @@ PRE-REGISTERED ACCEPTANCE RULE (decided on the pilot, before any report seed run
 the levers (warm-up length, operand range, N, step size) are tried, the study reports what was tried and
 stops there. `--pilot-report` applies the rule to the finished GRPO cells (decision.json and decision.md in
 sweep.out_dir, with the base model's accuracy by operand count); a lever changed is a new pilot setting
-(PILOT_SETTINGS), recorded in the pilot's README.
+(PILOT_SETTINGS), recorded in the pilot's README. Outcome: no setting passed (settings 1-6, every lever
+tried; the pilot README's decision), so the grid has not run.
 
-`get_config()` is the pilot's current setting (PILOT_SETTINGS[PILOT_SETTING]): GRPO at N in {32, 128},
-lr 2.5e-5, the pilot seed 5 (the report seeds will be 0-4). Each setting tried keeps its own runs and
-decision directory; `pilot_setting(k)` rebuilds setting k. `get_quick_config()` is a smoke run of a few
-iterations.
+`get_config()` is the pilot's current setting (PILOT_SETTINGS[PILOT_SETTING]): GRPO at N in {32, 128}
+(setting 5: 256), lr 2.5e-5 (setting 6: 5e-5), the pilot seed 5 (the report seeds will be 0-4). Each
+setting tried keeps its own decision directory; `pilot_setting(k)` rebuilds setting k.
+`get_quick_config()` is a smoke run of a few iterations.
 """
 
 import dataclasses
@@ -74,8 +75,9 @@ def pilot_accepted(clip_fraction: float | None, long_positive_tail_share: float 
 
 
 PILOT_DIR = "experiments/results/gradient_starvation_v3/pilot"
-# The pilot settings tried, in order, as overrides of `pilot_setting`'s common config (the pilot's
-# README records each one's outcome):
+# The pilot settings tried, in order, as overrides of `pilot_setting`'s common config, each complete (so
+# `--pilot-report` with setting k's overrides reports setting k whichever is current; the pilot's README
+# records each one's outcome):
 #   1. a warm-up of 2,000 steps, so that the loss on the long problems plateaus;
 #   2. a warm-up of 1,000 steps: the end of the slow phase of setting 1's loss curve, before its steep
 #      drop over steps 1,000-1,200;
@@ -87,16 +89,28 @@ PILOT_DIR = "experiments/results/gradient_starvation_v3/pilot"
 #      loss was flat from step ~1,500 on with the short problems mostly solved; the short-only stream
 #      gives them 1.5x setting 1's examples, and ~0.7M partial-sum steps in all, past the ~0.6M by the
 #      end of setting 1's drop (step 1,200).
+#   5. N: setting 4's base model and step size at N = 256 (its cells share setting 4's runs directory, so
+#      its base model): from N = 32 to 128 the long-positive tail share grew 7x (1.0% -> 7.2%) and the
+#      clip fraction 2.6x (0.29% -> 0.76%), so a larger N is the lever that moves the tail faster than
+#      the clip; 256 divides the 1,024 updates (4 rollout batches, the E.3 window the first 2).
+#   6. the step size: setting 4's base model at N = 128 and twice its lr (5e-5), since from N = 128 to 256
+#      the tail share stayed at 7-8% (7.2% -> 7.9%) while the clip fraction rose (0.76% -> 0.88%); the
+#      base model is setting 4's, copied (the same fingerprint: the RL settings are not part of it).
 PILOT_SETTINGS = {
-    1: ("warmup.steps=2000", f"sweep.runs_dir={PILOT_DIR}/runs", f"sweep.out_dir={PILOT_DIR}"),
-    2: ("warmup.steps=1000", f"sweep.runs_dir={PILOT_DIR}/setting2/runs",
-        f"sweep.out_dir={PILOT_DIR}/setting2"),
-    3: ("warmup.steps=1100", f"sweep.runs_dir={PILOT_DIR}/setting3/runs",
-        f"sweep.out_dir={PILOT_DIR}/setting3"),
-    4: ("warmup.steps=2000", "warmup.max_operands=11", f"sweep.runs_dir={PILOT_DIR}/setting4/runs",
-        f"sweep.out_dir={PILOT_DIR}/setting4"),
+    1: ("warmup.steps=2000", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/runs", f"sweep.out_dir={PILOT_DIR}"),
+    2: ("warmup.steps=1000", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/setting2/runs", f"sweep.out_dir={PILOT_DIR}/setting2"),
+    3: ("warmup.steps=1100", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/setting3/runs", f"sweep.out_dir={PILOT_DIR}/setting3"),
+    4: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/setting4/runs", f"sweep.out_dir={PILOT_DIR}/setting4"),
+    5: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=256", "optim.learning_rate=2.5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/setting4/runs", f"sweep.out_dir={PILOT_DIR}/setting5"),
+    6: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=128", "optim.learning_rate=5e-5",
+        f"sweep.runs_dir={PILOT_DIR}/setting6/runs", f"sweep.out_dir={PILOT_DIR}/setting6"),
 }
-PILOT_SETTING = 4  # the setting `get_config()` runs
+PILOT_SETTING = 6  # the setting `get_config()` runs
 
 
 def pilot_setting(setting: int) -> StarvationConfig:
