@@ -75,6 +75,16 @@ def pilot_accepted(clip_fraction: float | None, long_positive_tail_share: float 
 
 
 PILOT_DIR = "experiments/results/gradient_starvation_v3/pilot"
+
+
+def _setting(warmup_steps: int, max_operands: int, reuse: str, lr: str, runs: str,
+             out: str) -> tuple[str, ...]:
+    """One pilot setting's complete overrides; `runs` and `out` are relative to PILOT_DIR."""
+    return (f"warmup.steps={warmup_steps}", f"warmup.max_operands={max_operands}", f"sweep.reuse={reuse}",
+            f"optim.learning_rate={lr}", f"sweep.runs_dir={PILOT_DIR}/{runs}".rstrip("/"),
+            f"sweep.out_dir={PILOT_DIR}/{out}".rstrip("/"))
+
+
 # The pilot settings tried, in order, as overrides of `pilot_setting`'s common config, each complete (so
 # `--pilot-report` with setting k's overrides reports setting k whichever is current; the pilot's README
 # records each one's outcome):
@@ -97,18 +107,12 @@ PILOT_DIR = "experiments/results/gradient_starvation_v3/pilot"
 #      the tail share stayed at 7-8% (7.2% -> 7.9%) while the clip fraction rose (0.76% -> 0.88%); the
 #      base model is setting 4's, copied (the same fingerprint: the RL settings are not part of it).
 PILOT_SETTINGS = {
-    1: ("warmup.steps=2000", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
-        f"sweep.runs_dir={PILOT_DIR}/runs", f"sweep.out_dir={PILOT_DIR}"),
-    2: ("warmup.steps=1000", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
-        f"sweep.runs_dir={PILOT_DIR}/setting2/runs", f"sweep.out_dir={PILOT_DIR}/setting2"),
-    3: ("warmup.steps=1100", "warmup.max_operands=0", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
-        f"sweep.runs_dir={PILOT_DIR}/setting3/runs", f"sweep.out_dir={PILOT_DIR}/setting3"),
-    4: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=32,128", "optim.learning_rate=2.5e-5",
-        f"sweep.runs_dir={PILOT_DIR}/setting4/runs", f"sweep.out_dir={PILOT_DIR}/setting4"),
-    5: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=256", "optim.learning_rate=2.5e-5",
-        f"sweep.runs_dir={PILOT_DIR}/setting4/runs", f"sweep.out_dir={PILOT_DIR}/setting5"),
-    6: ("warmup.steps=2000", "warmup.max_operands=11", "sweep.reuse=128", "optim.learning_rate=5e-5",
-        f"sweep.runs_dir={PILOT_DIR}/setting6/runs", f"sweep.out_dir={PILOT_DIR}/setting6"),
+    1: _setting(2000, 0, "32,128", "2.5e-5", "runs", ""),
+    2: _setting(1000, 0, "32,128", "2.5e-5", "setting2/runs", "setting2"),
+    3: _setting(1100, 0, "32,128", "2.5e-5", "setting3/runs", "setting3"),
+    4: _setting(2000, 11, "32,128", "2.5e-5", "setting4/runs", "setting4"),
+    5: _setting(2000, 11, "256", "2.5e-5", "setting4/runs", "setting5"),
+    6: _setting(2000, 11, "128", "5e-5", "setting6/runs", "setting6"),
 }
 PILOT_SETTING = 6  # the setting `get_config()` runs
 
