@@ -271,7 +271,6 @@ def _vocab_backward(blocks, h, weight, t, lse, g, entropy=None, g_h=None):
 _vocab_logprobs.defvjp(_vocab_logprobs_fwd, _vocab_logprobs_bwd)
 
 
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _vocab_logprobs_with_entropy(h, weight, t, blocks):
     """h: [n, batch, c, embed], t: [n, batch, c] -> (log-probs, entropy), each [n, batch, c] float32; the
