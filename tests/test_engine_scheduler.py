@@ -173,7 +173,18 @@ def test_decode_widths_and_the_slots_a_segment_decodes():
     assert decode_widths(64, 64) == decode_widths(64, 100) == (64,)
     assert decode_widths(24, 1) == (1, 3, 6, 12, 24)  # halvings, floored
     assert decode_widths(24, 1, shards=4) == (4, 8, 12, 24)  # each a multiple of the batch shards
+    # Two widths per octave: 64 · 2^(-j/2) floored, 45 = floor(64 / sqrt 2), 22 = floor(64 / sqrt 8).
+    assert decode_widths(64, 16, per_octave=2) == (16, 22, 32, 45, 64)
+    assert decode_widths(24, 1, shards=4, per_octave=2) == (4, 8, 12, 16, 24)
+    for per_octave in (1, 2, 3, 4):  # any occupied count is padded by less than 2^(1 / per_octave)
+        widths = decode_widths(64, 1, per_octave=per_octave)
+        assert len(widths) == len(set(widths)) and widths[0] == 1 and widths[-1] == 64
+        for occupied in range(1, 65):
+            assert next(w for w in widths if w >= occupied) < occupied * 2 ** (1 / per_octave)
     engine = EngineConfig(min_decode_slots=16, steps_per_schedule=8)
+    assert engine.decode_widths_per_octave == 2  # the default
+    assert segment_widths(engine, slots=64, rows=128, max_new_tokens=8) == (16, 22, 32, 45, 64)
+    engine = EngineConfig(min_decode_slots=16, steps_per_schedule=8, decode_widths_per_octave=1)
     assert segment_widths(engine, slots=64, rows=128, max_new_tokens=8) == (16, 32, 64)
     assert segment_widths(engine, slots=64, rows=64, max_new_tokens=9) == (16, 32, 64)
     assert segment_widths(engine, slots=64, rows=64, max_new_tokens=8) == (64,)  # all end in segment 1

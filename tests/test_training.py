@@ -81,6 +81,8 @@ def test_default_config_is_valid_and_overridable():
         ("rollout.max_slots=0", ValueError, "rollout.max_slots=0: expected an integer >= 1"),
         ("rollout.steps_per_schedule=0", ValueError, "rollout.steps_per_schedule=0: expected an integer >= 1"),
         ("rollout.min_decode_slots=0", ValueError, "rollout.min_decode_slots=0: expected an integer >= 1"),
+        ("rollout.decode_widths_per_octave=0", ValueError,
+         "rollout.decode_widths_per_octave=0: expected an integer >= 1"),
         ("rollout.page_size=-4", ValueError, "rollout.page_size=-4: expected an integer >= 1"),
         ("rollout.num_pages=-1", ValueError, r"rollout.num_pages=-1: expected an integer >= 0 \(0: unset\)"),
         ("rollout.kv_cache_bytes=1.5", ValueError, "cannot parse as int"),
@@ -106,12 +108,12 @@ def test_rollout_engine_fields_map_into_the_samplers_engine_config():
     assert r.max_slots >= r.reuse * r.prompts_per_minibatch * r.group_size == 256
     knobs = ["rollout.scheduler=static", "rollout.max_slots=8", "rollout.steps_per_schedule=3",
              "rollout.page_size=4", "rollout.kv_cache_bytes=65536", "rollout.paged_attention_impl=pallas_tpu",
-             "rollout.min_decode_slots=2"]
+             "rollout.min_decode_slots=2", "rollout.decode_widths_per_octave=1"]
     changed = apply_overrides(config, knobs)
     assert changed.rollout.engine_config() == EngineConfig(
         scheduler="static", prompt_bucket=r.prompt_bucket, max_slots=8,
         steps_per_schedule=3, page_size=4, kv_cache_bytes=65536, paged_attention_impl="pallas_tpu",
-        min_decode_slots=2)
+        min_decode_slots=2, decode_widths_per_octave=1)
     pages = apply_overrides(config, ["rollout.num_pages=40"]).rollout.engine_config()
     assert (pages.num_pages, pages.kv_cache_bytes) == (40, None)
     with pytest.raises(ValueError, match=r"rollout.kv_cache_bytes=4096: expected 0 with rollout.num_pages=4 "

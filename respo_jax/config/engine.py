@@ -24,8 +24,8 @@ class EngineSection(_Section):
     its longest row ends: a schedule of the same engine); for one seed both draw the same samples (up to
     float round-off ties). Continuous engine: `steps_per_schedule` decode steps between two scheduling
     decisions; `min_decode_slots`: a segment decodes the occupied slots padded to a halving of the slot
-    count of at least this many, one program per width, so a batch's tail pays only for its live rows;
-    `page_size` tokens per KV page; the pool as `num_pages` pages or a `kv_cache_bytes` budget (at most
+    count of at least this many (and, `decode_widths_per_octave` 2, the widths between the halvings), one
+    program per width, so a batch's tail pays only for its live rows; `page_size` tokens per KV page; the pool as `num_pages` pages or a `kv_cache_bytes` budget (at most
     one; 0 for both: every slot can hold a row of the longest prompt and the longest response, so
     admission never waits); `paged_attention_impl`: "gather" or "ragged" (every platform) or the
     accelerator kernel "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform, or where the
@@ -47,6 +47,8 @@ class EngineSection(_Section):
     steps_per_schedule: int = 32  # continuous engine: decode steps between two scheduling decisions
     # continuous engine: the fewest slots a decode segment runs (halvings of max_slots)
     min_decode_slots: int = 16
+    # continuous engine: decode widths per halving of max_slots (1: the halvings; 2: also the ones between)
+    decode_widths_per_octave: int = 2
     page_size: int = 16  # continuous engine: tokens per KV page
     num_pages: int = 0  # pages in the pool; 0: unset (kv_cache_bytes, or enough for every slot's longest row)
     kv_cache_bytes: int = 0  # the pool as a byte budget for K and V of all layers; 0: unset
@@ -78,7 +80,8 @@ class EngineSection(_Section):
         self._need("scheduler", self.scheduler in SCHEDULERS, " or ".join(map(repr, SCHEDULERS)))
         self._need("prompt_buckets", self.prompt_buckets in PROMPT_BUCKET_SCHEMES,
                    " or ".join(map(repr, PROMPT_BUCKET_SCHEMES)))
-        for name in ("prompt_bucket", "max_slots", "steps_per_schedule", "min_decode_slots", "page_size"):
+        for name in ("prompt_bucket", "max_slots", "steps_per_schedule", "min_decode_slots",
+                     "decode_widths_per_octave", "page_size"):
             self._need(name, getattr(self, name) >= 1, "an integer >= 1")
         for name in ("num_pages", "kv_cache_bytes"):
             self._need(name, getattr(self, name) >= 0, "an integer >= 0 (0: unset)")

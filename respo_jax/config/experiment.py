@@ -185,7 +185,8 @@ class RolloutConfig(EngineSection, engine_defaults=ROLLOUT_ENGINE_DEFAULTS):
       are accumulated exactly; memory then no longer grows with M·G. The default fits the CPU
       configuration of experiments/benchmarks/rl_iteration.py on a 24 GB host.
     - The engine's fields (`scheduler`, `prompt_bucket`, `prompt_buckets`, `max_slots`, `steps_per_schedule`,
-      `min_decode_slots`, `page_size`, `num_pages`, `kv_cache_bytes`, `paged_attention_impl`) are
+      `min_decode_slots`, `decode_widths_per_octave`, `page_size`, `num_pages`, `kv_cache_bytes`,
+      `paged_attention_impl`) are
       `respo_jax.config.engine.EngineSection`'s, declared once for `rollout.*` and `eval.*`; why the
       rollout's defaults differ from the library's: `ROLLOUT_ENGINE_DEFAULTS`. The held-out evaluation
       uses the same engine.

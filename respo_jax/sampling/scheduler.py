@@ -280,17 +280,20 @@ def engine_slots(max_slots: int, rows: int, shards: int = 1) -> int:
     return -(-min(max_slots, rows) // shards) * shards
 
 
-def decode_widths(slots: int, min_slots: int, shards: int = 1) -> tuple[int, ...]:
-    """The slot counts a decode segment runs at (ascending): `slots`, and its halvings while they hold
-    at least `min_slots` slots, each rounded up to a multiple of the batch axes' `shards`.
+def decode_widths(slots: int, min_slots: int, shards: int = 1, per_octave: int = 1) -> tuple[int, ...]:
+    """The slot counts a decode segment runs at (ascending): `slots`, and `slots` · 2^(-j / per_octave)
+    floored (j = 1, 2, ...) while they hold at least `min_slots` slots, each rounded up to a multiple of
+    the batch axes' `shards`. per_octave 1: the halvings; 2: the halvings and the widths between them.
 
     Why: a step computes every slot it runs, and at the tail of a long-tailed batch most slots are free;
     one program per width (vLLM pads its decode batch to the nearest captured CUDA-graph size alike)
-    lets the tail decode only the occupied slots' width. `min_slots >= slots`: one width."""
-    widths, width = {slots}, slots
-    while width // 2 >= max(min_slots, 1):
-        width //= 2
+    lets the tail decode only the occupied slots' width. The occupied slots are padded up to the next
+    width, by at most 2^(1 / per_octave) - 1 of them: more widths per octave, fewer padded slots and
+    more programs. `min_slots >= slots`: one width."""
+    widths, j = {slots}, 1
+    while (width := int(slots * 2.0 ** (-j / per_octave))) >= max(min_slots, 1):
         widths.add(-(-width // shards) * shards)
+        j += 1
     return tuple(sorted(widths))
 
 
@@ -319,12 +322,12 @@ def page_widths(max_pages: int, page_size: int, parts: int | None = None,
 
 def segment_widths(engine, *, slots: int, rows: int, max_new_tokens: int, shards: int = 1) -> tuple[int, ...]:
     """The decode widths of a call of `rows` rows in `slots` slots, as `EngineConfig` sets them:
-    `decode_widths(slots, engine.min_decode_slots, shards)`, or the slot count alone when every row fits
-    the slots and ends within the first segment (no tail to narrow to: the narrower programs would be
-    compiled for nothing)."""
+    `decode_widths(slots, engine.min_decode_slots, shards, engine.decode_widths_per_octave)`, or the slot
+    count alone when every row fits the slots and ends within the first segment (no tail to narrow to:
+    the narrower programs would be compiled for nothing)."""
     if rows <= slots and engine.steps_per_schedule >= max_new_tokens:
         return (slots,)
-    return decode_widths(slots, engine.min_decode_slots, shards)
+    return decode_widths(slots, engine.min_decode_slots, shards, engine.decode_widths_per_octave)
 
 
 def pool_pages(engine, *, bucket: int, max_new_tokens: int, slots: int, num_layers: int, kv_heads: int,

@@ -70,6 +70,7 @@ RESUMABLE_KEYS = frozenset({
     "run.compilation_cache_dir", "run.export_programs", "mesh.data", "mesh.fsdp", "mesh.tensor", "mesh.expert",
     "run.loggers",
     "rollout.scheduler", "rollout.max_slots", "rollout.steps_per_schedule", "rollout.min_decode_slots",
+    "rollout.decode_widths_per_octave",
     "rollout.page_size", "rollout.num_pages", "rollout.kv_cache_bytes", "rollout.paged_attention_impl",
     "rollout.paged_attention_interpret", "rollout.prompt_buckets", "rollout.share_prompts",
 })
