@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from experiments.starvation_findings import per_seed_findings
+from respo_jax.config import EngineSection
 from respo_jax.eval import positive_branch
 from respo_jax.eval.report import Run, positive_branch_tables
 from respo_jax.eval.statistics import early_peak, late_mean
@@ -36,11 +37,14 @@ def json_view(obj):
 
 def settings_view(config) -> dict:
     """The JSON view of a config (a StarvationConfig or ExperimentConfig) without the warm-up's operand
-    bounds where they are the task's (0): the settings a base model or summary made before that option
-    recorded, unchanged."""
+    bounds where they are the task's (0), and without the rollout's `decode_widths_per_octave` where it
+    is the engine's default (a speed knob: the same samples for one seed): the settings a base model or
+    summary made before those options recorded, unchanged."""
     view = json_view(dataclasses.asdict(config))
     view["warmup"] = {k: v for k, v in view["warmup"].items()
                       if v or k not in ("min_operands", "max_operands")}
+    if view["rollout"].get("decode_widths_per_octave") == EngineSection.decode_widths_per_octave:
+        del view["rollout"]["decode_widths_per_octave"]
     return view
 
 
