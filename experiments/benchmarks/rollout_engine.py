@@ -712,8 +712,8 @@ def main(argv=None) -> int:
     # The engine's own defaults for its slots. Fewer slots than rows is what lets finished rows' slots be
     # refilled; decoding only the occupied slots' width (min_decode_slots) is what keeps many slots cheap
     # at the tail. On the default workload (seed 0: 12,572 budget tokens, 19% of a static batch's
-    # 65,536 decoded ones) the scheduler's replay decodes 17,340 slot-steps with 64 slots and widths
-    # 64/32/16 (35,904 at width 64 alone, 18,544 with 16 slots), 15,616 with the widths between them too
+    # 65,536 decoded ones) the scheduler's replay decodes 17,776 slot-steps with 64 slots and widths
+    # 64/32/16 (35,904 at width 64 alone, 18,544 with 16 slots), 15,872 with the widths between them too
     # (64/45/32/22/16, decode_widths_per_octave 2); a decode step's cost is mostly the [width, vocab] LM
     # head, whose per-row cost falls with the width (1.7 ms a row at 16, ~1 at 64 here).
     parser.add_argument("--max-slots", type=int, default=EngineConfig().max_slots,

@@ -25,9 +25,10 @@ class EngineSection(_Section):
     float round-off ties). Continuous engine: `steps_per_schedule` decode steps between two scheduling
     decisions; `min_decode_slots`: a segment decodes the occupied slots padded to a halving of the slot
     count of at least this many (and, `decode_widths_per_octave` 2, the widths between the halvings), one
-    program per width, so a batch's tail pays only for its live rows; `page_size` tokens per KV page; the pool as `num_pages` pages or a `kv_cache_bytes` budget (at most
-    one; 0 for both: every slot can hold a row of the longest prompt and the longest response, so
-    admission never waits); `paged_attention_impl`: "gather" or "ragged" (every platform) or the
+    program per width, so a batch's tail pays only for its live rows; `page_size` tokens per KV page; the
+    pool as `num_pages` pages or a `kv_cache_bytes` budget (at most one; 0 for both: every slot can hold
+    a row of the longest prompt and the longest response, so admission never waits);
+    `paged_attention_impl`: "gather" or "ragged" (every platform) or the
     accelerator kernel "pallas_tpu" / "pallas_gpu" (refused at start-up on another platform, or where the
     model's head_dim or `page_size` do not lower), run on CPU in the Pallas interpreter with
     `paged_attention_interpret`.

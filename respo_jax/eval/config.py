@@ -46,10 +46,11 @@ class EvalSettings(EngineSection, engine_defaults=EVAL_ENGINE_DEFAULTS):
       so a rerun resumes from the last call); a few times max_slots, so the continuous engine refills
       a finished row's slot from the same call.
     scheduler / max_slots / steps_per_schedule / min_decode_slots / decode_widths_per_octave / page_size /
-      num_pages / kv_cache_bytes / paged_attention_impl / paged_attention_interpret / prompt_bucket / prompt_buckets: the sampler's
-      engine, declared once for `eval.*` and `rollout.*` (`respo_jax.config.engine.EngineSection`; why
-      evaluation's defaults differ: `EVAL_ENGINE_DEFAULTS`); max_slots bounds the KV cache in memory. Not part of the protocol: for one
-      seed every engine setting gives the same completions (up to float round-off ties).
+      num_pages / kv_cache_bytes / paged_attention_impl / paged_attention_interpret / prompt_bucket /
+      prompt_buckets: the sampler's engine, declared once for `eval.*` and `rollout.*`
+      (`respo_jax.config.engine.EngineSection`; why evaluation's defaults differ: `EVAL_ENGINE_DEFAULTS`);
+      max_slots bounds the KV cache in memory. Not part of the protocol: for one seed every engine
+      setting gives the same completions (up to float round-off ties).
     num_workers: Math-Verify worker processes (0: the CPU count, at most 32).
     overwrite: discard the outputs already in out_dir and start again (otherwise a rerun resumes, and a
       different protocol in the same out_dir is refused).

@@ -288,8 +288,8 @@ def decode_widths(slots: int, min_slots: int, shards: int = 1, per_octave: int =
     Why: a step computes every slot it runs, and at the tail of a long-tailed batch most slots are free;
     one program per width (vLLM pads its decode batch to the nearest captured CUDA-graph size alike)
     lets the tail decode only the occupied slots' width. The occupied slots are padded up to the next
-    width, by at most 2^(1 / per_octave) - 1 of them: more widths per octave, fewer padded slots and
-    more programs. `min_slots >= slots`: one width."""
+    width, which is under 2^(1 / per_octave) times their count: more widths per octave, fewer padded
+    slots and more programs. `min_slots >= slots`: one width."""
     widths, j = {slots}, 1
     while (width := int(slots * 2.0 ** (-j / per_octave))) >= max(min_slots, 1):
         widths.add(-(-width // shards) * shards)
