@@ -476,13 +476,20 @@ def _logprobs_with_entropy(h, weight, t, tied, temperature, keep_probs, lanes):
                        (h, t))
 
 
-def _chunk_with_entropy_probs(h_c, weight, t_c, tied, temperature, lanes):
-    """(log-prob of the targets, entropy, softmax [batch, c, vocab]) float32 of one chunk. The entropy
-    comes from the log-sum-exp's own pass (`row_logsumexp_entropy`), so the logits are dead once the
-    softmax is written and it can take their buffer, as without the entropy."""
+def _chunk_entropy_scores(h_c, weight, t_c, tied, temperature, lanes):
+    """`_chunk_scores` with the entropy H = logsumexp(z) − Σ softmax(z)·z [batch, c] from the log-sum-exp's
+    own pass (`row_logsumexp_entropy`): (logits, log-sum-exp, entropy, log-prob of the targets)."""
     logits = _logits(h_c, weight, tied, temperature)
     lse, entropy = row_logsumexp_entropy(logits, lanes)
-    logp = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0] - lse
+    picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
+    return logits, lse, entropy, picked - lse
+
+
+def _chunk_with_entropy_probs(h_c, weight, t_c, tied, temperature, lanes):
+    """(log-prob of the targets, entropy, softmax [batch, c, vocab]) float32 of one chunk. No pass of
+    the entropy's own (`_chunk_entropy_scores`), so the logits are dead once the softmax is written and
+    it can take their buffer, as without the entropy."""
+    logits, lse, entropy, logp = _chunk_entropy_scores(h_c, weight, t_c, tied, temperature, lanes)
     return logp, entropy, jnp.exp(logits - lse[..., None])
 
 
@@ -501,10 +508,9 @@ _logprobs_with_entropy.defvjp(_logprobs_with_entropy_fwd, _logprobs_with_entropy
 
 
 def _chunk_with_entropy_lse(h_c, weight, t_c, tied, temperature, lanes):
-    """(log-prob of the targets, entropy H = logsumexp(z) − Σ softmax(z)·z, log-sum-exp): each [batch, c]
-    float32."""
-    logits, lse, logp = _chunk_scores(h_c, weight, t_c, tied, temperature, lanes)
-    return logp, lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1), lse
+    """(log-prob of the targets, entropy, log-sum-exp): each [batch, c] float32 (`_chunk_entropy_scores`)."""
+    _, lse, entropy, logp = _chunk_entropy_scores(h_c, weight, t_c, tied, temperature, lanes)
+    return logp, entropy, lse
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
